@@ -1,0 +1,19 @@
+//! autopar's graph IR: the one op set, tensors with symbolic shapes, the
+//! graph, and the ways a graph comes in (ONNX, JSON, the model zoo) and gets
+//! cleaned up (egg rewrites, layer detection).
+//!
+//! Architecture invariant: `ir` knows nothing of devices, clusters or cost
+//! numbers beyond each op's FLOPs and bytes.
+
+mod dtype;
+mod graph;
+pub mod op;
+mod shape;
+mod value;
+
+pub use dtype::DType;
+pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
+pub use op::{BinaryOp, Cost, GeluApprox, InferInput, Op, OpClass, OpError, ReduceKind, ScalarValue, TensorType, UnaryOp};
+pub use petgraph::stable_graph::NodeIndex;
+pub use shape::{Bindings, Dim, Shape};
+pub use value::{round_float, wrap_int, Data, Value, ValueError};

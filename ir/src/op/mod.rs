@@ -1,0 +1,323 @@
+//! The one op set. Importers map into it, rewrites canonicalise it, cost
+//! models price it and the runtime executes it.
+//!
+//! Primitive ops keep ONNX semantics (opset 13–21) so an imported graph runs
+//! exactly as onnxruntime runs it; canonical ops (`Linear`, `Embedding`,
+//! `LayerNorm`, `RmsNorm`, `Gelu`, `Silu`, `Attention`, `MoeRouter`) are what rewrites
+//! and the model zoo produce and what the planner shards.
+//!
+//! Each op family lives in one file beside this one, holding that family's
+//! shape inference, cost and reference kernel together:
+//! `elementwise`, `linalg`, `norm`, `reduce`, `movement`, `indexing`,
+//! `generate`, `attention`. Later facets (sharding rules, backward rules) go in
+//! the same files.
+//!
+//! Inputs are positional and may be absent (ONNX's empty input name), hence
+//! `Option` in every signature.
+
+mod dispatch;
+
+use crate::{DType, Value};
+use serde::{Deserialize, Serialize};
+
+/// Element-wise functions of one input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum UnaryOp {
+    Neg,
+    Abs,
+    Sqrt,
+    Reciprocal,
+    Exp,
+    Log,
+    Tanh,
+    Erf,
+    Sigmoid,
+    Sin,
+    Cos,
+    Relu,
+    Not,
+    Identity,
+    Floor,
+    Ceil,
+    Sign,
+}
+
+/// Element-wise functions of two broadcast inputs (numpy broadcasting).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Pow,
+    Max,
+    Min,
+    And,
+    Or,
+    Xor,
+    Equal,
+    Less,
+    LessOrEqual,
+    Greater,
+    GreaterOrEqual,
+}
+
+/// Reductions over a set of axes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum ReduceKind {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+}
+
+/// Which GELU formula: exact (erf) or the tanh approximation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum GeluApprox {
+    None,
+    Tanh,
+}
+
+/// One operation. Attributes are fields; tensor operands are the node's inputs.
+///
+/// Input lists (`?` = optional) are given per variant.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(tag = "op")]
+pub enum Op {
+    // ---- element-wise -------------------------------------------------------
+    /// `(x)`.
+    Unary { func: UnaryOp },
+    /// `(a, b)`, broadcast.
+    Binary { func: BinaryOp },
+    /// `(cond, x, y)`, broadcast.
+    Where,
+    /// `(x)` converted to `to` (ONNX Cast, saturating rules of opset 19 for floats).
+    Cast { to: DType },
+    /// `(x, min?, max?)`.
+    Clip,
+    /// `(x)`: `x · sigmoid(x)`.
+    Silu,
+    /// `(x)`.
+    Gelu { approximate: GeluApprox },
+
+    // ---- linear algebra ------------------------------------------------------
+    /// `(a, b)`: numpy matmul with batch broadcasting, 1-D promotion.
+    MatMul,
+    /// `(a, b, c?)`: `alpha · op(a) · op(b) + beta · c`.
+    Gemm {
+        alpha: f64,
+        beta: f64,
+        trans_a: bool,
+        trans_b: bool,
+    },
+    /// `(x, weight[in, out], bias[out]?)`: `x · weight + bias` over the last dim.
+    Linear,
+
+    // ---- normalisation and softmax ------------------------------------------
+    /// `(x)`: softmax over `axis` (opset 13 semantics: one axis).
+    Softmax { axis: i64 },
+    /// `(x)`.
+    LogSoftmax { axis: i64 },
+    /// `(x, scale, bias?)`: normalise over dims `axis..` (ONNX LayerNormalization).
+    LayerNorm { axis: i64, epsilon: f64 },
+    /// `(x, scale)`: `x / sqrt(mean(x², dims axis..) + epsilon) · scale`.
+    RmsNorm { axis: i64, epsilon: f64 },
+
+    // ---- attention -----------------------------------------------------------
+    /// `(q[b, hq, sq, d], k[b, hk, sk, d], v[b, hk, sk, dv], mask?)`:
+    /// `softmax(q·kᵀ·scale + mask) · v`, grouped-query when `hk < hq`.
+    /// A boolean mask keeps `true` positions; a float mask is added.
+    /// `scale` defaults to `1/sqrt(d)`. Follows ONNX Attention-23 for 4-D inputs.
+    Attention { scale: Option<f64>, causal: bool },
+
+    // ---- reductions ---------------------------------------------------------
+    /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
+    /// older opset, already folded into the attribute.
+    Reduce {
+        kind: ReduceKind,
+        axes: Option<Vec<i64>>,
+        keepdims: bool,
+        noop_with_empty_axes: bool,
+    },
+    /// `(x)`.
+    ArgMax {
+        axis: i64,
+        keepdims: bool,
+        select_last_index: bool,
+    },
+    /// `(x, k)` → `(values, indices)`.
+    TopK { axis: i64, largest: bool, sorted: bool },
+    /// `(x, axis)`.
+    CumSum { exclusive: bool, reverse: bool },
+
+    // ---- data movement -------------------------------------------------------
+    /// `(x, shape)`.
+    Reshape { allowzero: bool },
+    /// `(x)`; `perm = None` reverses the dims.
+    Transpose { perm: Option<Vec<usize>> },
+    /// `(x, shape)`: broadcast to `shape`.
+    Expand,
+    /// `(x, axes?)`; `axes` from the attribute (opset < 13) or the input.
+    Squeeze { axes: Option<Vec<i64>> },
+    /// `(x, axes?)`; as for `Squeeze`.
+    Unsqueeze { axes: Option<Vec<i64>> },
+    /// `(x)` → 2-D.
+    Flatten { axis: i64 },
+    /// `(x0, x1, ...)`.
+    Concat { axis: i64 },
+    /// `(x, split?)` → `outputs` pieces; `split` from the attribute (opset < 13)
+    /// or the input; equal parts (the last smaller) when absent.
+    Split {
+        axis: i64,
+        split: Option<Vec<i64>>,
+        outputs: usize,
+    },
+    /// `(x, starts, ends, axes?, steps?)`.
+    Slice,
+    /// `(x)` → its shape as `i64[rank]`, dims `start..end`.
+    Shape { start: i64, end: Option<i64> },
+    /// `(x)` → element count as a scalar `i64`.
+    Size,
+    /// `(x, k?)`: lower (`upper = false`) or upper triangle.
+    Trilu { upper: bool },
+
+    // ---- indexing ------------------------------------------------------------
+    /// `(data, indices)`.
+    Gather { axis: i64 },
+    /// `(data, indices)`.
+    GatherElements { axis: i64 },
+    /// `(data, indices)`.
+    GatherNd { batch_dims: i64 },
+    /// `(table[vocab, hidden], ids)`: row lookup, `ids` any integer shape.
+    Embedding,
+
+    // ---- generators ------------------------------------------------------------
+    /// `(shape)` filled with `value` (a one-element tensor; f32 zero when absent).
+    ConstantOfShape { value: Option<ScalarValue> },
+    /// `(start, limit, delta)`.
+    Range,
+}
+
+/// A one-element constant attribute (e.g. ConstantOfShape's fill value).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct ScalarValue {
+    pub dtype: DType,
+    /// The value; integers and booleans are exact in `f64` for the ranges used.
+    pub value: f64,
+}
+
+/// What an op contributes to a model, for histograms and reports: the
+/// compute classes the planner cares about, and everything else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum OpClass {
+    Linear,
+    MatMul,
+    Attention,
+    Norm,
+    Activation,
+    Embedding,
+    MoeRouting,
+    Softmax,
+    Elementwise,
+    Reduction,
+    DataMovement,
+    Indexing,
+    Generator,
+}
+
+impl Op {
+    /// Display name: the ONNX op type for primitive ops, our name for canonical ones.
+    pub fn name(&self) -> String {
+        match self {
+            Op::Unary { func } => format!("{func:?}"),
+            Op::Binary { func } => format!("{func:?}"),
+            Op::Reduce { kind, .. } => format!("Reduce{kind:?}"),
+            other => {
+                let dbg = format!("{other:?}");
+                dbg.split([' ', '{', '(']).next().unwrap_or_default().to_string()
+            }
+        }
+    }
+
+    /// The class of this op; see [`OpClass`].
+    pub fn class(&self) -> OpClass {
+        match self {
+            Op::Linear | Op::Gemm { .. } => OpClass::Linear,
+            Op::MatMul => OpClass::MatMul,
+            Op::Attention { .. } => OpClass::Attention,
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } => OpClass::Norm,
+            Op::Gelu { .. } | Op::Silu => OpClass::Activation,
+            Op::Embedding => OpClass::Embedding,
+            Op::TopK { .. } => OpClass::MoeRouting,
+            Op::Softmax { .. } | Op::LogSoftmax { .. } => OpClass::Softmax,
+            Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
+                OpClass::Elementwise
+            }
+            Op::Reduce { .. } | Op::ArgMax { .. } | Op::CumSum { .. } => OpClass::Reduction,
+            Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Expand
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Concat { .. }
+            | Op::Split { .. }
+            | Op::Slice
+            | Op::Trilu { .. } => OpClass::DataMovement,
+            Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => OpClass::Indexing,
+            Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => OpClass::Generator,
+        }
+    }
+
+    /// Number of outputs the op produces.
+    pub fn num_outputs(&self) -> usize {
+        match self {
+            Op::TopK { .. } => 2,
+            Op::Split { outputs, .. } => *outputs,
+            _ => 1,
+        }
+    }
+}
+
+/// The static type of a tensor: element type and shape.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct TensorType {
+    pub dtype: DType,
+    pub shape: crate::Shape,
+}
+
+/// What shape inference knows about one input: its type, and its value when
+/// it is a constant (needed for `Reshape`'s target shape and the like).
+#[derive(Debug, Clone, Copy)]
+pub struct InferInput<'a> {
+    pub ty: &'a TensorType,
+    pub value: Option<&'a Value>,
+}
+
+/// Cost of one op instance at concrete shapes. FLOPs count a multiply-add
+/// as two; the backward pass computes gradients for every float input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub forward_flops: f64,
+    pub backward_flops: f64,
+    pub bytes_read: f64,
+    pub bytes_written: f64,
+}
+
+/// Why an op could not be typed or evaluated.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum OpError {
+    #[error("{op}: expected {expected} inputs, got {got}")]
+    Arity {
+        op: String,
+        expected: String,
+        got: usize,
+    },
+    #[error("{op}: {message}")]
+    Invalid { op: String, message: String },
+    #[error("{op}: input {input} must be a constant known at import time")]
+    NotConstant { op: String, input: usize },
+    #[error("{op}: {what} is not supported")]
+    Unsupported { op: String, what: String },
+}

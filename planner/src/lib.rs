@@ -1,0 +1,1 @@
+//! Parallel-plan search; filled in by the planner work.
