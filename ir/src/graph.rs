@@ -117,6 +117,9 @@ pub struct Graph {
     pub outputs: Vec<TensorId>,
     /// Repeated blocks (layers); see [`Block`].
     pub blocks: Vec<Block>,
+    /// Default values of the symbolic dims (e.g. the zoo spec's `seq`), used
+    /// when a caller binds none.
+    pub bindings: Bindings,
 }
 
 impl Graph {
@@ -495,6 +498,7 @@ impl Graph {
         g.inputs = self.inputs.iter().map(|&t| map(t)).collect();
         g.outputs = self.outputs.iter().map(|&t| map(t)).collect();
         g.blocks = self.blocks.clone();
+        g.bindings = self.bindings.clone();
         g
     }
 }

@@ -1,0 +1,9 @@
+//! The `autopar` command line, as a library so tests drive the same code the
+//! binary runs. Each command is one module with a function that returns a
+//! report (data) and a renderer for people; `main.rs` only parses arguments.
+
+pub mod check;
+pub mod convert;
+pub mod inspect;
+pub mod model;
+pub mod output;

@@ -1,0 +1,66 @@
+//! Resolving the `MODEL` argument every command takes: an `.onnx` file, an
+//! autopar `.json` graph, or a model-zoo spec string (`gpt:layers=...`).
+
+use anyhow::{bail, Context, Result};
+use autopar_ir::{json, onnx, zoo::ModelSpec, Bindings, Graph};
+use std::path::Path;
+
+/// Where a model came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Source {
+    Onnx,
+    Json,
+    Zoo,
+}
+
+/// A loaded model graph and its origin.
+#[derive(Debug, Clone)]
+pub struct Model {
+    pub graph: Graph,
+    pub source: Source,
+}
+
+/// Loads `model`: a path ending in `.onnx` or `.json`, else a zoo spec.
+pub fn load(model: &str) -> Result<Model> {
+    let path = Path::new(model);
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    match ext.as_deref() {
+        Some("onnx") => {
+            let graph = onnx::load_model(path).with_context(|| format!("{model}"))?;
+            Ok(Model {
+                graph,
+                source: Source::Onnx,
+            })
+        }
+        Some("json") => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("{model}: cannot read"))?;
+            let graph = json::from_json(&text).with_context(|| format!("{model}"))?;
+            Ok(Model {
+                graph,
+                source: Source::Json,
+            })
+        }
+        _ if model.contains(':') => {
+            let spec: ModelSpec = model.parse().with_context(|| format!("model spec '{model}'"))?;
+            let graph = spec.build().with_context(|| format!("model spec '{model}'"))?;
+            Ok(Model {
+                graph,
+                source: Source::Zoo,
+            })
+        }
+        _ => bail!("{model}: not an .onnx or .json file, nor a model spec like 'gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024'"),
+    }
+}
+
+/// The graph's default bindings with `--batch` / `--seq` overrides applied.
+pub fn bindings(graph: &Graph, batch: Option<usize>, seq: Option<usize>) -> Bindings {
+    let mut b = graph.bindings.clone();
+    if let Some(batch) = batch {
+        b.insert("batch".into(), batch);
+    }
+    if let Some(seq) = seq {
+        b.insert("seq".into(), seq);
+    }
+    b
+}

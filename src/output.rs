@@ -1,0 +1,20 @@
+//! Writing result files atomically: a temp file in the target folder, renamed
+//! into place, so a failure never leaves a partial file behind.
+
+use anyhow::{Context, Result};
+use std::io::Write;
+use std::path::Path;
+
+/// Writes `contents` to `path` atomically.
+pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{}: cannot create a file in {}", path.display(), dir.display()))?;
+    tmp.write_all(contents)
+        .with_context(|| format!("{}: write failed", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("{}: cannot move the finished file into place", path.display()))?;
+    Ok(())
+}
