@@ -2,13 +2,19 @@
 //! (the transformer layers) in a graph's topological order, so the planner
 //! can price one layer and reuse it for its repeats.
 //!
-//! Two nodes look alike when their ops (attributes included), input types
-//! and input roles are equal; names are ignored. Among all runs of at least
+//! Only nodes that depend on the main graph input (the one most nodes depend
+//! on: token ids) are considered, so side chains computed once and shared by
+//! every layer (attention masks, weight preparation) do not break the first
+//! layer's likeness. Nodes are sequenced by data-flow depth (longest path from the graph's
+//! inputs), then by structure, so that each layer occupies a contiguous,
+//! identically ordered stretch whatever order an importer or rewrite inserted
+//! the nodes in. Two nodes look alike when their ops (attributes included),
+//! input types and whether each input is computed or stored are equal; names are ignored. Among all runs of at least
 //! two equal consecutive blocks, the one covering the most nodes wins; ties go
 //! to more, shorter blocks, then to the earliest start.
 
-use crate::{Block, Graph, GraphError, Role};
-use std::collections::HashMap;
+use crate::{BinaryOp, Block, Graph, GraphError, Op, Role};
+use std::collections::{HashMap, HashSet};
 
 /// The detected repeat: `count` blocks of `len` nodes starting at `start` in
 /// topological order.
@@ -21,8 +27,31 @@ struct Repeat {
 
 /// Finds repeated blocks; empty when nothing repeats.
 pub fn detect_blocks(graph: &Graph) -> Result<Vec<Block>, GraphError> {
-    let order = graph.topo_order()?;
-    let sigs = signatures(graph, &order);
+    let topo = graph.topo_order()?;
+    let topo_sigs = signatures(graph, &topo);
+    let mut depth: HashMap<crate::NodeIndex, usize> = HashMap::new();
+    for &idx in &topo {
+        let d = graph
+            .node(idx)
+            .inputs
+            .iter()
+            .flatten()
+            .filter_map(|&t| graph.producer(t))
+            .map(|p| depth[&p] + 1)
+            .max()
+            .unwrap_or(0);
+        depth.insert(idx, d);
+    }
+    let on_trunk = main_input_dependents(graph, &topo);
+    let mut ranked: Vec<(usize, usize, usize)> = topo
+        .iter()
+        .enumerate()
+        .filter(|(_, idx)| on_trunk.contains(idx))
+        .map(|(pos, idx)| (depth[idx], topo_sigs[pos], pos))
+        .collect();
+    ranked.sort_unstable();
+    let order: Vec<crate::NodeIndex> = ranked.iter().map(|&(_, _, pos)| topo[pos]).collect();
+    let sigs: Vec<usize> = ranked.iter().map(|&(_, sig, _)| sig).collect();
     let Some(rep) = longest_repeat(&sigs) else {
         return Ok(vec![]);
     };
@@ -39,6 +68,29 @@ pub fn detect_blocks(graph: &Graph) -> Result<Vec<Block>, GraphError> {
         .collect())
 }
 
+/// Nodes that depend on the graph input with the most dependents (all nodes
+/// when the graph has no inputs).
+fn main_input_dependents(graph: &Graph, topo: &[crate::NodeIndex]) -> HashSet<crate::NodeIndex> {
+    let dependents_of = |input: crate::TensorId| -> HashSet<crate::NodeIndex> {
+        let mut reached: HashSet<crate::TensorId> = HashSet::from([input]);
+        let mut nodes = HashSet::new();
+        for &idx in topo {
+            let node = graph.node(idx);
+            if node.inputs.iter().flatten().any(|t| reached.contains(t)) {
+                nodes.insert(idx);
+                reached.extend(node.outputs.iter().copied());
+            }
+        }
+        nodes
+    };
+    graph
+        .inputs
+        .iter()
+        .map(|&t| dependents_of(t))
+        .max_by_key(HashSet::len)
+        .unwrap_or_else(|| topo.iter().copied().collect())
+}
+
 /// Interned structural signature of each node in `order`.
 fn signatures(graph: &Graph, order: &[crate::NodeIndex]) -> Vec<usize> {
     let mut interner: HashMap<String, usize> = HashMap::new();
@@ -46,25 +98,44 @@ fn signatures(graph: &Graph, order: &[crate::NodeIndex]) -> Vec<usize> {
         .iter()
         .map(|&idx| {
             let node = graph.node(idx);
-            let mut key = serde_json::to_string(&node.op).unwrap_or_default();
-            for t in &node.inputs {
-                match t {
+            let mut operands: Vec<String> = node
+                .inputs
+                .iter()
+                .map(|t| match t {
                     Some(t) => {
                         let tensor = graph.tensor(*t);
-                        let role = match tensor.role {
+                        let kind = match tensor.role {
                             Role::Activation | Role::Input => "a",
-                            Role::Parameter => "p",
-                            Role::Constant => "c",
+                            Role::Parameter | Role::Constant => "w",
                         };
-                        key.push_str(&format!("|{role}{}{}", tensor.ty.dtype, tensor.ty.shape));
+                        format!("{kind}{}{}", tensor.ty.dtype, tensor.ty.shape)
                     }
-                    None => key.push_str("|-"),
-                }
+                    None => "-".to_string(),
+                })
+                .collect();
+            // Exporters emit `x·c` in one layer and `c·x` in the next.
+            if is_commutative(&node.op) {
+                operands.sort();
             }
+            let key = format!(
+                "{}|{}",
+                serde_json::to_string(&node.op).unwrap_or_default(),
+                operands.join("|")
+            );
             let next = interner.len();
             *interner.entry(key).or_insert(next)
         })
         .collect()
+}
+
+fn is_commutative(op: &Op) -> bool {
+    use BinaryOp::*;
+    matches!(
+        op,
+        Op::Binary {
+            func: Add | Mul | Max | Min | And | Or | Xor | Equal
+        }
+    )
 }
 
 /// The best run of equal consecutive blocks in `sigs`, in O(n²).

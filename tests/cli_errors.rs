@@ -1,0 +1,157 @@
+//! Bad input through the real binary: one clear `error:` line, non-zero exit,
+//! no panic, no partial output file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+
+fn autopar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar")).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("autopar-cli-errors-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p
+}
+
+/// Asserts a clean failure: exit 2, one `error:` line naming `needle`.
+fn assert_clean_error(path: &Path, needle: &str) {
+    let (code, _, err) = autopar(&["inspect", path.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected:\n{err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+}
+
+fn gpt2_tiny() -> Vec<u8> {
+    std::fs::read(format!("{FIXTURES}/models/gpt2-tiny.ts.onnx")).unwrap()
+}
+
+#[test]
+fn truncated_onnx_file() {
+    let bytes = gpt2_tiny();
+    let p = scratch("truncated.onnx", &bytes[..bytes.len() / 3]);
+    assert_clean_error(&p, "truncated.onnx");
+}
+
+#[test]
+fn wrong_magic_and_random_bytes() {
+    let p = scratch("png.onnx", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+    assert_clean_error(&p, "png.onnx");
+    let mut x: u64 = 0x9e3779b97f4a7c15;
+    let random: Vec<u8> = (0..4096)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let p = scratch("random.onnx", &random);
+    assert_clean_error(&p, "random.onnx");
+}
+
+/// A small valid JSON graph to corrupt.
+fn json_graph() -> serde_json::Value {
+    serde_json::json!({
+        "format": "autopar-graph", "version": 1, "name": "t",
+        "tensors": [
+            {"name": "x", "dtype": "f32", "shape": [2, 3], "role": "input"},
+            {"name": "y", "dtype": "f32", "shape": [2, 3], "role": "activation"}
+        ],
+        "nodes": [{"name": "act", "op": {"op": "Unary", "func": "Tanh"}, "inputs": [0], "outputs": [1]}],
+        "inputs": [0], "outputs": [1]
+    })
+}
+
+#[test]
+fn valid_json_graph_inspects() {
+    let p = scratch("ok.json", json_graph().to_string().as_bytes());
+    let (code, out, err) = autopar(&["inspect", p.to_str().unwrap(), "--json"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"parameters\""));
+}
+
+#[test]
+fn json_dangling_edge_unknown_op_and_shape_mismatch() {
+    let mut g = json_graph();
+    g["nodes"][0]["inputs"][0] = serde_json::json!(7);
+    assert_clean_error(&scratch("dangling.json", g.to_string().as_bytes()), "node 'act'");
+
+    let mut g = json_graph();
+    g["nodes"][0]["op"] = serde_json::json!({"op": "Frobnicate"});
+    assert_clean_error(&scratch("unknown.json", g.to_string().as_bytes()), "Frobnicate");
+
+    let mut g = json_graph();
+    g["tensors"][1]["shape"] = serde_json::json!([3, 2]);
+    assert_clean_error(&scratch("mismatch.json", g.to_string().as_bytes()), "node 'act'");
+}
+
+#[test]
+fn onnx_with_unknown_ops_lists_them_all() {
+    // Rename two op types inside the file: same length keeps the protobuf valid.
+    let bytes = gpt2_tiny();
+    let text = unsafe_replace(&bytes, b"Softmax", b"Sofmaxx");
+    let p = scratch("unknown_op.onnx", &text);
+    let (code, _, err) = autopar(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("Sofmaxx"), "{err}");
+}
+
+fn unsafe_replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let mut out = hay.to_vec();
+    let mut i = 0;
+    while i + from.len() <= out.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to);
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn convert_leaves_no_partial_file_on_error() {
+    let bad = scratch("bad_for_convert.onnx", b"not a model");
+    let out = bad.with_file_name("never_written.json");
+    let (code, _, _) = autopar(&["convert", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(!out.exists());
+}
+
+#[test]
+fn check_exit_codes() {
+    let model = format!("{FIXTURES}/models/gpt2-tiny.ts.onnx");
+    let data = format!("{FIXTURES}/reference/gpt2-tiny.ts/test_data_set_0");
+    let (code, out, err) = autopar(&["check", &model, "--data", &data]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("PASS"));
+    // Same inputs, but another model's logits as the reference: a mismatch, exit 1.
+    let wrong = std::env::temp_dir().join(format!("autopar-check-mismatch-{}", std::process::id()));
+    std::fs::create_dir_all(&wrong).unwrap();
+    for i in 0..2 {
+        let f = format!("input_{i}.pb");
+        std::fs::copy(format!("{data}/{f}"), wrong.join(&f)).unwrap();
+    }
+    std::fs::copy(
+        format!("{FIXTURES}/reference/llama-tiny.ts/test_data_set_0/output_0.pb"),
+        wrong.join("output_0.pb"),
+    )
+    .unwrap();
+    let (code, out, err) = autopar(&["check", &model, "--data", wrong.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(out.contains("FAIL"));
+}
