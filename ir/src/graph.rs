@@ -111,6 +111,9 @@ pub struct Graph {
     nodes: StableDiGraph<Node, TensorId>,
     tensors: Vec<Tensor>,
     producers: Vec<Option<NodeIndex>>,
+    /// Nodes that read a tensor before any node produced it (graphs may be
+    /// built in any order); their edges are added when the producer arrives.
+    early_readers: std::collections::HashMap<TensorId, Vec<NodeIndex>>,
     /// Graph inputs, in order.
     pub inputs: Vec<TensorId>,
     /// Graph outputs, in order.
@@ -200,18 +203,18 @@ impl Graph {
             self.producers[t.index()] = Some(idx);
         }
         for t in inputs.into_iter().flatten() {
-            if let Some(p) = self.producers[t.index()] {
-                self.nodes.add_edge(p, idx, t);
+            match self.producers[t.index()] {
+                Some(p) => {
+                    self.nodes.add_edge(p, idx, t);
+                }
+                None => self.early_readers.entry(t).or_default().push(idx),
             }
         }
         for &t in &outputs {
-            let consumers: Vec<NodeIndex> = self
-                .nodes
-                .node_indices()
-                .filter(|&n| n != idx && self.nodes[n].inputs.contains(&Some(t)))
-                .collect();
-            for c in consumers {
-                self.nodes.add_edge(idx, c, t);
+            for reader in self.early_readers.remove(&t).unwrap_or_default() {
+                if self.nodes.contains_node(reader) {
+                    self.nodes.add_edge(idx, reader, t);
+                }
             }
         }
         Ok(idx)
@@ -222,6 +225,9 @@ impl Graph {
         let node = self.nodes.remove_node(idx)?;
         for &t in &node.outputs {
             self.producers[t.index()] = None;
+        }
+        for readers in self.early_readers.values_mut() {
+            readers.retain(|&r| r != idx);
         }
         Some(node)
     }
@@ -244,8 +250,11 @@ impl Graph {
                     *inp = Some(new);
                 }
             }
-            if let Some(p) = self.producers[new.index()] {
-                self.nodes.add_edge(p, c, new);
+            match self.producers[new.index()] {
+                Some(p) => {
+                    self.nodes.add_edge(p, c, new);
+                }
+                None => self.early_readers.entry(new).or_default().push(c),
             }
         }
         for o in self.outputs.iter_mut() {
