@@ -148,8 +148,8 @@ fn longest_repeat(sigs: &[usize]) -> Option<Repeat> {
         for j in (0..n - len).rev() {
             run[j] = if sigs[j] == sigs[j + len] { run[j + 1] + 1 } else { 0 };
         }
-        for start in 0..n - len {
-            let count = 1 + run[start] / len;
+        for (start, &matched) in run.iter().enumerate().take(n - len) {
+            let count = 1 + matched / len;
             if count < 2 {
                 continue;
             }

@@ -15,7 +15,21 @@
 //! Inputs are positional and may be absent (ONNX's empty input name), hence
 //! `Option` in every signature.
 
+mod attention;
+mod broadcast;
 mod dispatch;
+mod elementwise;
+mod generate;
+mod indexing;
+mod kernel_util;
+mod linalg;
+mod moe;
+mod movement;
+mod norm;
+mod reduce;
+mod slicing;
+#[cfg(test)]
+mod testing;
 
 use crate::{DType, Value};
 use serde::{Deserialize, Serialize};
@@ -79,6 +93,15 @@ pub enum GeluApprox {
     Tanh,
 }
 
+/// Activation applied inside fused ops (MoE experts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum Activation {
+    Silu,
+    Gelu,
+    GeluTanh,
+    Relu,
+}
+
 /// One operation. Attributes are fields; tensor operands are the node's inputs.
 ///
 /// Input lists (`?` = optional) are given per variant.
@@ -130,6 +153,27 @@ pub enum Op {
     /// A boolean mask keeps `true` positions; a float mask is added.
     /// `scale` defaults to `1/sqrt(d)`. Follows ONNX Attention-23 for 4-D inputs.
     Attention { scale: Option<f64>, causal: bool },
+
+    /// `(x, cos_cache[pos, rot/2], sin_cache[pos, rot/2], position_ids?)`:
+    /// rotary position embedding (ONNX RotaryEmbedding-23). `x` is
+    /// `[b, heads, s, d]`, or `[b, s, heads·d]` when `num_heads > 0`;
+    /// `rotary_dim = 0` rotates the whole head.
+    RotaryEmbedding {
+        interleaved: bool,
+        rotary_dim: usize,
+        num_heads: usize,
+    },
+
+    // ---- mixture of experts --------------------------------------------------
+    /// `(logits[..., experts])` → `(weights[..., top_k], indices[..., top_k])`:
+    /// softmax over experts, keep the `top_k` largest, renormalise them to sum
+    /// to one (Mixtral routing).
+    MoeRouter { top_k: usize },
+    /// `(x[..., h], weights[..., k], indices[..., k], w_in[e, h, f], w_out[e, f, h], w_gate[e, h, f]?)`:
+    /// each token's output is `Σ_k weights · expert_{indices}(x)` where an
+    /// expert is `act(x·w_in) · w_out`, or `(act(x·w_gate) ⊙ x·w_in) · w_out`
+    /// when gated.
+    MoeExperts { activation: Activation },
 
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
@@ -249,7 +293,9 @@ impl Op {
             Op::LayerNorm { .. } | Op::RmsNorm { .. } => OpClass::Norm,
             Op::Gelu { .. } | Op::Silu => OpClass::Activation,
             Op::Embedding => OpClass::Embedding,
-            Op::TopK { .. } => OpClass::MoeRouting,
+            Op::TopK { .. } | Op::MoeRouter { .. } => OpClass::MoeRouting,
+            Op::MoeExperts { .. } => OpClass::Linear,
+            Op::RotaryEmbedding { .. } => OpClass::Elementwise,
             Op::Softmax { .. } | Op::LogSoftmax { .. } => OpClass::Softmax,
             Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
                 OpClass::Elementwise
@@ -273,7 +319,7 @@ impl Op {
     /// Number of outputs the op produces.
     pub fn num_outputs(&self) -> usize {
         match self {
-            Op::TopK { .. } => 2,
+            Op::TopK { .. } | Op::MoeRouter { .. } => 2,
             Op::Split { outputs, .. } => *outputs,
             _ => 1,
         }

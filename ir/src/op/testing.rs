@@ -1,0 +1,89 @@
+//! Helpers for the op families' unit tests: value builders, symbolic shape
+//! parsing, and one-line infer/eval calls.
+
+use super::{InferInput, Op, OpError, TensorType};
+use crate::{DType, Data, Dim, Shape, Value};
+
+/// An `f32` value.
+pub(crate) fn f32s(shape: &[usize], data: &[f32]) -> Value {
+    Value::f32(shape.to_vec(), data.to_vec()).unwrap()
+}
+
+/// An `i64` value.
+pub(crate) fn i64s(shape: &[usize], data: &[i64]) -> Value {
+    Value::i64(shape.to_vec(), data.to_vec()).unwrap()
+}
+
+/// A value of integer type `dtype`.
+pub(crate) fn ints(dtype: DType, shape: &[usize], data: &[i64]) -> Value {
+    Value::ints(dtype, shape.to_vec(), data.to_vec()).unwrap()
+}
+
+/// A bool value.
+pub(crate) fn bools(shape: &[usize], data: &[bool]) -> Value {
+    Value::new(DType::Bool, shape.to_vec(), Data::Bool(data.to_vec())).unwrap()
+}
+
+/// A type from a shape written like `"b s 64"` (names are symbols).
+pub(crate) fn ty(dtype: DType, dims: &str) -> TensorType {
+    let dims = dims
+        .split_whitespace()
+        .map(|d| {
+            d.parse::<usize>()
+                .map_or_else(|_| Dim::Sym(d.to_string()), Dim::Fixed)
+        })
+        .collect();
+    TensorType {
+        dtype,
+        shape: Shape(dims),
+    }
+}
+
+/// Shape inference from types only.
+pub(crate) fn infer(op: &Op, types: &[TensorType]) -> Result<Vec<TensorType>, OpError> {
+    let inputs: Vec<Option<InferInput>> = types
+        .iter()
+        .map(|ty| Some(InferInput { ty, value: None }))
+        .collect();
+    op.infer(&inputs)
+}
+
+/// Shape inference where some inputs carry constant values.
+pub(crate) fn infer_with(
+    op: &Op,
+    inputs: &[(TensorType, Option<Value>)],
+) -> Result<Vec<TensorType>, OpError> {
+    let inputs: Vec<Option<InferInput>> = inputs
+        .iter()
+        .map(|(ty, value)| {
+            Some(InferInput {
+                ty,
+                value: value.as_ref(),
+            })
+        })
+        .collect();
+    op.infer(&inputs)
+}
+
+/// Evaluates with all inputs present.
+pub(crate) fn eval(op: &Op, inputs: &[&Value]) -> Result<Vec<Value>, OpError> {
+    let inputs: Vec<Option<&Value>> = inputs.iter().map(|&v| Some(v)).collect();
+    op.eval(&inputs)
+}
+
+/// Evaluates and returns the single output's elements as `f64` with its shape.
+pub(crate) fn eval1(op: &Op, inputs: &[&Value]) -> (Vec<usize>, Vec<f64>) {
+    let out = eval(op, inputs).unwrap();
+    (out[0].shape.clone(), out[0].to_f64_vec())
+}
+
+/// Asserts element-wise closeness.
+pub(crate) fn assert_close(got: &[f64], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len(), "length: got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol,
+            "element {i}: got {g}, want {w} (all: {got:?})"
+        );
+    }
+}
