@@ -536,7 +536,7 @@ pub(crate) fn dim_product(dims: &[Dim]) -> Option<Dim> {
     let mut sym = None;
     for d in dims {
         match d {
-            Dim::Fixed(n) => fixed *= n,
+            Dim::Fixed(n) => fixed = fixed.saturating_mul(*n),
             Dim::Sym(_) if sym.is_some() => return if fixed == 0 { Some(Dim::Fixed(0)) } else { None },
             Dim::Sym(_) => sym = Some(d.clone()),
         }

@@ -14,7 +14,7 @@ use crate::{Dim, Shape, Value};
 /// Output value with `x`'s data under a new shape.
 fn reshaped(cx: &EvalCtx, x: &Value) -> Result<Vec<Value>, OpError> {
     let shape = cx.out_shape(0)?;
-    if shape.iter().product::<usize>() != x.numel() {
+    if shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)) != Some(x.numel()) {
         return Err(invalid(cx.op, format!("cannot view {:?} as {shape:?}", x.shape)));
     }
     Ok(vec![Value {
@@ -45,7 +45,7 @@ fn split_dims(dims: &[Dim]) -> (usize, Vec<String>) {
     let mut syms = Vec::new();
     for d in dims {
         match d {
-            Dim::Fixed(n) => fixed *= n,
+            Dim::Fixed(n) => fixed = fixed.saturating_mul(*n),
             Dim::Sym(s) => syms.push(s.clone()),
         }
     }
