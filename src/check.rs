@@ -46,7 +46,10 @@ fn read_numbered(dir: &Path, prefix: &str) -> Result<Vec<(String, Value)>> {
         out.push(read_tensor_file(&path).with_context(|| path.display().to_string())?);
     }
     if out.is_empty() {
-        bail!("{}: no {prefix}_0.pb (expected the ONNX backend-test layout)", dir.display());
+        bail!(
+            "{}: no {prefix}_0.pb (expected the ONNX backend-test layout)",
+            dir.display()
+        );
     }
     Ok(out)
 }
@@ -91,7 +94,11 @@ pub fn run(model_arg: &str, data: &Path, rewrite: bool, precision: Precision) ->
             name.clone()
         };
         let Some(c) = cpu::compare(a, e) else {
-            bail!("output '{name}': shape {:?} differs from the reference {:?}", a.shape, e.shape);
+            bail!(
+                "output '{name}': shape {:?} differs from the reference {:?}",
+                a.shape,
+                e.shape
+            );
         };
         outputs.push(OutputCheck {
             name,

@@ -110,10 +110,10 @@ fn is_weightless(graph: &Graph) -> bool {
 /// Formats a count with a metric suffix (1.2M, 3.4G).
 pub fn human(n: f64) -> String {
     const UNITS: [(f64, &str); 5] = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
-    UNITS
-        .iter()
-        .find(|(scale, _)| n.abs() >= *scale)
-        .map_or_else(|| format!("{n}"), |(scale, unit)| format!("{:.2}{unit}", n / scale))
+    UNITS.iter().find(|(scale, _)| n.abs() >= *scale).map_or_else(
+        || format!("{n}"),
+        |(scale, unit)| format!("{:.2}{unit}", n / scale),
+    )
 }
 
 /// Renders the report for people.
@@ -135,7 +135,11 @@ pub fn render(r: &InspectReport) -> String {
         human(r.flops_per_step.total),
         human(r.flops_per_step.forward),
         human(r.flops_per_step.backward),
-        if bindings.is_empty() { "static shapes".to_string() } else { bindings.join(", ") }
+        if bindings.is_empty() {
+            "static shapes".to_string()
+        } else {
+            bindings.join(", ")
+        }
     );
     let _ = writeln!(
         s,
@@ -147,7 +151,11 @@ pub fn render(r: &InspectReport) -> String {
         "layers       {} × {} nodes{}",
         r.layers.count,
         r.layers.nodes_per_layer,
-        r.layers.first_node.as_ref().map(|n| format!(" (first: {n})")).unwrap_or_default()
+        r.layers
+            .first_node
+            .as_ref()
+            .map(|n| format!(" (first: {n})"))
+            .unwrap_or_default()
     );
     let _ = writeln!(s, "ops          {:<24} {:>8} {:>8}", "", "before", "after");
     let names: std::collections::BTreeSet<&String> = r

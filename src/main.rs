@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "autopar", version, about = "Automatic parallelism planner and compiler for deep-learning training")]
+#[command(
+    name = "autopar",
+    version,
+    about = "Automatic parallelism planner and compiler for deep-learning training"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -85,7 +89,12 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Inspect { model, batch, seq, json } => {
+        Command::Inspect {
+            model,
+            batch,
+            seq,
+            json,
+        } => {
             let r = inspect::report(&model, batch, seq)?;
             if json {
                 print_json(&r)?;
@@ -115,7 +124,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 return Ok(ExitCode::from(1));
             }
         }
-        Command::Convert { model, output, rewrite } => convert::run(&model, &output, rewrite)?,
+        Command::Convert {
+            model,
+            output,
+            rewrite,
+        } => convert::run(&model, &output, rewrite)?,
         Command::Schema => println!("{}", autopar_ir::json::graph_schema()),
     }
     Ok(ExitCode::SUCCESS)

@@ -24,10 +24,13 @@ pub struct Model {
 /// Loads `model`: a path ending in `.onnx` or `.json`, else a zoo spec.
 pub fn load(model: &str) -> Result<Model> {
     let path = Path::new(model);
-    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("onnx") => {
-            let graph = onnx::load_model(path).with_context(|| format!("{model}"))?;
+            let graph = onnx::load_model(path).with_context(|| model.to_string())?;
             Ok(Model {
                 graph,
                 source: Source::Onnx,
@@ -35,7 +38,7 @@ pub fn load(model: &str) -> Result<Model> {
         }
         Some("json") => {
             let text = std::fs::read_to_string(path).with_context(|| format!("{model}: cannot read"))?;
-            let graph = json::from_json(&text).with_context(|| format!("{model}"))?;
+            let graph = json::from_json(&text).with_context(|| model.to_string())?;
             Ok(Model {
                 graph,
                 source: Source::Json,

@@ -11,14 +11,17 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<()> {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("{}: cannot create a file in {}", path.display(), dir.display()))?;
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("{}: cannot create a file in {}", path.display(), dir.display()))?;
     tmp.write_all(contents)
         .with_context(|| format!("{}: write failed", path.display()))?;
     // Temp files are created private; a result file is an ordinary one.
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let _ = tmp.as_file().set_permissions(std::fs::Permissions::from_mode(0o644));
+        let _ = tmp
+            .as_file()
+            .set_permissions(std::fs::Permissions::from_mode(0o644));
     }
     tmp.persist(path)
         .with_context(|| format!("{}: cannot move the finished file into place", path.display()))?;

@@ -61,7 +61,13 @@ fn check_passes_on_every_reference_with_and_without_rewrites() {
     for stem in stems {
         let data = PathBuf::from(format!("{FIXTURES}/reference/{stem}/test_data_set_0"));
         for rewrite in [false, true] {
-            let r = check::run(&model_path(&format!("{stem}.onnx")), &data, rewrite, Precision::F32).unwrap();
+            let r = check::run(
+                &model_path(&format!("{stem}.onnx")),
+                &data,
+                rewrite,
+                Precision::F32,
+            )
+            .unwrap();
             println!("{}", check::render(&r));
             assert!(r.ok, "{stem} rewrite={rewrite}: {:?}", r.outputs);
         }

@@ -22,8 +22,13 @@ fn main() {
     let t = median(11, || zoo::build(spec).expect("spec builds"));
     println!("zoo build  {spec}: {t:?} (median of 11)");
 
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/gpt2-full.ts.weightless.onnx");
-    let t = median(5, || onnx::load_model(std::path::Path::new(path)).expect("fixture imports"));
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/models/gpt2-full.ts.weightless.onnx"
+    );
+    let t = median(5, || {
+        onnx::load_model(std::path::Path::new(path)).expect("fixture imports")
+    });
     println!("onnx import gpt2-full.ts.weightless: {t:?} (median of 5)");
 
     let graph = onnx::load_model(std::path::Path::new(path)).expect("fixture imports");

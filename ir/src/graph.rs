@@ -73,8 +73,14 @@ pub struct Block {
 pub enum GraphError {
     #[error("node '{node}': input {slot} refers to tensor #{tensor}, which does not exist")]
     DanglingInput { node: String, slot: usize, tensor: u32 },
-    #[error("node '{node}': input {slot} ('{tensor}') has no producer and is not an input, parameter or constant")]
-    Unproduced { node: String, slot: usize, tensor: String },
+    #[error(
+        "node '{node}': input {slot} ('{tensor}') has no producer and is not an input, parameter or constant"
+    )]
+    Unproduced {
+        node: String,
+        slot: usize,
+        tensor: String,
+    },
     #[error("tensor '{tensor}' is produced by both '{first}' and '{second}'")]
     TwoProducers {
         tensor: String,
@@ -90,7 +96,9 @@ pub enum GraphError {
     },
     #[error("node '{node}': {source}")]
     Op { node: String, source: OpError },
-    #[error("node '{node}': output {slot} ('{tensor}') is recorded as {recorded} but the op gives {inferred}")]
+    #[error(
+        "node '{node}': output {slot} ('{tensor}') is recorded as {recorded} but the op gives {inferred}"
+    )]
     ShapeMismatch {
         node: String,
         slot: usize,
@@ -135,7 +143,13 @@ impl Graph {
     }
 
     /// Adds a tensor and returns its id.
-    pub fn add_tensor(&mut self, name: impl Into<String>, ty: TensorType, role: Role, data: Option<Arc<Value>>) -> TensorId {
+    pub fn add_tensor(
+        &mut self,
+        name: impl Into<String>,
+        ty: TensorType,
+        role: Role,
+        data: Option<Arc<Value>>,
+    ) -> TensorId {
         let id = TensorId(self.tensors.len() as u32);
         self.tensors.push(Tensor {
             name: name.into(),
@@ -432,7 +446,9 @@ impl Graph {
         for &o in &self.outputs {
             let t = &self.tensors[o.index()];
             if t.role == Role::Activation && self.producers[o.index()].is_none() {
-                return Err(GraphError::MissingOutput { tensor: t.name.clone() });
+                return Err(GraphError::MissingOutput {
+                    tensor: t.name.clone(),
+                });
             }
         }
         Ok(())
@@ -494,7 +510,10 @@ impl Graph {
             }
         }
         let map = |t: TensorId| remap[t.index()].expect("live tensor");
-        for idx in self.topo_order().unwrap_or_else(|_| self.nodes.node_indices().collect()) {
+        for idx in self
+            .topo_order()
+            .unwrap_or_else(|_| self.nodes.node_indices().collect())
+        {
             let n = &self.nodes[idx];
             g.add_node(
                 n.name.clone(),

@@ -6,7 +6,7 @@
 //! JSON file is a complete, self-contained model. `graph_schema()` gives the
 //! JSON Schema generated from these types.
 
-use crate::{Block, Bindings, DType, Graph, GraphError, Op, Role, Shape, TensorId, TensorType, Value};
+use crate::{Bindings, Block, DType, Graph, GraphError, Op, Role, Shape, TensorId, TensorType, Value};
 use base64::Engine;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -152,12 +152,15 @@ pub fn from_doc(doc: &GraphDoc) -> Result<Graph, JsonError> {
         let data = match &t.data {
             None => None,
             Some(text) => {
-                let bytes = b64.decode(text).map_err(|e| tensor_err(format!("data is not base64: {e}")))?;
+                let bytes = b64
+                    .decode(text)
+                    .map_err(|e| tensor_err(format!("data is not base64: {e}")))?;
                 let shape = t
                     .shape
                     .as_fixed()
                     .ok_or_else(|| tensor_err("a tensor with data needs a fixed shape".into()))?;
-                let value = Value::from_le_bytes(t.dtype, shape, &bytes).map_err(|e| tensor_err(e.to_string()))?;
+                let value =
+                    Value::from_le_bytes(t.dtype, shape, &bytes).map_err(|e| tensor_err(e.to_string()))?;
                 Some(Arc::new(value))
             }
         };
@@ -181,7 +184,9 @@ pub fn from_doc(doc: &GraphDoc) -> Result<Graph, JsonError> {
             if (i as usize) < count {
                 Ok(TensorId(i))
             } else {
-                Err(node_err(format!("{what} refers to tensor #{i}, which does not exist ({count} tensors)")))
+                Err(node_err(format!(
+                    "{what} refers to tensor #{i}, which does not exist ({count} tensors)"
+                )))
             }
         };
         let inputs = n
@@ -248,8 +253,13 @@ mod tests {
             Some(Arc::new(w)),
         );
         let y = g.add_tensor("y", ty, Role::Activation, None);
-        g.add_node("mul", Op::Binary { func: BinaryOp::Mul }, vec![Some(x), Some(w)], vec![y])
-            .unwrap();
+        g.add_node(
+            "mul",
+            Op::Binary { func: BinaryOp::Mul },
+            vec![Some(x), Some(w)],
+            vec![y],
+        )
+        .unwrap();
         g.inputs = vec![x];
         g.outputs = vec![y];
         g
@@ -259,7 +269,10 @@ mod tests {
     fn documents_name_their_format_and_version() {
         let doc = to_doc(&tiny());
         assert_eq!((doc.format.as_str(), doc.version), ("autopar-graph", 1));
-        assert_eq!(doc.nodes[0].op, serde_json::json!({"op": "Binary", "func": "Mul"}));
+        assert_eq!(
+            doc.nodes[0].op,
+            serde_json::json!({"op": "Binary", "func": "Mul"})
+        );
     }
 
     #[test]
@@ -291,7 +304,9 @@ mod tests {
     #[test]
     fn schema_mentions_every_top_level_field() {
         let s = graph_schema();
-        for field in ["format", "version", "tensors", "nodes", "inputs", "outputs", "blocks"] {
+        for field in [
+            "format", "version", "tensors", "nodes", "inputs", "outputs", "blocks",
+        ] {
             assert!(s.contains(&format!("\"{field}\"")), "{field}");
         }
     }

@@ -146,7 +146,11 @@ fn longest_repeat(sigs: &[usize]) -> Option<Repeat> {
         // run[j] = how many consecutive positions from j satisfy sigs[p] == sigs[p + len].
         let mut run = vec![0usize; n - len + 1];
         for j in (0..n - len).rev() {
-            run[j] = if sigs[j] == sigs[j + len] { run[j + 1] + 1 } else { 0 };
+            run[j] = if sigs[j] == sigs[j + len] {
+                run[j + 1] + 1
+            } else {
+                0
+            };
         }
         for (start, &matched) in run.iter().enumerate().take(n - len) {
             let count = 1 + matched / len;

@@ -9,6 +9,7 @@ mod dtype;
 mod graph;
 pub mod json;
 mod layers;
+pub mod lowp;
 pub mod onnx;
 pub mod op;
 pub mod rewrite;
@@ -18,12 +19,16 @@ mod value;
 pub mod zoo;
 
 pub use dtype::DType;
-pub use layers::detect_blocks;
 pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
-pub use op::{Activation, BinaryOp, Cost, GeluApprox, InferInput, Op, OpClass, OpError, ReduceKind, ScalarValue, TensorType, UnaryOp};
+pub use layers::detect_blocks;
+pub use lowp::RoundMode;
+pub use op::{
+    Activation, BinaryOp, Cost, GeluApprox, InferInput, Op, OpClass, OpError, ReduceKind, ScalarValue,
+    TensorType, UnaryOp,
+};
 pub use petgraph::stable_graph::NodeIndex;
 pub use rewrite::{canonicalize, compute_histogram, RewriteError, RewriteReport};
-pub use stats::{graph_cost, StatsError};
 pub use shape::{Bindings, Dim, Shape};
+pub use stats::{graph_cost, StatsError};
 pub use value::{round_float, wrap_int, Data, Value, ValueError};
 pub use zoo::{ModelSpec, ZooError};

@@ -16,10 +16,14 @@ pub enum StatsError {
 pub fn graph_cost(graph: &Graph, bindings: &Bindings) -> Result<Cost, StatsError> {
     let resolve = |t: crate::TensorId| -> Result<TensorType, StatsError> {
         let tensor = graph.tensor(t);
-        let dims = tensor.ty.shape.resolve(bindings).ok_or_else(|| StatsError::Unbound {
-            tensor: tensor.name.clone(),
-            shape: tensor.ty.shape.to_string(),
-        })?;
+        let dims = tensor
+            .ty
+            .shape
+            .resolve(bindings)
+            .ok_or_else(|| StatsError::Unbound {
+                tensor: tensor.name.clone(),
+                shape: tensor.ty.shape.to_string(),
+            })?;
         Ok(TensorType {
             dtype: tensor.ty.dtype,
             shape: Shape::fixed(&dims),
@@ -33,10 +37,15 @@ pub fn graph_cost(graph: &Graph, bindings: &Bindings) -> Result<Cost, StatsError
             .iter()
             .map(|t| t.map(resolve).transpose())
             .collect::<Result<Vec<_>, _>>()?;
-        let outputs = node.outputs.iter().map(|&t| resolve(t)).collect::<Result<Vec<_>, _>>()?;
-        let c = node
-            .op
-            .cost(&inputs.iter().map(Option::as_ref).collect::<Vec<_>>(), &outputs.iter().collect::<Vec<_>>());
+        let outputs = node
+            .outputs
+            .iter()
+            .map(|&t| resolve(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        let c = node.op.cost(
+            &inputs.iter().map(Option::as_ref).collect::<Vec<_>>(),
+            &outputs.iter().collect::<Vec<_>>(),
+        );
         total.forward_flops += c.forward_flops;
         total.backward_flops += c.backward_flops;
         total.bytes_read += c.bytes_read;

@@ -55,8 +55,10 @@ fn snake(op: &str) -> String {
 /// underscores dropped) that prefixes the test name.
 fn owner(test: &str, ops: &BTreeSet<String>) -> String {
     let name = test.trim_start_matches("test_");
-    let mut candidates: Vec<(String, String)> =
-        ALIASES.iter().map(|(p, o)| (p.to_string(), o.to_string())).collect();
+    let mut candidates: Vec<(String, String)> = ALIASES
+        .iter()
+        .map(|(p, o)| (p.to_string(), o.to_string()))
+        .collect();
     for op in ops {
         candidates.push((snake(op), op.clone()));
         candidates.push((op.to_lowercase(), op.clone()));
@@ -65,8 +67,9 @@ fn owner(test: &str, ops: &BTreeSet<String>) -> String {
         .into_iter()
         .filter(|(prefix, _)| {
             // `test_or2d`, `test_and_bcast3v1d`: a digit may follow directly.
-            name.strip_prefix(prefix.as_str())
-                .is_some_and(|rest| rest.is_empty() || rest.starts_with('_') || rest.starts_with(|c: char| c.is_ascii_digit()))
+            name.strip_prefix(prefix.as_str()).is_some_and(|rest| {
+                rest.is_empty() || rest.starts_with('_') || rest.starts_with(|c: char| c.is_ascii_digit())
+            })
         })
         .max_by_key(|(prefix, _)| prefix.len())
         .map(|(_, op)| op)
@@ -118,7 +121,8 @@ fn run_test(dir: &Path) -> Result<(), String> {
         Ok(g) => (g, feeds),
         Err(first) => {
             let opts = ImportOptions { feeds: feeds.clone() };
-            let g = import_model_bytes(&bytes, &opts).map_err(|e| format!("import: {first}; with inputs bound: {e}"))?;
+            let g = import_model_bytes(&bytes, &opts)
+                .map_err(|e| format!("import: {first}; with inputs bound: {e}"))?;
             (g, BTreeMap::new())
         }
     };
@@ -190,19 +194,34 @@ fn onnx_node_tests() {
 
 #[test]
 fn test_names_map_to_their_ops() {
-    let ops: BTreeSet<String> = ["Greater", "GreaterOrEqual", "LayerNormalization", "ReduceSum", "Reshape", "Cast", "CastLike", "TopK"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let ops: BTreeSet<String> = [
+        "Greater",
+        "GreaterOrEqual",
+        "LayerNormalization",
+        "ReduceSum",
+        "Reshape",
+        "Cast",
+        "CastLike",
+        "TopK",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     assert_eq!(owner("test_greater_equal_int16_expanded", &ops), "GreaterOrEqual");
     assert_eq!(owner("test_greater_int16", &ops), "Greater");
-    assert_eq!(owner("test_layer_normalization_2d_axis0_expanded", &ops), "LayerNormalization");
+    assert_eq!(
+        owner("test_layer_normalization_2d_axis0_expanded", &ops),
+        "LayerNormalization"
+    );
     assert_eq!(owner("test_reduce_sum_keepdims_random", &ops), "ReduceSum");
     assert_eq!(owner("test_castlike_FLOAT_to_DOUBLE", &ops), "CastLike");
     assert_eq!(owner("test_cast_FLOAT_to_DOUBLE", &ops), "Cast");
     assert_eq!(owner("test_top_k_uint64", &ops), "TopK");
     let ops: BTreeSet<String> = ["Or", "RMSNormalization"].iter().map(|s| s.to_string()).collect();
     assert_eq!(owner("test_or2d", &ops), "Or");
-    assert_eq!(owner("test_rms_normalization_2d_axis0_expanded", &ops), "RMSNormalization");
+    assert_eq!(
+        owner("test_rms_normalization_2d_axis0_expanded", &ops),
+        "RMSNormalization"
+    );
     assert_eq!(owner("test_reduce_l1_empty_set_expanded", &ops), "ReduceL1");
 }

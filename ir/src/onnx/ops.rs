@@ -11,7 +11,7 @@ use super::proto::NodeProto;
 use super::tensor::tensor_value;
 use super::OnnxError;
 use crate::op::{BinaryOp, GeluApprox, Op, ReduceKind, ScalarValue, UnaryOp};
-use crate::{DType, Data, TensorId, Value};
+use crate::{DType, Data, RoundMode, TensorId, Value};
 
 /// One ONNX node, its inputs resolved to tensors.
 pub(crate) struct NodeCtx<'a> {
@@ -301,20 +301,30 @@ fn dtype_attr(n: &NodeCtx, code: i64) -> Result<DType, OnnxError> {
         .ok_or_else(|| n.error(format!("element type code {code} is not supported")))
 }
 
-/// `saturate` and `round_mode` only affect 8- and 4-bit float targets,
-/// which are not modelled.
-const CAST_IGNORED: [&str; 2] = ["saturate", "round_mode"];
+/// `Cast`/`CastLike` to `to` with the node's `saturate` (float8 targets)
+/// and `round_mode` (`f8e8m0` targets) attributes.
+fn cast_op(n: &NodeCtx, to: DType) -> Result<Op, OnnxError> {
+    let saturate = n.attrs.flag("saturate", true)?;
+    let round_mode = match n.attrs.string("round_mode")? {
+        None => RoundMode::default(),
+        Some(s) => RoundMode::parse(&s)
+            .ok_or_else(|| n.error(format!("round_mode '{s}' is not one of up, down, nearest")))?,
+    };
+    Ok(Op::Cast {
+        to,
+        saturate,
+        round_mode,
+    })
+}
 
 fn cast(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
-    n.attrs.ignore(&CAST_IGNORED);
     let to = dtype_attr(n, n.attrs.required_int("to")?)?;
-    single(b, n, Op::Cast { to }, vec![Some(n.required(0)?)])
+    single(b, n, cast_op(n, to)?, vec![Some(n.required(0)?)])
 }
 
 fn cast_like(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
-    n.attrs.ignore(&CAST_IGNORED);
     let to = b.ty(n.required(1)?).dtype;
-    single(b, n, Op::Cast { to }, vec![Some(n.required(0)?)])
+    single(b, n, cast_op(n, to)?, vec![Some(n.required(0)?)])
 }
 
 /// A scalar of float type `dtype` (rounded to it).
@@ -438,7 +448,7 @@ fn layer_norm(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
     let x = if b.ty(x).dtype == stash {
         x
     } else {
-        sub_node(b, n, "stash", Op::Cast { to: stash }, vec![Some(x)])?
+        sub_node(b, n, "stash", Op::cast(stash), vec![Some(x)])?
     };
     let op_type = n.attrs.op_type();
     let mean = b.emit(

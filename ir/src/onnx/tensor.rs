@@ -68,7 +68,12 @@ pub(crate) fn tensor_value(t: &TensorProto) -> Result<Option<Value>, OnnxError> 
         return Ok(None);
     }
     if !t.raw_data.is_empty() {
-        let want = numel * dtype.size_bytes();
+        let Some(want) = dtype.packed_bytes(numel) else {
+            return Err(bad(
+                name,
+                "string tensors keep their data in string_data, not raw_data",
+            ));
+        };
         if t.raw_data.len() != want {
             return Err(bad(
                 name,
@@ -82,7 +87,7 @@ pub(crate) fn tensor_value(t: &TensorProto) -> Result<Option<Value>, OnnxError> 
             .map(Some)
             .map_err(|e| bad(name, e.to_string()));
     }
-    let data = typed_data(t, dtype);
+    let data = typed_data(t, dtype, &shape)?;
     if data.len() != numel {
         return Err(bad(
             name,
@@ -95,9 +100,9 @@ pub(crate) fn tensor_value(t: &TensorProto) -> Result<Option<Value>, OnnxError> 
 }
 
 /// The typed field the spec assigns to `dtype`, converted to our storage.
-fn typed_data(t: &TensorProto, dtype: DType) -> Data {
+fn typed_data(t: &TensorProto, dtype: DType, shape: &[usize]) -> Result<Data, OnnxError> {
     let ints = |v: &[i64]| Data::I64(v.iter().map(|&x| wrap_int(dtype, x)).collect());
-    match dtype {
+    Ok(match dtype {
         DType::F32 => Data::F32(t.float_data.clone()),
         DType::F64 => Data::F64(t.double_data.clone()),
         DType::F16 => Data::F32(
@@ -118,7 +123,34 @@ fn typed_data(t: &TensorProto, dtype: DType) -> Data {
         }
         DType::I64 => Data::I64(t.int64_data.clone()),
         DType::U32 | DType::U64 => ints(&t.uint64_data.iter().map(|&x| x as i64).collect::<Vec<_>>()),
-    }
+        // One byte per int32 entry: a float8 code, or packed 4-/2-bit codes
+        // in the `raw_data` layout.
+        DType::F8E4M3Fn
+        | DType::F8E4M3Fnuz
+        | DType::F8E5M2
+        | DType::F8E5M2Fnuz
+        | DType::F8E8M0
+        | DType::F4E2M1
+        | DType::U4
+        | DType::I4
+        | DType::U2
+        | DType::I2 => {
+            let bytes: Vec<u8> = t.int32_data.iter().map(|&b| b as u8).collect();
+            Value::from_le_bytes(dtype, shape.to_vec(), &bytes)
+                .map_err(|e| bad(&t.name, format!("int32_data: {e}")))?
+                .data
+        }
+        DType::String => Data::Str(
+            t.string_data
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    String::from_utf8(s.clone())
+                        .map_err(|_| bad(&t.name, format!("string_data element {i} is not UTF-8")))
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+    })
 }
 
 /// Reads a serialized `TensorProto` (an ONNX test-data `.pb` file) and
@@ -230,7 +262,41 @@ mod tests {
             .contains("holds 0 elements"));
 
         let mut t = proto(DType::F32, &[1]);
-        t.data_type = 8;
-        assert!(tensor_value(&t).unwrap_err().to_string().contains("code 8"));
+        t.data_type = 14;
+        assert!(tensor_value(&t).unwrap_err().to_string().contains("code 14"));
+
+        let mut t = proto(DType::String, &[1]);
+        t.raw_data = vec![1];
+        assert!(tensor_value(&t).unwrap_err().to_string().contains("string_data"));
+        t.raw_data.clear();
+        t.string_data = vec![vec![0xff]];
+        assert!(tensor_value(&t).unwrap_err().to_string().contains("not UTF-8"));
+    }
+
+    #[test]
+    fn low_precision_and_string_fields() {
+        // float8: one code per int32 entry (0x38 = 1.0, 0xc0 = -2.0 in e4m3fn).
+        let mut t = proto(DType::F8E4M3Fn, &[2]);
+        t.int32_data = vec![0x38, 0xc0];
+        assert_eq!(
+            tensor_value(&t).unwrap().unwrap().data,
+            Data::F32(vec![1.0, -2.0])
+        );
+        // int4: packed pairs, low nibble first, in raw_data or int32_data.
+        let mut t = proto(DType::I4, &[3]);
+        t.raw_data = vec![0xf7, 0x08];
+        let want = Value::ints(DType::I4, vec![3], vec![7, -1, -8]).unwrap();
+        assert_eq!(tensor_value(&t).unwrap().unwrap(), want);
+        t.raw_data.clear();
+        t.int32_data = vec![0xf7, 0x08];
+        assert_eq!(tensor_value(&t).unwrap().unwrap(), want);
+        t.int32_data = vec![0xf7];
+        assert!(tensor_value(&t).unwrap_err().to_string().contains("int32_data"));
+        let mut t = proto(DType::String, &[2]);
+        t.string_data = vec![b"a".to_vec(), b"bc".to_vec()];
+        assert_eq!(
+            tensor_value(&t).unwrap().unwrap(),
+            Value::strings(vec![2], vec!["a".into(), "bc".into()]).unwrap()
+        );
     }
 }

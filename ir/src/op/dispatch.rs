@@ -3,10 +3,10 @@
 //! values, so every kernel sees validated inputs and fixed output shapes.
 
 use super::elementwise::{self as ew, ElementwiseKind};
-use super::kernel_util::{bytes, invalid, EvalCtx, InferCtx};
+use super::kernel_util::{bytes, invalid, unsupported, EvalCtx, InferCtx};
 use super::norm::NormKind;
 use super::{attention, generate, indexing, linalg, moe, movement, norm, reduce, slicing};
-use super::{Cost, InferInput, Op, OpError, TensorType};
+use super::{BinaryOp, Cost, InferInput, Op, OpError, TensorType};
 use crate::{DType, Data, Shape, Value};
 
 impl Op {
@@ -16,11 +16,22 @@ impl Op {
     pub fn infer(&self, inputs: &[Option<InferInput>]) -> Result<Vec<TensorType>, OpError> {
         let name = self.name();
         let cx = InferCtx { op: &name, inputs };
+        let is_string = |t: &Option<InferInput>| t.is_some_and(|t| t.ty.dtype == DType::String);
+        if let Some(i) = inputs
+            .iter()
+            .position(is_string)
+            .filter(|_| !self.takes_strings())
+        {
+            return Err(unsupported(
+                &name,
+                format!("string input {i} (only Equal, Shape and Size take strings)"),
+            ));
+        }
         match self {
             Op::Unary { func } => ew::infer_unary(&cx, *func),
             Op::Binary { func } => ew::infer_binary(&cx, *func),
             Op::Where => ew::infer_where(&cx),
-            Op::Cast { to } => ew::infer_cast(&cx, *to),
+            Op::Cast { to, .. } => ew::infer_cast(&cx, *to),
             Op::Clip => ew::infer_clip(&cx),
             Op::Silu | Op::Gelu { .. } => ew::infer_activation(&cx),
             Op::MatMul => linalg::infer_matmul(&cx),
@@ -67,6 +78,18 @@ impl Op {
             Op::ConstantOfShape { value } => generate::infer_constant_of_shape(&cx, *value),
             Op::Range => generate::infer_range(&cx),
         }
+    }
+
+    /// The ops defined on string tensors: comparing them for equality, and
+    /// reading their shape.
+    fn takes_strings(&self) -> bool {
+        matches!(
+            self,
+            Op::Binary {
+                func: BinaryOp::Equal
+            } | Op::Shape { .. }
+                | Op::Size
+        )
     }
 
     /// Forward/backward FLOPs and bytes at concrete input and output shapes.
@@ -156,7 +179,11 @@ impl Op {
             Op::Unary { func } => ew::eval_unary(&cx, *func),
             Op::Binary { func } => ew::eval_binary(&cx, *func),
             Op::Where => ew::eval_where(&cx),
-            Op::Cast { to } => ew::eval_cast(&cx, *to),
+            Op::Cast {
+                to,
+                saturate,
+                round_mode,
+            } => ew::eval_cast(&cx, *to, *saturate, *round_mode),
             Op::Clip => ew::eval_clip(&cx),
             Op::Silu => ew::eval_activation(&cx, ew::activation_of(None)),
             Op::Gelu { approximate } => ew::eval_activation(&cx, ew::activation_of(Some(*approximate))),
@@ -218,10 +245,11 @@ impl Op {
 /// its dtype and its element count its shape.
 fn checked_type(op: &str, i: usize, v: &Value) -> Result<TensorType, OpError> {
     let class_ok = match &v.data {
-        Data::F32(_) => matches!(v.dtype, DType::F32 | DType::F16 | DType::Bf16),
+        Data::F32(_) => v.dtype.is_float() && v.dtype != DType::F64,
         Data::F64(_) => v.dtype == DType::F64,
         Data::Bool(_) => v.dtype == DType::Bool,
         Data::I64(_) => v.dtype.is_int(),
+        Data::Str(_) => v.dtype == DType::String,
     };
     if !class_ok {
         return Err(invalid(

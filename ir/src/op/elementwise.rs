@@ -4,9 +4,11 @@
 //! logical type, `u64` compared and divided as unsigned.
 
 use super::broadcast::{broadcast_shapes, source_index, zip_broadcast};
-use super::kernel_util::{finish, float_kernel, int_cmp, invalid, numel, zip_data, EvalCtx, InferCtx, Real};
+use super::kernel_util::{
+    finish, float_kernel, int_cmp, invalid, numel, unsupported, zip_data, EvalCtx, InferCtx, Real,
+};
 use super::{Activation, BinaryOp, GeluApprox, OpError, TensorType, UnaryOp};
-use crate::{DType, Data, Shape, Value};
+use crate::{lowp, DType, Data, RoundMode, Shape, Value};
 use std::cmp::Ordering;
 
 /// FLOPs per element charged for GELU (erf or tanh polynomial and products).
@@ -90,6 +92,7 @@ pub(super) fn eval_unary(cx: &EvalCtx, func: UnaryOp) -> Result<Vec<Value>, OpEr
         Data::F64(d) => Data::F64(d.iter().map(|&v| unary_float(func, v)).collect()),
         Data::I64(d) => Data::I64(d.iter().map(|&v| unary_int(func, x.dtype, v)).collect()),
         Data::Bool(d) => Data::Bool(d.iter().map(|&v| v ^ (func == UnaryOp::Not)).collect()),
+        Data::Str(_) => return Err(unsupported(cx.op, "string input")),
     };
     Ok(vec![finish(x.dtype, x.shape.clone(), data)])
 }
@@ -217,6 +220,7 @@ fn pow_mixed(op: &str, a: &Value, b: &Value, out: &[usize]) -> Result<Data, OpEr
             (x as f64).powf(y) as i64
         })),
         (Data::Bool(_), _) => return Err(invalid(op, "bool base is not supported")),
+        (Data::Str(_), _) => return Err(unsupported(op, "string base")),
     })
 }
 
@@ -245,6 +249,13 @@ fn binary2(op: &str, func: BinaryOp, a: &Value, b: &Value) -> Result<Value, OpEr
             }
             (Data::Bool(x), Data::Bool(y)) => {
                 zip_broadcast((x, sa), (y, sb), out, |x, y| cmp(x.partial_cmp(&y)))
+            }
+            (Data::Str(x), Data::Str(y)) => {
+                let (ix, iy) = (source_index(sa, out), source_index(sb, out));
+                ix.iter()
+                    .zip(&iy)
+                    .map(|(&i, &j)| cmp(Some(x[i].cmp(&y[j]))))
+                    .collect()
             }
             _ => {
                 return Err(invalid(
@@ -326,16 +337,47 @@ pub(super) fn eval_where(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
     Ok(vec![finish(x.dtype, out, data)])
 }
 
-/// `Cast`: same shape, type `to`.
+/// `Cast`: same shape, type `to`; strings are neither read nor written.
 pub(super) fn infer_cast(cx: &InferCtx, to: DType) -> Result<Vec<TensorType>, OpError> {
     cx.arity(1, 1)?;
+    if to == DType::String {
+        return Err(unsupported(cx.op, "casting to string"));
+    }
     same_shape_out(cx, to)
 }
 
+/// Float → integer as ONNX's reference (numpy on x86) converts: truncation
+/// toward zero; NaN, ±inf and values beyond `i64` give `i64::MIN` (the
+/// hardware's "integer indefinite"), which wraps to 0 in every narrower type.
+fn float_to_int(x: f64) -> i64 {
+    const LIMIT: f64 = 9_223_372_036_854_775_808.0; // 2^63
+    if (-LIMIT..LIMIT).contains(&x) {
+        x as i64
+    } else {
+        i64::MIN
+    }
+}
+
+/// [`cast_with`] with ONNX's default attributes (saturating, round up).
+pub(crate) fn cast_value(op: &str, v: &Value, to: DType) -> Result<Value, OpError> {
+    cast_with(op, v, to, true, RoundMode::default())
+}
+
 /// Converts a value to `to` with ONNX Cast rules: floats round to nearest
-/// (`f16`/`bf16` directly from `f64`), float→int truncates toward zero and
-/// then wraps, int→int wraps, anything→bool is `≠ 0`.
-pub(crate) fn cast_value(v: &Value, to: DType) -> Value {
+/// (`f16`/`bf16`/float8 directly from `f64`; float8 overflow clamps when
+/// `saturate`, else becomes inf/NaN, see [`lowp`]), float→int truncates
+/// toward zero and then wraps, int→int wraps, anything→bool is `≠ 0`.
+/// Strings are refused.
+pub(crate) fn cast_with(
+    op: &str,
+    v: &Value,
+    to: DType,
+    saturate: bool,
+    round_mode: RoundMode,
+) -> Result<Value, OpError> {
+    if v.dtype == DType::String || to == DType::String {
+        return Err(unsupported(op, format!("casting {} to {to}", v.dtype)));
+    }
     let data = match (&v.data, to) {
         (Data::I64(d), t) if t.is_int() => Data::I64(d.clone()),
         (_, DType::Bool) => Data::Bool(v.to_f64_vec().into_iter().map(|x| x != 0.0).collect()),
@@ -353,20 +395,37 @@ pub(crate) fn cast_value(v: &Value, to: DType) -> Value {
                 .map(|x| half::bf16::from_f64(x).to_f32())
                 .collect(),
         ),
+        (_, t) if t.is_lowp_float() => Data::F32(
+            v.to_f64_vec()
+                .into_iter()
+                .map(|x| lowp::cast(t, x, saturate, round_mode))
+                .collect(),
+        ),
         (_, DType::U64) => Data::I64(
             v.to_f64_vec()
                 .into_iter()
-                .map(|x| if x >= 0.0 { x as u64 as i64 } else { x as i64 })
+                .map(|x| {
+                    if (0.0..18_446_744_073_709_551_616.0).contains(&x) {
+                        x as u64 as i64
+                    } else {
+                        float_to_int(x)
+                    }
+                })
                 .collect(),
         ),
-        _ => Data::I64(v.to_f64_vec().into_iter().map(|x| x as i64).collect()),
+        _ => Data::I64(v.to_f64_vec().into_iter().map(float_to_int).collect()),
     };
-    finish(to, v.shape.clone(), data)
+    Ok(finish(to, v.shape.clone(), data))
 }
 
 /// Reference kernel for `Cast`.
-pub(super) fn eval_cast(cx: &EvalCtx, to: DType) -> Result<Vec<Value>, OpError> {
-    Ok(vec![cast_value(cx.input(0)?, to)])
+pub(super) fn eval_cast(
+    cx: &EvalCtx,
+    to: DType,
+    saturate: bool,
+    round_mode: RoundMode,
+) -> Result<Vec<Value>, OpError> {
+    Ok(vec![cast_with(cx.op, cx.input(0)?, to, saturate, round_mode)?])
 }
 
 /// `Clip(x, min?, max?)`: bounds are one-element tensors of `x`'s type.
@@ -628,21 +687,77 @@ mod tests {
     #[test]
     fn cast_rules() {
         let x = f32s(&[4], &[1.7, -1.7, 300.0, 0.0]);
-        let to = |to| eval(&Op::Cast { to }, &[&x]).unwrap().remove(0);
+        let to = |to| eval(&Op::cast(to), &[&x]).unwrap().remove(0);
         assert_eq!(to(DType::I32).as_i64().unwrap(), &[1, -1, 300, 0]);
         assert_eq!(to(DType::U8).as_i64().unwrap(), &[1, 255, 44, 0]);
         assert_eq!(to(DType::Bool).data, Data::Bool(vec![true, true, true, false]));
         let h = f32s(&[1], &[1.0001]);
-        assert_eq!(eval1(&Op::Cast { to: DType::F16 }, &[&h]).1, vec![1.0]);
+        assert_eq!(eval1(&Op::cast(DType::F16), &[&h]).1, vec![1.0]);
         let d = Value::f64(vec![1], vec![1.0 + 1.0 / 256.0]).unwrap();
-        assert_eq!(eval1(&Op::Cast { to: DType::Bf16 }, &[&d]).1, vec![1.0]);
+        assert_eq!(eval1(&Op::cast(DType::Bf16), &[&d]).1, vec![1.0]);
         let b = bools(&[2], &[true, false]);
-        assert_eq!(eval1(&Op::Cast { to: DType::F64 }, &[&b]).1, vec![1.0, 0.0]);
+        assert_eq!(eval1(&Op::cast(DType::F64), &[&b]).1, vec![1.0, 0.0]);
         let big = ints(DType::I64, &[1], &[-1]);
         assert_eq!(
-            eval(&Op::Cast { to: DType::U64 }, &[&big]).unwrap()[0].to_f64_vec(),
+            eval(&Op::cast(DType::U64), &[&big]).unwrap()[0].to_f64_vec(),
             vec![u64::MAX as f64]
         );
+    }
+
+    #[test]
+    fn cast_to_low_precision_types() {
+        let x = f32s(&[5], &[0.48, 1e6, f32::NAN, -17.0, f32::INFINITY]);
+        let to = |to, saturate| {
+            let op = Op::Cast {
+                to,
+                saturate,
+                round_mode: RoundMode::Up,
+            };
+            eval1(&op, &[&x]).1
+        };
+        let sat = to(DType::F8E4M3Fn, true);
+        assert_eq!((sat[0], sat[1], sat[3], sat[4]), (0.46875, 448.0, -16.0, 448.0));
+        assert!(sat[2].is_nan());
+        let e5m2 = to(DType::F8E5M2, false);
+        assert_eq!((e5m2[1], e5m2[4]), (f64::INFINITY, f64::INFINITY));
+        assert!(to(DType::F8E4M3Fnuz, false)[1].is_nan());
+        // int4 truncates then wraps (-17 → -1); NaN/inf give 0.
+        let i4 = eval(&Op::cast(DType::I4), &[&x]).unwrap().remove(0);
+        assert_eq!(i4.as_i64().unwrap(), &[0, 0, 0, -1, 0]);
+        let u2 = eval(&Op::cast(DType::U2), &[&ints(DType::I8, &[3], &[-1, 4, 6])]).unwrap();
+        assert_eq!(u2[0].as_i64().unwrap(), &[3, 0, 2]);
+        let e8 = |round_mode| {
+            let op = Op::Cast {
+                to: DType::F8E8M0,
+                saturate: true,
+                round_mode,
+            };
+            eval1(&op, &[&f32s(&[1], &[1.6])]).1
+        };
+        assert_eq!((e8(RoundMode::Up), e8(RoundMode::Down)), (vec![2.0], vec![1.0]));
+    }
+
+    #[test]
+    fn strings_compare_equal_and_nothing_else() {
+        let s =
+            |v: &[&str]| Value::strings(vec![v.len()], v.iter().map(|x| x.to_string()).collect()).unwrap();
+        let (a, b) = (s(&["x", "y", "z"]), s(&["y"]));
+        let out = eval(&bin(BinaryOp::Equal), &[&a, &b]).unwrap();
+        assert_eq!(out[0].data, Data::Bool(vec![false, true, false]));
+        let unsupported = |r: Result<Vec<Value>, OpError>| matches!(r, Err(OpError::Unsupported { .. }));
+        assert!(unsupported(eval(&bin(BinaryOp::Less), &[&a, &b])));
+        for op in [
+            Op::cast(DType::F32),
+            Op::Unary {
+                func: UnaryOp::Identity,
+            },
+        ] {
+            assert!(unsupported(eval(&op, &[&a])), "{op:?}");
+        }
+        assert!(unsupported(eval(
+            &Op::cast(DType::String),
+            &[&f32s(&[1], &[1.0])]
+        )));
     }
 
     #[test]

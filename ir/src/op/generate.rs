@@ -68,15 +68,16 @@ pub(super) fn eval_constant_of_shape(
 ) -> Result<Vec<Value>, OpError> {
     let v = value.map_or(0.0, |v| v.value);
     let one = cast_value(
+        cx.op,
         &Value::f64(vec![], vec![v]).map_err(|e| invalid(cx.op, e.to_string()))?,
         cx.out_dtype(0),
-    );
+    )?;
     let shape = cx.out_shape(0)?;
     let n = shape.iter().product::<usize>();
     Ok(vec![Value {
         dtype: one.dtype,
         shape,
-        data: map_data!(&one.data, d => vec![d[0]; n]),
+        data: map_data!(&one.data, d => std::iter::repeat_n(&d[0], n).cloned().collect()),
     }])
 }
 
@@ -159,7 +160,7 @@ pub(super) fn eval_range(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
         let (s, d) = (first(cx.op, start)?, first(cx.op, delta)?);
         let v = Value::f64(vec![n], (0..n).map(|i| s + i as f64 * d).collect())
             .map_err(|e| invalid(cx.op, e.to_string()))?;
-        cast_value(&v, dtype).data
+        cast_value(cx.op, &v, dtype)?.data
     };
     Ok(vec![finish(dtype, vec![n], data)])
 }

@@ -238,7 +238,7 @@ impl<'a> EvalCtx<'a> {
 /// Builds a value, rounding `F32` storage to `f16`/`bf16` when `dtype` says so.
 pub(crate) fn finish(dtype: DType, shape: Vec<usize>, data: Data) -> Value {
     let data = match data {
-        Data::F32(mut v) if matches!(dtype, DType::F16 | DType::Bf16) => {
+        Data::F32(mut v) if dtype.is_float() && dtype != DType::F32 => {
             for x in &mut v {
                 *x = round_float(dtype, *x);
             }
@@ -453,6 +453,7 @@ macro_rules! map_data {
             $crate::Data::F64($v) => $crate::Data::F64($body),
             $crate::Data::I64($v) => $crate::Data::I64($body),
             $crate::Data::Bool($v) => $crate::Data::Bool($body),
+            $crate::Data::Str($v) => $crate::Data::Str($body),
         }
     };
 }
@@ -562,7 +563,7 @@ pub(crate) fn dim(t: &TensorType, i: usize) -> f64 {
 
 /// Bytes of a tensor at concrete shape.
 pub(crate) fn bytes(t: &TensorType) -> f64 {
-    numel(t) * t.dtype.size_bytes() as f64
+    numel(t) * t.dtype.size_bits() as f64 / 8.0
 }
 
 /// The i64 range of an integer dtype (u64 as its i64 bit pattern: min 0, max -1).
@@ -575,6 +576,10 @@ pub(crate) fn int_limits(dtype: DType) -> (i64, i64) {
         DType::I32 => (i32::MIN as i64, i32::MAX as i64),
         DType::U32 => (0, u32::MAX as i64),
         DType::U64 => (0, -1),
+        DType::I4 => (-8, 7),
+        DType::U4 => (0, 15),
+        DType::I2 => (-2, 1),
+        DType::U2 => (0, 3),
         _ => (i64::MIN, i64::MAX),
     }
 }

@@ -115,8 +115,17 @@ pub enum Op {
     Binary { func: BinaryOp },
     /// `(cond, x, y)`, broadcast.
     Where,
-    /// `(x)` converted to `to` (ONNX Cast, saturating rules of opset 19 for floats).
-    Cast { to: DType },
+    /// `(x)` converted to `to` (ONNX Cast). `saturate` clamps out-of-range
+    /// values to the largest finite float8 value instead of inf/NaN;
+    /// `round_mode` applies to `f8e8m0` targets. Both are omitted from JSON
+    /// at their defaults (true, up); [`Op::cast`] builds the default.
+    Cast {
+        to: DType,
+        #[serde(default = "yes", skip_serializing_if = "is_yes")]
+        saturate: bool,
+        #[serde(default, skip_serializing_if = "is_default")]
+        round_mode: crate::RoundMode,
+    },
     /// `(x, min?, max?)`.
     Clip,
     /// `(x)`: `x · sigmoid(x)`.
@@ -270,7 +279,28 @@ pub enum OpClass {
     Generator,
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
 impl Op {
+    /// `Cast` to `to` with ONNX's default attributes (saturating, round up).
+    pub fn cast(to: DType) -> Op {
+        Op::Cast {
+            to,
+            saturate: true,
+            round_mode: crate::RoundMode::default(),
+        }
+    }
+
     /// Display name: the ONNX op type for primitive ops, our name for canonical ones.
     pub fn name(&self) -> String {
         match self {

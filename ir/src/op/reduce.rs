@@ -5,7 +5,7 @@
 use super::broadcast::strided_index;
 use super::kernel_util::{
     finish, float_kernel, int_cmp, int_limits, int_values, invalid, norm_axes, norm_axis, numel, scalar_int,
-    strides, tensor, EvalCtx, InferCtx, Real, Rows,
+    strides, tensor, unsupported, EvalCtx, InferCtx, Real, Rows,
 };
 use super::moe::top_indices;
 use super::{OpError, ReduceKind, TensorType};
@@ -207,6 +207,7 @@ pub(super) fn eval_argmax(cx: &EvalCtx, axis: i64, last: bool) -> Result<Vec<Val
         Data::F32(d) => argmax_rows(d, &rows, last, |a, b| fcmp(a as f64, b as f64)),
         Data::F64(d) => argmax_rows(d, &rows, last, fcmp),
         Data::Bool(d) => argmax_rows(d, &rows, last, |a, b| a.cmp(&b)),
+        Data::Str(_) => return Err(unsupported(cx.op, "string input")),
     };
     Ok(vec![Value {
         dtype: DType::I64,
@@ -282,6 +283,7 @@ pub(super) fn eval_topk(cx: &EvalCtx, axis: i64, largest: bool) -> Result<Vec<Va
             let (v, i) = topk_rows(d, &rows, k, |a, b| dir(a.cmp(b)));
             (Data::Bool(v), i)
         }
+        Data::Str(_) => return Err(unsupported(cx.op, "string input")),
     };
     let shape = cx.out_shape(0)?;
     Ok(vec![

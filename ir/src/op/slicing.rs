@@ -86,6 +86,7 @@ pub(super) fn eval_concat(cx: &EvalCtx, axis: i64) -> Result<Vec<Value>, OpError
         Data::F64(_) => parts!(F64),
         Data::I64(_) => parts!(I64),
         Data::Bool(_) => parts!(Bool),
+        Data::Str(_) => parts!(Str),
     };
     Ok(vec![Value {
         dtype: first.dtype,
@@ -343,10 +344,10 @@ pub(super) fn eval_trilu(cx: &EvalCtx, upper: bool) -> Result<Vec<Value>, OpErro
             j - i <= k
         }
     };
-    fn zero_out<T: Copy + Default>(d: &[T], keep: impl Fn(usize) -> bool) -> Vec<T> {
+    fn zero_out<T: Clone + Default>(d: &[T], keep: impl Fn(usize) -> bool) -> Vec<T> {
         d.iter()
             .enumerate()
-            .map(|(i, &v)| if keep(i) { v } else { T::default() })
+            .map(|(i, v)| if keep(i) { v.clone() } else { T::default() })
             .collect()
     }
     Ok(vec![Value {

@@ -259,31 +259,12 @@ pub fn parse_head(s: &str) -> Option<Head> {
                 _ => return None,
             },
         },
-        ("Cast", Some(t)) => Op::Cast {
-            to: DTYPES.iter().copied().find(|d| d.name() == t)?,
-        },
+        ("Cast", Some(t)) => Op::cast(DType::ALL.into_iter().find(|d| d.name() == t)?),
         (n, None) => plain_op(n)?,
         _ => return None,
     };
     Some(Head::Op(OpHead::new(op)))
 }
-
-/// Every dtype, for parsing `Cast:<name>`.
-pub const DTYPES: [DType; 13] = [
-    DType::F32,
-    DType::F64,
-    DType::F16,
-    DType::Bf16,
-    DType::I8,
-    DType::U8,
-    DType::I16,
-    DType::U16,
-    DType::I32,
-    DType::U32,
-    DType::I64,
-    DType::U64,
-    DType::Bool,
-];
 
 /// Ops named without attributes in patterns.
 fn plain_op(name: &str) -> Option<Op> {
@@ -336,7 +317,7 @@ mod tests {
         );
         assert_eq!(
             parse_head("Cast:f32").unwrap(),
-            Head::Op(OpHead::new(Op::Cast { to: DType::F32 }))
+            Head::Op(OpHead::new(Op::cast(DType::F32)))
         );
         assert_eq!(parse_head("Get:1"), Some(Head::Get(1)));
         assert_eq!(parse_head("Frobnicate"), None);

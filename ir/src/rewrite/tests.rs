@@ -161,7 +161,7 @@ fn rms_norm_with_div_and_identity_casts() {
     let mut b = Build::new();
     let x = b.input("x", DType::F32, &[2, 3, 8]);
     let w = b.param("w", &[8]);
-    let xc = b.op(Op::Cast { to: DType::F32 }, &[x]);
+    let xc = b.op(Op::cast(DType::F32), &[x]);
     let two = b.scalar(2.0);
     let eps = b.scalar(1e-6);
     let one = b.scalar(1.0);
@@ -177,7 +177,7 @@ fn rms_norm_with_div_and_identity_casts() {
     let s = b.un(UnaryOp::Sqrt, a);
     let r = b.bin(BinaryOp::Div, one, s);
     let n = b.bin(BinaryOp::Mul, xc, r);
-    let nc = b.op(Op::Cast { to: DType::F32 }, &[n]);
+    let nc = b.op(Op::cast(DType::F32), &[n]);
     let y = b.bin(BinaryOp::Mul, w, nc);
     let (h, g) = b.canon(y);
     assert_eq!(h, hist(&[("RmsNorm", 1)]));

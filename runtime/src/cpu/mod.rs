@@ -54,7 +54,11 @@ pub enum RunError {
 
 /// Runs `graph` on `feeds` (graph input name → value) and returns the graph
 /// outputs in order.
-pub fn run(graph: &Graph, feeds: &BTreeMap<String, Value>, precision: Precision) -> Result<Vec<Value>, RunError> {
+pub fn run(
+    graph: &Graph,
+    feeds: &BTreeMap<String, Value>,
+    precision: Precision,
+) -> Result<Vec<Value>, RunError> {
     let order = graph.topo_order()?;
     let mut remaining_uses = vec![0usize; graph.tensors().count()];
     for &idx in &order {
@@ -69,7 +73,10 @@ pub fn run(graph: &Graph, feeds: &BTreeMap<String, Value>, precision: Precision)
     bind_inputs(graph, feeds, precision, &mut values)?;
     for (id, tensor) in graph.tensors() {
         if matches!(tensor.role, Role::Parameter | Role::Constant) && remaining_uses[id.index()] > 0 {
-            let data = tensor.data.as_ref().ok_or_else(|| RunError::Weightless(tensor.name.clone()))?;
+            let data = tensor
+                .data
+                .as_ref()
+                .ok_or_else(|| RunError::Weightless(tensor.name.clone()))?;
             values[id.index()] = Some(widen_shared(data, precision));
         }
     }
@@ -179,8 +186,14 @@ fn widen_shared(v: &Arc<Value>, precision: Precision) -> Arc<Value> {
 /// `f64` run.
 fn widen_op(op: &Op, precision: Precision) -> std::borrow::Cow<'_, Op> {
     match op {
-        Op::Cast { to } if run_dtype(*to, precision) != *to => std::borrow::Cow::Owned(Op::Cast {
+        Op::Cast {
+            to,
+            saturate,
+            round_mode,
+        } if run_dtype(*to, precision) != *to => std::borrow::Cow::Owned(Op::Cast {
             to: run_dtype(*to, precision),
+            saturate: *saturate,
+            round_mode: *round_mode,
         }),
         Op::ConstantOfShape { value: Some(s) } if run_dtype(s.dtype, precision) != s.dtype => {
             let mut s = *s;
@@ -201,6 +214,9 @@ fn check_output(graph: &Graph, t: TensorId, v: &Value, precision: Precision) -> 
     if v.dtype == dtype && shape_ok {
         Ok(())
     } else {
-        Err((format!("{dtype}{}", ty.shape), format!("{}{:?}", v.dtype, v.shape)))
+        Err((
+            format!("{dtype}{}", ty.shape),
+            format!("{}{:?}", v.dtype, v.shape),
+        ))
     }
 }

@@ -5,7 +5,7 @@
 use super::{add, dtype, info, rule, scalar, v, Rw};
 use crate::op::{BinaryOp, Op, UnaryOp};
 use crate::rewrite::analysis::EG;
-use crate::rewrite::lang::{ONode, DTYPES};
+use crate::rewrite::lang::ONode;
 use crate::rewrite::RewriteError;
 use egg::{Id, Pattern, Rewrite};
 
@@ -20,7 +20,7 @@ pub(super) fn rules() -> Result<Vec<Rw>, RewriteError> {
         })?;
         rules.push(rw);
     }
-    for dt in DTYPES {
+    for dt in crate::DType::ALL {
         rules.push(rule(
             &format!("cast-noop-{}", dt.name()),
             &format!("(Cast:{} ?x)", dt.name()),
