@@ -82,9 +82,17 @@ fn main() -> ExitCode {
     }
 }
 
+/// Writes to stdout; a closed pipe (`autopar ... | head`) is not an error.
+fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other?),
+    }
+}
+
 fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
+    emit(&format!("{}\n", serde_json::to_string_pretty(value)?))
 }
 
 fn run(cli: Cli) -> Result<ExitCode> {
@@ -99,7 +107,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if json {
                 print_json(&r)?;
             } else {
-                print!("{}", inspect::render(&r));
+                emit(&inspect::render(&r))?;
             }
         }
         Command::Check {
@@ -118,7 +126,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if json {
                 print_json(&r)?;
             } else {
-                print!("{}", check::render(&r));
+                emit(&check::render(&r))?;
             }
             if !r.ok {
                 return Ok(ExitCode::from(1));
@@ -129,7 +137,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             output,
             rewrite,
         } => convert::run(&model, &output, rewrite)?,
-        Command::Schema => println!("{}", autopar_ir::json::graph_schema()),
+        Command::Schema => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -158,3 +158,19 @@ fn check_exit_codes() {
     assert_eq!(code, 1, "{out}{err}");
     assert!(out.contains("FAIL"));
 }
+
+#[test]
+fn closed_stdout_pipe_is_not_a_crash() {
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(["schema"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away, like `| head -0`
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.status.success(), "{err}");
+}
