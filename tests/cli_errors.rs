@@ -174,3 +174,15 @@ fn closed_stdout_pipe_is_not_a_crash() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.status.success(), "{err}");
 }
+
+#[test]
+fn error_lines_say_each_thing_once() {
+    let missing = std::env::temp_dir().join("autopar-no-such-model.onnx");
+    let (code, _, err) = autopar(&["inspect", missing.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert_eq!(err.matches("autopar-no-such-model.onnx").count(), 1, "{err}");
+    let bytes = gpt2_tiny();
+    let p = scratch("truncated_once.onnx", &bytes[..bytes.len() / 2]);
+    let (_, _, err) = autopar(&["inspect", p.to_str().unwrap()]);
+    assert_eq!(err.matches("failed to decode").count(), 1, "{err}");
+}
