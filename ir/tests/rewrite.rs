@@ -136,3 +136,30 @@ fn rewritten_graphs_reproduce_reference_outputs() {
         assert!(worst <= 1e-4, "{stem}: max relative error {worst}");
     }
 }
+
+/// Decoders' attention is recognised as causal from the exported mask; BERT's
+/// bidirectional attention is not.
+#[test]
+fn causal_flag_follows_the_exported_mask() {
+    let causal_flags = |stem: &str| -> Vec<bool> {
+        let (_, c, _) = canonical(stem);
+        c.node_indices()
+            .filter_map(|n| match c.node(n).op {
+                autopar_ir::Op::Attention { causal, .. } => Some(causal),
+                _ => None,
+            })
+            .collect()
+    };
+    for stem in [
+        "gpt2-tiny.ts",
+        "gpt2-tiny.dynamo",
+        "llama-tiny.ts",
+        "llama-tiny.dynamo",
+        "mixtral-tiny.dynamo",
+    ] {
+        assert_eq!(causal_flags(stem), vec![true, true], "{stem}");
+    }
+    for stem in ["bert-tiny.ts", "bert-tiny.dynamo"] {
+        assert_eq!(causal_flags(stem), vec![false, false], "{stem}");
+    }
+}

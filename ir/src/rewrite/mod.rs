@@ -10,6 +10,7 @@
 //! same outputs; it is re-typed through `Op::infer` and validated.
 
 mod analysis;
+mod causal;
 mod convert;
 mod lang;
 mod rules;
@@ -85,7 +86,8 @@ pub fn canonicalize(graph: &Graph) -> Result<(Graph, RewriteReport), RewriteErro
     }
     let iterations = runner.iterations.len();
     imported.egraph = runner.egraph;
-    let out = convert::extract(&imported, graph)?;
+    let mut out = convert::extract(&imported, graph)?;
+    causal::mark_causal(&mut out);
     out.validate()?;
     let report = RewriteReport {
         nodes_before: graph.node_count(),
