@@ -1,9 +1,10 @@
 //! Cluster descriptions and the cost models the planner optimises.
 //!
-//! This crate starts with `cluster`: the hardware facts (devices, link
-//! levels) described in TOML or chosen from presets. The compute,
-//! communication and memory models build on it.
+//! `cluster` holds the hardware facts (devices, link levels) described in
+//! TOML or chosen from presets; `comm` prices collectives on them. The
+//! compute and memory models build on both.
 
 mod cluster;
+pub mod comm;
 
 pub use cluster::{Cluster, ClusterError, Device, Link};

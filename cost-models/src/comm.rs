@@ -1,0 +1,311 @@
+//! Communication model: bytes each rank sends and alpha-beta times for the
+//! collectives the runtime lowers to, over the link levels a group spans.
+//!
+//! Conventions: `bytes` is the size of the whole logical buffer — the tensor
+//! each rank holds for all-reduce and broadcast, the full input of a
+//! reduce-scatter, the full output of an all-gather, each rank's whole send
+//! buffer for all-to-all, the message for point-to-point. Times assume each
+//! rank sends and receives at once at its link's per-direction bandwidth.
+
+use crate::Cluster;
+
+/// A collective (or point-to-point) operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    AllToAll,
+    Broadcast,
+    SendRecv,
+}
+
+/// How a collective is carried out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Ring (bandwidth-optimal; all-to-all as pairwise exchange).
+    Ring,
+    /// Binary tree in heap order, rank 0 the root (latency-optimal all-reduce
+    /// and broadcast).
+    Tree,
+    /// Rank 0 serves: every other rank pushes its buffer to it and pulls the
+    /// reduced result (all-reduce only).
+    ParameterServer,
+}
+
+/// Why a collective cannot be priced.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CommError {
+    #[error("{algorithm:?} does not implement {collective:?}")]
+    Unsupported {
+        collective: Collective,
+        algorithm: Algorithm,
+    },
+    #[error("a communication group needs at least one rank")]
+    EmptyGroup,
+}
+
+/// Bytes each of the `n` ranks sends (index = position in the group).
+pub fn bytes_sent(
+    collective: Collective,
+    algorithm: Algorithm,
+    n: usize,
+    bytes: f64,
+) -> Result<Vec<f64>, CommError> {
+    use Algorithm::*;
+    use Collective::*;
+    if n == 0 {
+        return Err(CommError::EmptyGroup);
+    }
+    let nf = n as f64;
+    let chunk = bytes / nf;
+    Ok(match (collective, algorithm) {
+        (_, _) if n == 1 && collective != SendRecv => vec![0.0],
+        (AllReduce, Ring) => vec![2.0 * (nf - 1.0) * chunk; n],
+        (ReduceScatter | AllGather | AllToAll, Ring) => vec![(nf - 1.0) * chunk; n],
+        (Broadcast, Ring) => (0..n).map(|r| if r + 1 < n { bytes } else { 0.0 }).collect(),
+        (SendRecv, _) => vec![bytes],
+        (AllReduce, Tree) => (0..n)
+            .map(|r| (if r == 0 { 0.0 } else { bytes }) + tree_children(r, n) as f64 * bytes)
+            .collect(),
+        (Broadcast, Tree) => (0..n).map(|r| tree_children(r, n) as f64 * bytes).collect(),
+        (AllReduce, ParameterServer) => (0..n)
+            .map(|r| if r == 0 { (nf - 1.0) * bytes } else { bytes })
+            .collect(),
+        (collective, algorithm) => {
+            return Err(CommError::Unsupported {
+                collective,
+                algorithm,
+            })
+        }
+    })
+}
+
+/// Children of `r` in a heap-ordered binary tree of `n` ranks.
+fn tree_children(r: usize, n: usize) -> usize {
+    [2 * r + 1, 2 * r + 2].iter().filter(|&&c| c < n).count()
+}
+
+/// Where a group's ranks sit: `per_node` members on each of `nodes` nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    pub per_node: usize,
+    pub nodes: usize,
+}
+
+impl Span {
+    /// The span of `ranks` on `cluster` (ranks fill nodes in order). Groups
+    /// that are uneven across nodes are priced by their fullest node.
+    pub fn of(cluster: &Cluster, ranks: &[usize]) -> Result<Span, CommError> {
+        if ranks.is_empty() {
+            return Err(CommError::EmptyGroup);
+        }
+        let mut per_node = std::collections::BTreeMap::new();
+        for &r in ranks {
+            *per_node.entry(cluster.node_of(r)).or_insert(0usize) += 1;
+        }
+        Ok(Span {
+            per_node: per_node.values().copied().max().unwrap_or(1),
+            nodes: per_node.len(),
+        })
+    }
+
+    /// Members in all.
+    pub fn ranks(&self) -> usize {
+        self.per_node * self.nodes
+    }
+}
+
+/// Alpha-beta time of one collective over one link level.
+fn flat_time(
+    collective: Collective,
+    algorithm: Algorithm,
+    n: usize,
+    bytes: f64,
+    link: crate::Link,
+) -> Result<f64, CommError> {
+    use Algorithm::*;
+    use Collective::*;
+    if n <= 1 && collective != SendRecv {
+        return Ok(0.0);
+    }
+    let nf = n as f64;
+    let (alpha, beta) = (link.latency, link.bandwidth);
+    let depth = (usize::BITS - n.leading_zeros()) as f64; // ⌈log2(n + 1)⌉ levels
+    Ok(match (collective, algorithm) {
+        (AllReduce, Ring) => 2.0 * (nf - 1.0) * (alpha + bytes / nf / beta),
+        (ReduceScatter | AllGather | AllToAll, Ring) => (nf - 1.0) * (alpha + bytes / nf / beta),
+        // Pipelined in chunks: the message streams through the chain once.
+        (Broadcast, Ring) => (nf - 1.0) * alpha + bytes / beta,
+        (SendRecv, _) => alpha + bytes / beta,
+        // Reduce up then broadcast down, each pipelined; a parent sends to two children.
+        (AllReduce, Tree) => 2.0 * depth * alpha + 3.0 * bytes / beta,
+        (Broadcast, Tree) => depth * alpha + 2.0 * bytes / beta,
+        // The server's link carries every push and every pull.
+        (AllReduce, ParameterServer) => 2.0 * alpha + 2.0 * (nf - 1.0) * bytes / beta,
+        (collective, algorithm) => {
+            return Err(CommError::Unsupported {
+                collective,
+                algorithm,
+            })
+        }
+    })
+}
+
+/// Time of a collective over a group spanning `span` on `cluster`. Inside
+/// one node it runs on the intra-node link; one rank per node runs on the
+/// inter-node link; otherwise ring collectives run hierarchically (inside
+/// nodes on the intra-node link, the `1/per_node` share across nodes on the
+/// inter-node link, the nodes' rings in parallel), and other algorithms run
+/// flat at the inter-node link.
+pub fn time(
+    cluster: &Cluster,
+    span: Span,
+    collective: Collective,
+    algorithm: Algorithm,
+    bytes: f64,
+) -> Result<f64, CommError> {
+    use Collective::*;
+    let (g, k) = (span.per_node, span.nodes);
+    if k <= 1 {
+        return flat_time(collective, algorithm, g, bytes, cluster.intra_node);
+    }
+    if g <= 1 || algorithm != Algorithm::Ring {
+        return flat_time(collective, algorithm, span.ranks(), bytes, cluster.inter_node);
+    }
+    let intra = |c| flat_time(c, algorithm, g, bytes, cluster.intra_node);
+    let inter = |c| flat_time(c, algorithm, k, bytes / g as f64, cluster.inter_node);
+    Ok(match collective {
+        AllReduce => intra(ReduceScatter)? + inter(AllReduce)? + intra(AllGather)?,
+        ReduceScatter => intra(ReduceScatter)? + inter(ReduceScatter)?,
+        AllGather => inter(AllGather)? + intra(AllGather)?,
+        // The whole buffer crosses to every node, then spreads inside each.
+        Broadcast => flat_time(Broadcast, algorithm, k, bytes, cluster.inter_node)? + intra(Broadcast)?,
+        // Of each rank's buffer, the share bound for other nodes crosses the
+        // inter-node link; the rest stays inside the node.
+        AllToAll => {
+            let n = span.ranks() as f64;
+            let remote = bytes * (n - g as f64) / n;
+            let local = bytes * (g as f64 - 1.0) / n;
+            (n - 1.0) * cluster.inter_node.latency
+                + (remote / cluster.inter_node.bandwidth).max(local / cluster.intra_node.bandwidth)
+        }
+        SendRecv => flat_time(SendRecv, algorithm, 2, bytes, cluster.inter_node)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Algorithm::*;
+    use Collective::*;
+
+    fn a100(gpus: usize) -> Cluster {
+        Cluster::preset("dgx-a100-80g").unwrap().with_gpus(gpus).unwrap()
+    }
+
+    #[test]
+    fn ring_bytes_per_rank_are_the_textbook_ones() {
+        // 4 ranks, 400 bytes: all-reduce sends 2·3/4·400 = 600 per rank.
+        assert_eq!(bytes_sent(AllReduce, Ring, 4, 400.0).unwrap(), vec![600.0; 4]);
+        assert_eq!(bytes_sent(ReduceScatter, Ring, 4, 400.0).unwrap(), vec![300.0; 4]);
+        assert_eq!(bytes_sent(AllGather, Ring, 4, 400.0).unwrap(), vec![300.0; 4]);
+        assert_eq!(bytes_sent(AllToAll, Ring, 4, 400.0).unwrap(), vec![300.0; 4]);
+        assert_eq!(
+            bytes_sent(Broadcast, Ring, 3, 10.0).unwrap(),
+            vec![10.0, 10.0, 0.0]
+        );
+        assert_eq!(bytes_sent(AllReduce, Ring, 1, 10.0).unwrap(), vec![0.0]);
+    }
+
+    #[test]
+    fn tree_and_parameter_server_bytes() {
+        // Heap tree of 5: 0→{1,2}, 1→{3,4}.
+        assert_eq!(
+            bytes_sent(AllReduce, Tree, 5, 1.0).unwrap(),
+            vec![2.0, 3.0, 1.0, 1.0, 1.0]
+        );
+        assert_eq!(
+            bytes_sent(Broadcast, Tree, 5, 1.0).unwrap(),
+            vec![2.0, 2.0, 0.0, 0.0, 0.0]
+        );
+        assert_eq!(
+            bytes_sent(AllReduce, ParameterServer, 4, 8.0).unwrap(),
+            vec![24.0, 8.0, 8.0, 8.0]
+        );
+        assert!(bytes_sent(AllGather, ParameterServer, 4, 8.0).is_err());
+    }
+
+    #[test]
+    fn more_ranks_in_a_ring_never_send_fewer_bytes_per_rank() {
+        for c in [AllReduce, ReduceScatter, AllGather, AllToAll] {
+            let mut last = 0.0;
+            for n in 1..=64 {
+                let b = bytes_sent(c, Ring, n, 1e6).unwrap()[0];
+                assert!(b >= last, "{c:?} n={n}");
+                last = b;
+            }
+        }
+    }
+
+    #[test]
+    fn intra_node_ring_all_reduce_by_hand() {
+        // 8 ranks in one node, 1 GB: 2·7·(2 µs + 1e9/8/300e9 s).
+        let c = a100(8);
+        let span = Span::of(&c, &(0..8).collect::<Vec<_>>()).unwrap();
+        assert_eq!(
+            span,
+            Span {
+                per_node: 8,
+                nodes: 1
+            }
+        );
+        let t = time(&c, span, AllReduce, Ring, 1e9).unwrap();
+        let want = 14.0 * (2e-6 + 1e9 / 8.0 / 300e9);
+        assert!((t - want).abs() < 1e-12, "{t} vs {want}");
+    }
+
+    #[test]
+    fn hierarchical_all_reduce_by_hand() {
+        // 16 ranks on 2 nodes: RS + AG inside (8 ranks, 1 GB), AR across 2 nodes on 1/8 GB.
+        let c = a100(16);
+        let span = Span::of(&c, &(0..16).collect::<Vec<_>>()).unwrap();
+        assert_eq!(
+            span,
+            Span {
+                per_node: 8,
+                nodes: 2
+            }
+        );
+        let intra = 7.0 * (2e-6 + 1e9 / 8.0 / 300e9);
+        let inter = 2.0 * (5e-6 + 1e9 / 8.0 / 2.0 / 25e9);
+        let t = time(&c, span, AllReduce, Ring, 1e9).unwrap();
+        assert!((t - (2.0 * intra + inter)).abs() < 1e-12);
+        // One rank per node: a flat ring on the inter-node link.
+        let across = Span::of(&c, &[0, 8]).unwrap();
+        let t = time(&c, across, AllReduce, Ring, 1e9).unwrap();
+        assert!((t - 2.0 * (5e-6 + 0.5e9 / 25e9)).abs() < 1e-12);
+    }
+
+    #[test]
+    fn crossing_nodes_is_slower_than_staying_inside() {
+        let c = a100(16);
+        let inside = Span::of(&c, &[0, 1]).unwrap();
+        let across = Span::of(&c, &[0, 8]).unwrap();
+        for coll in [AllReduce, AllGather, ReduceScatter, AllToAll, Broadcast, SendRecv] {
+            let a = time(&c, inside, coll, Ring, 1e8).unwrap();
+            let b = time(&c, across, coll, Ring, 1e8).unwrap();
+            assert!(b > a, "{coll:?}");
+        }
+    }
+
+    #[test]
+    fn parameter_server_is_bound_by_the_server_link() {
+        let c = a100(8);
+        let span = Span::of(&c, &(0..8).collect::<Vec<_>>()).unwrap();
+        let ps = time(&c, span, AllReduce, ParameterServer, 1e9).unwrap();
+        let ring = time(&c, span, AllReduce, Ring, 1e9).unwrap();
+        assert!((ps - (4e-6 + 14.0 * 1e9 / 300e9)).abs() < 1e-12);
+        assert!(ps > ring);
+    }
+}
