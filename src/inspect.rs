@@ -4,7 +4,7 @@
 
 use crate::model::{self, Source};
 use anyhow::Result;
-use autopar_ir::{canonicalize, detect_blocks, graph_cost, Bindings, Graph, Role};
+use autopar_ir::{graph_cost, Bindings, Graph, Role};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -61,15 +61,7 @@ pub struct Layers {
 /// Builds the report for `model` with optional batch/seq overrides.
 pub fn report(model_arg: &str, batch: Option<usize>, seq: Option<usize>) -> Result<InspectReport> {
     let m = model::load(model_arg)?;
-    let canonical = match m.source {
-        // Zoo graphs are built from canonical ops with their layers recorded.
-        Source::Zoo => m.graph.clone(),
-        Source::Onnx | Source::Json => {
-            let mut g = canonicalize(&m.graph)?.0;
-            g.blocks = detect_blocks(&g)?;
-            g
-        }
-    };
+    let canonical = model::canonical(&m)?;
     let bindings = model::bindings(&m.graph, batch, seq);
     let cost = graph_cost(&canonical, &bindings)?;
     let params = m.graph.float_parameter_elements(&bindings);

@@ -4,6 +4,8 @@
 
 pub mod check;
 pub mod convert;
+pub mod estimate;
 pub mod inspect;
 pub mod model;
 pub mod output;
+pub mod profile;

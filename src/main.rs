@@ -2,7 +2,7 @@
 //! code 0 on success, 1 when a check finds a mismatch, 2 on any error.
 
 use anyhow::Result;
-use autopar::{check, convert, inspect};
+use autopar::{check, convert, estimate, inspect};
 use autopar_runtime::cpu::Precision;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -64,6 +64,89 @@ enum Command {
     },
     /// Print the JSON Schema of the graph format.
     Schema,
+    /// Step time, MFU and per-GPU memory of one training configuration.
+    Estimate(EstimateArgs),
+    /// Measure a backend on this host (matmul, streaming, collective and
+    /// per-op rates) and write them as a calibration file for the cost models.
+    Profile {
+        /// Which backend to measure.
+        #[arg(long, value_enum)]
+        backend: autopar::profile::Backend,
+        /// Calibration JSON to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Tiny sizes, for smoke tests: finishes at once, numbers not meaningful.
+        #[arg(long)]
+        quick: bool,
+    },
+}
+
+/// `autopar estimate` flags.
+#[derive(clap::Args)]
+struct EstimateArgs {
+    /// An .onnx file, an autopar .json graph, or a zoo spec.
+    model: String,
+    /// A preset (dgx-a100-80g, dgx-h100, hgx-h200, p3-v100, cpu) or a cluster .toml file.
+    #[arg(long)]
+    cluster: String,
+    /// GPUs in all: whole nodes, or part of one node.
+    #[arg(long)]
+    gpus: usize,
+    /// Tensor-parallel degree.
+    #[arg(long, default_value_t = 1)]
+    tp: usize,
+    /// Pipeline-parallel degree (stages).
+    #[arg(long, default_value_t = 1)]
+    pp: usize,
+    /// Data-parallel degree (default: gpus / (tp·pp·cp)).
+    #[arg(long)]
+    dp: Option<usize>,
+    /// Layer chunks per stage for the interleaved schedule (default: the
+    /// smallest count above one that splits each stage's layers evenly).
+    #[arg(long)]
+    virtual_stages: Option<usize>,
+    /// Sequence parallelism inside the tensor-parallel group.
+    #[arg(long)]
+    sp: bool,
+    /// Context-parallel degree.
+    #[arg(long, default_value_t = 1)]
+    cp: usize,
+    /// Expert-parallel degree (divides dp).
+    #[arg(long, default_value_t = 1)]
+    ep: usize,
+    /// ZeRO stage, 0-3.
+    #[arg(long, default_value_t = 0)]
+    zero: u8,
+    /// Samples per optimizer step.
+    #[arg(long)]
+    global_batch: usize,
+    /// Samples per micro-batch.
+    #[arg(long, default_value_t = 1)]
+    micro_batch: usize,
+    /// Sequence length (default: the model's).
+    #[arg(long)]
+    seq: Option<usize>,
+    /// none | selective | full.
+    #[arg(long, default_value = "none")]
+    recompute: autopar_cost_models::Recompute,
+    /// gpipe | 1f1b | interleaved.
+    #[arg(long, default_value = "1f1b")]
+    schedule: autopar_cost_models::Schedule,
+    /// fused (flash-style) | unfused.
+    #[arg(long, default_value = "fused")]
+    attention: autopar_cost_models::AttentionKernel,
+    /// Train with dropout (attention probabilities and residual branches).
+    #[arg(long)]
+    dropout: bool,
+    /// Overlap the gradient reduction with the last backward pass.
+    #[arg(long)]
+    overlap_grad_reduce: bool,
+    /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// Print JSON for machines.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -160,6 +243,44 @@ fn run(cli: Cli) -> Result<ExitCode> {
             rewrite,
         } => convert::run(&model, &output, rewrite)?,
         Command::Schema => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
+        Command::Estimate(a) => {
+            let report = estimate::run(&estimate::Request {
+                model: a.model,
+                cluster: a.cluster,
+                gpus: a.gpus,
+                tp: a.tp,
+                pp: a.pp,
+                dp: a.dp,
+                virtual_stages: a.virtual_stages,
+                sp: a.sp,
+                cp: a.cp,
+                ep: a.ep,
+                zero: a.zero,
+                global_batch: a.global_batch,
+                micro_batch: a.micro_batch,
+                seq: a.seq,
+                recompute: a.recompute,
+                schedule: a.schedule,
+                attention: a.attention,
+                dropout: a.dropout,
+                overlap_grad_reduce: a.overlap_grad_reduce,
+                calibration: a.calibration,
+            })?;
+            if a.json {
+                print_json(&report)?;
+            } else {
+                emit(&estimate::render(&report))?;
+            }
+        }
+        Command::Profile {
+            backend,
+            output,
+            quick,
+        } => {
+            let options = autopar_runtime::cpu::profile::ProfileOptions { quick };
+            let cal = autopar::profile::run(backend, &output, &options)?;
+            emit(&autopar::profile::render(&cal, &output))?;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -2,7 +2,7 @@
 //! autopar `.json` graph, or a model-zoo spec string (`gpt:layers=...`).
 
 use anyhow::{bail, Context, Result};
-use autopar_ir::{json, onnx, zoo::ModelSpec, Bindings, Graph};
+use autopar_ir::{canonicalize, detect_blocks, json, onnx, zoo::ModelSpec, Bindings, Graph};
 use std::path::Path;
 
 /// Where a model came from.
@@ -54,6 +54,19 @@ pub fn load(model: &str) -> Result<Model> {
         }
         _ => bail!("{model}: not an .onnx or .json file, nor a model spec like 'gpt:layers=12,hidden=768,heads=12,vocab=50257,seq=1024'"),
     }
+}
+
+/// The model in canonical ops with its repeated layers found: zoo graphs are
+/// built that way; imported graphs are canonicalised and searched for layers.
+pub fn canonical(m: &Model) -> Result<Graph> {
+    Ok(match m.source {
+        Source::Zoo => m.graph.clone(),
+        Source::Onnx | Source::Json => {
+            let mut g = canonicalize(&m.graph)?.0;
+            g.blocks = detect_blocks(&g)?;
+            g
+        }
+    })
 }
 
 /// The graph's default bindings with `--batch` / `--seq` overrides applied.

@@ -1,10 +1,25 @@
 //! Cluster descriptions and the cost models the planner optimises.
 //!
 //! `cluster` holds the hardware facts (devices, link levels) described in
-//! TOML or chosen from presets; `comm` prices collectives on them. The
-//! compute and memory models build on both.
+//! TOML or chosen from presets; `calibration` the efficiencies real kernels
+//! and collectives reach on them; `comm` prices collectives. `workload`
+//! turns a model graph into what one rank computes for one micro-batch under
+//! a sharding; `compute`, `memory` and `pipeline` price it; `estimate` puts
+//! them together into a step time, MFU and per-GPU memory for a
+//! [`TrainingConfig`].
 
+pub mod calibration;
 mod cluster;
 pub mod comm;
+pub mod compute;
+pub mod config;
+pub mod estimate;
+pub mod memory;
+pub mod pipeline;
+pub mod workload;
 
-pub use cluster::{Cluster, ClusterError, Device, Link};
+pub use calibration::{Calibration, CalibrationError};
+pub use cluster::{Cluster, ClusterError, Device, Link, PRESET_NAMES};
+pub use config::{ConfigError, Recompute, Schedule, TrainingConfig};
+pub use estimate::{estimate, Estimate, EstimateError, TimeBreakdown};
+pub use workload::{AttentionKernel, Sharding, Workload, WorkloadError, WorkloadOptions};

@@ -7,6 +7,7 @@
 //! and every result is checked against the shape and dtype the graph recorded.
 
 mod compare;
+pub mod profile;
 
 pub use compare::{compare, Comparison};
 

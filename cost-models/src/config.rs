@@ -1,0 +1,277 @@
+//! A training configuration to estimate: parallel degrees, ZeRO stage,
+//! recomputation, pipeline schedule and batch sizes, checked against the
+//! cluster and the model before anything is priced.
+
+use crate::workload::AttentionKernel;
+use std::fmt;
+use std::str::FromStr;
+
+/// What activations the backward pass recomputes instead of storing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Recompute {
+    /// Store everything.
+    None,
+    /// Recompute attention's score-sized tensors (Korthikanti et al. 2022).
+    Selective,
+    /// Store each layer's input only; redo the layer's forward pass.
+    Full,
+}
+
+/// Pipeline schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Schedule {
+    /// All forwards, then all backwards: every micro-batch in flight.
+    Gpipe,
+    /// One-forward-one-backward: at most `pp` micro-batches in flight.
+    OneFOneB,
+    /// 1F1B over `virtual_stages` layer chunks per stage (Megatron-LM):
+    /// a bubble `virtual_stages` times smaller, more point-to-point traffic.
+    Interleaved,
+}
+
+macro_rules! keyword_enum {
+    ($ty:ty, $what:literal, $($name:literal => $value:path),+ $(,)?) => {
+        impl FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($name => Ok($value),)+
+                    _ => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), s, [$($name),+].join(", "))),
+                }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                let name = match self { $($value => $name,)+ };
+                f.write_str(name)
+            }
+        }
+    };
+}
+
+keyword_enum!(Recompute, "recompute policy", "none" => Recompute::None, "selective" => Recompute::Selective, "full" => Recompute::Full);
+keyword_enum!(Schedule, "schedule", "gpipe" => Schedule::Gpipe, "1f1b" => Schedule::OneFOneB, "interleaved" => Schedule::Interleaved);
+keyword_enum!(AttentionKernel, "attention kernel", "fused" => AttentionKernel::Fused, "unfused" => AttentionKernel::Unfused);
+
+/// Everything that defines one training step's execution. Degrees multiply:
+/// `dp · tp · pp · cp` ranks; `ep` divides `dp` (experts are spread over
+/// data-parallel replicas).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingConfig {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    /// Layer chunks per pipeline stage (interleaved schedule).
+    pub virtual_stages: usize,
+    pub sp: bool,
+    pub cp: usize,
+    pub ep: usize,
+    /// ZeRO stage 0-3 over the data-parallel group.
+    pub zero: u8,
+    pub recompute: Recompute,
+    pub schedule: Schedule,
+    /// Samples per micro-batch.
+    pub micro_batch: usize,
+    /// Samples per optimizer step, over all replicas.
+    pub global_batch: usize,
+    pub seq: Option<usize>,
+    pub attention: AttentionKernel,
+    /// Dropout on (Megatron's placement; see [`crate::workload::WorkloadOptions`]).
+    pub dropout: bool,
+    /// Gradient reduction overlaps the last micro-batch's backward pass
+    /// (bucketed, as PyTorch DDP does) instead of following it.
+    pub overlap_grad_reduce: bool,
+}
+
+/// Why a configuration cannot run.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum ConfigError {
+    #[error("{0} must be at least 1")]
+    Zero(&'static str),
+    #[error("--gpus {gpus} is not divisible by tp·pp·cp = {tp}·{pp}·{cp} = {product}", product = tp * pp * cp)]
+    GpusNotDivisible {
+        gpus: usize,
+        tp: usize,
+        pp: usize,
+        cp: usize,
+    },
+    #[error("--dp {dp} · tp {tp} · pp {pp} · cp {cp} = {product} differs from --gpus {gpus}", product = dp * tp * pp * cp)]
+    DpMismatch {
+        dp: usize,
+        tp: usize,
+        pp: usize,
+        cp: usize,
+        gpus: usize,
+    },
+    #[error("--global-batch {global_batch} is not divisible by dp · micro-batch = {dp} · {micro_batch}")]
+    BatchNotDivisible {
+        global_batch: usize,
+        dp: usize,
+        micro_batch: usize,
+    },
+    #[error("--ep {ep} must divide the data-parallel degree {dp}")]
+    EpNotDividingDp { ep: usize, dp: usize },
+    #[error("--zero {0} is not a ZeRO stage (0-3)")]
+    ZeroStage(u8),
+    #[error("--virtual-stages {0} needs --schedule interleaved")]
+    VirtualNeedsInterleaved(usize),
+}
+
+impl TrainingConfig {
+    /// Checks the degrees and batch sizes fit together on `gpus` ranks.
+    pub fn check(&self, gpus: usize) -> Result<(), ConfigError> {
+        let degrees = [
+            ("--tp", self.tp),
+            ("--pp", self.pp),
+            ("--dp", self.dp),
+            ("--cp", self.cp),
+            ("--ep", self.ep),
+            ("--virtual-stages", self.virtual_stages),
+            ("--micro-batch", self.micro_batch),
+            ("--global-batch", self.global_batch),
+        ];
+        for (name, v) in degrees {
+            if v == 0 {
+                return Err(ConfigError::Zero(name));
+            }
+        }
+        if self.dp * self.tp * self.pp * self.cp != gpus {
+            return Err(ConfigError::DpMismatch {
+                dp: self.dp,
+                tp: self.tp,
+                pp: self.pp,
+                cp: self.cp,
+                gpus,
+            });
+        }
+        if self.global_batch % (self.dp * self.micro_batch) != 0 {
+            return Err(ConfigError::BatchNotDivisible {
+                global_batch: self.global_batch,
+                dp: self.dp,
+                micro_batch: self.micro_batch,
+            });
+        }
+        if self.dp % self.ep != 0 {
+            return Err(ConfigError::EpNotDividingDp {
+                ep: self.ep,
+                dp: self.dp,
+            });
+        }
+        if self.zero > 3 {
+            return Err(ConfigError::ZeroStage(self.zero));
+        }
+        if self.virtual_stages > 1 && self.schedule != Schedule::Interleaved {
+            return Err(ConfigError::VirtualNeedsInterleaved(self.virtual_stages));
+        }
+        Ok(())
+    }
+
+    /// Data-parallel degree for `gpus` ranks: `gpus / (tp·pp·cp)`.
+    pub fn derive_dp(gpus: usize, tp: usize, pp: usize, cp: usize) -> Result<usize, ConfigError> {
+        let model = tp * pp * cp;
+        if model == 0 {
+            return Err(ConfigError::Zero("--tp, --pp and --cp"));
+        }
+        if gpus % model != 0 {
+            return Err(ConfigError::GpusNotDivisible { gpus, tp, pp, cp });
+        }
+        Ok(gpus / model)
+    }
+
+    /// Micro-batches each pipeline runs per step.
+    pub fn micro_batches(&self) -> usize {
+        self.global_batch / (self.dp * self.micro_batch)
+    }
+
+    /// The default chunk count of the interleaved schedule for `layers`
+    /// layers: the smallest count above one that splits each stage's layers
+    /// evenly (Megatron-LM needs even chunks), or one when none does.
+    pub fn default_virtual_stages(layers: usize, pp: usize) -> usize {
+        let per_stage = layers / pp.max(1);
+        (2..=per_stage).find(|v| per_stage % v == 0).unwrap_or(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn megatron_like() -> TrainingConfig {
+        TrainingConfig {
+            dp: 4,
+            tp: 8,
+            pp: 2,
+            virtual_stages: 1,
+            sp: false,
+            cp: 1,
+            ep: 1,
+            zero: 0,
+            recompute: Recompute::Full,
+            schedule: Schedule::OneFOneB,
+            micro_batch: 1,
+            global_batch: 64,
+            seq: None,
+            attention: AttentionKernel::Unfused,
+            dropout: true,
+            overlap_grad_reduce: false,
+        }
+    }
+
+    #[test]
+    fn keywords_round_trip() {
+        for s in ["none", "selective", "full"] {
+            assert_eq!(s.parse::<Recompute>().unwrap().to_string(), s);
+        }
+        for s in ["gpipe", "1f1b", "interleaved"] {
+            assert_eq!(s.parse::<Schedule>().unwrap().to_string(), s);
+        }
+        assert!("2f2b"
+            .parse::<Schedule>()
+            .unwrap_err()
+            .contains("gpipe, 1f1b, interleaved"));
+    }
+
+    #[test]
+    fn checks_name_the_flag() {
+        assert_eq!(TrainingConfig::derive_dp(64, 8, 2, 1), Ok(4));
+        assert!(matches!(
+            TrainingConfig::derive_dp(60, 8, 2, 1),
+            Err(ConfigError::GpusNotDivisible { .. })
+        ));
+        let c = megatron_like();
+        assert_eq!(c.check(64), Ok(()));
+        assert_eq!(c.micro_batches(), 16);
+        let bad = TrainingConfig {
+            global_batch: 0,
+            ..c.clone()
+        };
+        assert_eq!(bad.check(64), Err(ConfigError::Zero("--global-batch")));
+        let bad = TrainingConfig {
+            global_batch: 66,
+            ..c.clone()
+        };
+        assert!(bad
+            .check(64)
+            .unwrap_err()
+            .to_string()
+            .contains("--global-batch 66"));
+        let bad = TrainingConfig { ep: 3, ..c.clone() };
+        assert!(matches!(bad.check(64), Err(ConfigError::EpNotDividingDp { .. })));
+        let bad = TrainingConfig {
+            virtual_stages: 2,
+            ..c
+        };
+        assert!(matches!(
+            bad.check(64),
+            Err(ConfigError::VirtualNeedsInterleaved(2))
+        ));
+    }
+
+    #[test]
+    fn default_virtual_stages_split_stages_evenly() {
+        assert_eq!(TrainingConfig::default_virtual_stages(128, 64), 2);
+        assert_eq!(TrainingConfig::default_virtual_stages(105, 35), 3);
+        assert_eq!(TrainingConfig::default_virtual_stages(96, 16), 2);
+        assert_eq!(TrainingConfig::default_virtual_stages(7, 7), 1);
+    }
+}

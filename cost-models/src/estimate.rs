@@ -1,0 +1,471 @@
+//! Step-time model: one training step of a configuration on a cluster.
+//!
+//! Per micro-batch, each pipeline stage runs its layers' forward and
+//! backward kernels (plus what recomputation redoes), the tensor-parallel
+//! collectives on the critical path, context-parallel key/value exchange
+//! beyond the attention it overlaps, expert all-to-alls, and the
+//! point-to-point transfers to its neighbours. The slowest stage paces the
+//! pipeline; filling and draining it is the bubble. After the last
+//! micro-batch, gradients are reduced across data-parallel replicas (exposed,
+//! or overlapped with the last backward pass when asked) and the optimizer
+//! updates the local shard.
+
+use crate::comm::{self, Algorithm, Collective, Span};
+use crate::compute::Rates;
+use crate::config::{ConfigError, Recompute, TrainingConfig};
+use crate::memory::{self, MemoryBreakdown};
+use crate::pipeline::{self, Stage};
+use crate::workload::{CommWork, Group, Unit, Workload};
+use crate::{Calibration, Cluster};
+use serde::Serialize;
+
+/// Where a step's time goes on the slowest pipeline stage; the parts add up
+/// to the step time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct TimeBreakdown {
+    /// Kernels: forward, backward and recomputation.
+    pub compute_s: f64,
+    /// Tensor-parallel collectives (exposed: on the critical path).
+    pub tp_comm_s: f64,
+    /// Context-parallel key/value exchange not hidden under attention.
+    pub cp_comm_s: f64,
+    /// Expert-parallel all-to-all.
+    pub ep_comm_s: f64,
+    /// Data-parallel gradient reduction (and ZeRO gathers) not overlapped.
+    pub dp_comm_s: f64,
+    /// Pipeline fill and drain, and waiting on slower stages.
+    pub bubble_s: f64,
+    /// Point-to-point transfers between pipeline stages.
+    pub p2p_s: f64,
+    /// The optimizer step on the local shard.
+    pub optimizer_s: f64,
+}
+
+/// The estimate of one configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Estimate {
+    pub step_time_s: f64,
+    /// Model FLOPs (forward and backward, no recomputation) per GPU per second, in TFLOP/s.
+    pub model_tflops_per_gpu: f64,
+    /// FLOPs the kernels execute (recomputation and replicated work
+    /// included) per GPU per second, in TFLOP/s.
+    pub hardware_tflops_per_gpu: f64,
+    /// Model FLOP utilisation of the compute dtype's peak.
+    pub mfu: f64,
+    /// Hardware FLOP utilisation.
+    pub hfu: f64,
+    /// Peak bytes on the fullest GPU.
+    pub memory_per_gpu_bytes: f64,
+    /// The peak fits in the device's memory.
+    pub fits: bool,
+    pub breakdown: TimeBreakdown,
+    pub memory: MemoryBreakdown,
+    /// The pipeline stage with the memory peak.
+    pub memory_peak_stage: usize,
+    pub memory_capacity_bytes: f64,
+    pub micro_batches: usize,
+    pub virtual_stages: usize,
+    pub dp: usize,
+}
+
+/// Why a configuration cannot be estimated.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum EstimateError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("--tp {tp} does not divide the attention's {heads} {kind} heads")]
+    Heads {
+        tp: usize,
+        heads: usize,
+        kind: &'static str,
+    },
+    #[error("--pp {pp} × --virtual-stages {virtual_stages} exceeds the model's {layers} layers")]
+    TooManyStages {
+        pp: usize,
+        virtual_stages: usize,
+        layers: usize,
+    },
+    #[error("--pp {0} needs repeated layers to split, and none were found in the model")]
+    NoLayers(usize),
+    #[error(transparent)]
+    Peak(#[from] crate::compute::NoPeak),
+    #[error(transparent)]
+    Comm(#[from] comm::CommError),
+}
+
+/// Times of one unit for one micro-batch on one rank.
+#[derive(Debug, Clone, Copy, Default)]
+struct UnitTime {
+    compute: f64,
+    tp: f64,
+    cp: f64,
+    ep: f64,
+    /// Backward time of the kernels (what gradient reduction can hide under).
+    backward: f64,
+    hardware_flops: f64,
+}
+
+impl UnitTime {
+    fn scaled(self, k: f64) -> UnitTime {
+        UnitTime {
+            compute: self.compute * k,
+            tp: self.tp * k,
+            cp: self.cp * k,
+            ep: self.ep * k,
+            backward: self.backward * k,
+            hardware_flops: self.hardware_flops * k,
+        }
+    }
+
+    fn add(self, o: UnitTime) -> UnitTime {
+        UnitTime {
+            compute: self.compute + o.compute,
+            tp: self.tp + o.tp,
+            cp: self.cp + o.cp,
+            ep: self.ep + o.ep,
+            backward: self.backward + o.backward,
+            hardware_flops: self.hardware_flops + o.hardware_flops,
+        }
+    }
+}
+
+/// The groups a rank talks to, located on the cluster. Ranks are laid out
+/// tensor-parallel fastest, then context, data and pipeline parallel
+/// (Megatron-LM's order), so tensor-parallel groups sit inside nodes.
+struct Groups {
+    tensor: Span,
+    context: Span,
+    expert: Span,
+    data: Span,
+    expert_data: Span,
+    /// The next stage's rank relative to this one.
+    stage_hop: Span,
+}
+
+impl Groups {
+    fn new(cluster: &Cluster, cfg: &TrainingConfig) -> Result<Groups, comm::CommError> {
+        let (tp, cp, dp) = (cfg.tp, cfg.cp, cfg.dp);
+        let span = |ranks: Vec<usize>| Span::of(cluster, &ranks);
+        let replicas = |step: usize, count: usize| -> Vec<usize> {
+            (0..count)
+                .flat_map(|d| (0..cp).map(move |c| tp * c + tp * cp * step * d))
+                .collect()
+        };
+        Ok(Groups {
+            tensor: span((0..tp).collect())?,
+            context: span((0..cp).map(|c| c * tp).collect())?,
+            expert: span((0..cfg.ep).map(|e| e * tp * cp).collect())?,
+            data: span(replicas(1, dp))?,
+            expert_data: span(replicas(cfg.ep, dp / cfg.ep))?,
+            stage_hop: if cfg.pp > 1 {
+                span(vec![0, tp * cp * dp])?
+            } else {
+                Span {
+                    per_node: 1,
+                    nodes: 1,
+                }
+            },
+        })
+    }
+}
+
+/// Estimates one configuration. `cluster` must already be sized to the
+/// configuration's GPUs ([`Cluster::with_gpus`]).
+pub fn estimate(
+    w: &Workload,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    cfg: &TrainingConfig,
+) -> Result<Estimate, EstimateError> {
+    check_model(w, cfg)?;
+    let gpus = cluster.gpus();
+    cfg.check(gpus)?;
+    let rates = Rates::new(&cluster.device, calibration, w.compute_dtype)?;
+    let effective = Cluster {
+        intra_node: calibration.effective_link(cluster.intra_node, true),
+        inter_node: calibration.effective_link(cluster.inter_node, false),
+        ..cluster.clone()
+    };
+    let groups = Groups::new(&effective, cfg)?;
+    let net = Net {
+        cluster: &effective,
+        groups: &groups,
+    };
+    let m = cfg.micro_batches();
+    let stages = pipeline::stages(w.layers, cfg.pp, cfg.virtual_stages);
+
+    let layer = unit_time(&w.layer, &rates, &net, cfg.recompute)?;
+    let pre = unit_time(&w.pre, &rates, &net, Recompute::None)?;
+    let post = unit_time(&w.post, &rates, &net, Recompute::None)?;
+    let p2p = p2p_time(w, cfg, &net)?;
+
+    let mut per_stage = Vec::new();
+    for s in &stages {
+        let mut t = layer.scaled(s.layers as f64);
+        if s.first {
+            t = t.add(pre);
+        }
+        if s.last {
+            t = t.add(post);
+        }
+        let zero3 = zero3_exposed(w, cfg, s, &net, t.compute)?;
+        per_stage.push((t, zero3));
+    }
+    let stage_time = |(t, zero3): &(UnitTime, f64)| t.compute + t.tp + t.cp + t.ep + p2p + zero3;
+    let times: Vec<f64> = per_stage.iter().map(stage_time).collect();
+    let pipe = pipeline::step_time(m, cfg.virtual_stages, &times);
+    let slowest = (0..times.len())
+        .max_by(|&a, &b| times[a].total_cmp(&times[b]))
+        .unwrap_or(0);
+    let (t, zero3) = per_stage[slowest];
+
+    let mut dp_exposed: f64 = 0.0;
+    let mut optimizer: f64 = 0.0;
+    for (s, (t, _)) in stages.iter().zip(&per_stage) {
+        let params = memory::stage_params(w, s);
+        let reduce = gradient_reduction(&params, cfg, &net)?;
+        let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
+        dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
+        optimizer = optimizer.max(optimizer_time(&params, cfg, &rates, calibration));
+    }
+    let step = pipe + dp_exposed + optimizer;
+    let mf = m as f64;
+    let breakdown = TimeBreakdown {
+        compute_s: mf * t.compute,
+        tp_comm_s: mf * t.tp,
+        cp_comm_s: mf * t.cp,
+        ep_comm_s: mf * t.ep,
+        dp_comm_s: dp_exposed + mf * zero3,
+        bubble_s: pipe - mf * times[slowest],
+        p2p_s: mf * p2p,
+        optimizer_s: optimizer,
+    };
+
+    let model_flops = (w.model_flops.0 + w.model_flops.1) * mf * cfg.dp as f64;
+    let ranks_per_stage = (cfg.tp * cfg.cp * cfg.dp) as f64;
+    let hardware_flops: f64 =
+        per_stage.iter().map(|(t, _)| t.hardware_flops).sum::<f64>() * mf * ranks_per_stage;
+    let per_gpu = |flops: f64| flops / step / gpus as f64;
+    let (peak_stage, mem) = memory::peak_memory(w, cfg, &stages);
+    Ok(Estimate {
+        step_time_s: step,
+        model_tflops_per_gpu: per_gpu(model_flops) / 1e12,
+        hardware_tflops_per_gpu: per_gpu(hardware_flops) / 1e12,
+        mfu: per_gpu(model_flops) / rates.peak(),
+        hfu: per_gpu(hardware_flops) / rates.peak(),
+        memory_per_gpu_bytes: mem.total,
+        fits: mem.total <= cluster.device.memory_bytes,
+        breakdown,
+        memory: mem,
+        memory_peak_stage: peak_stage,
+        memory_capacity_bytes: cluster.device.memory_bytes,
+        micro_batches: m,
+        virtual_stages: cfg.virtual_stages,
+        dp: cfg.dp,
+    })
+}
+
+/// Checks the model can be split as asked.
+fn check_model(w: &Workload, cfg: &TrainingConfig) -> Result<(), EstimateError> {
+    for &(q, kv) in &w.heads {
+        for (heads, kind) in [(q, "query"), (kv, "key/value")] {
+            if heads % cfg.tp != 0 {
+                return Err(EstimateError::Heads {
+                    tp: cfg.tp,
+                    heads,
+                    kind,
+                });
+            }
+        }
+    }
+    if cfg.pp > 1 && w.layers == 0 {
+        return Err(EstimateError::NoLayers(cfg.pp));
+    }
+    if w.layers > 0 && cfg.pp * cfg.virtual_stages > w.layers {
+        return Err(EstimateError::TooManyStages {
+            pp: cfg.pp,
+            virtual_stages: cfg.virtual_stages,
+            layers: w.layers,
+        });
+    }
+    Ok(())
+}
+
+/// The cluster with achievable link rates, and where the groups sit on it.
+struct Net<'a> {
+    cluster: &'a Cluster,
+    groups: &'a Groups,
+}
+
+impl Net<'_> {
+    fn time(&self, span: Span, collective: Collective, bytes: f64) -> Result<f64, comm::CommError> {
+        comm::time(self.cluster, span, collective, Algorithm::Ring, bytes)
+    }
+
+    fn span(&self, group: Group) -> Span {
+        match group {
+            Group::Tensor => self.groups.tensor,
+            Group::Context => self.groups.context,
+            Group::Expert => self.groups.expert,
+        }
+    }
+
+    /// Forward and backward time of one collective of a unit.
+    fn comm_times(&self, c: &CommWork) -> Result<(f64, f64), comm::CommError> {
+        let span = self.span(c.group);
+        let one = |coll: Option<Collective>| coll.map_or(Ok(0.0), |coll| self.time(span, coll, c.bytes));
+        Ok((one(c.forward)?, one(c.backward)?))
+    }
+}
+
+/// One micro-batch of `unit` on one rank under recomputation `policy`.
+fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result<UnitTime, EstimateError> {
+    let (mut fwd, mut bwd, mut redo, mut attention) = (0.0, 0.0, 0.0, 0.0);
+    let (mut flops, mut redo_flops) = (0.0, 0.0);
+    for op in &unit.ops {
+        let f = rates.forward(op);
+        fwd += f;
+        bwd += rates.backward(op);
+        flops += op.forward_flops + op.backward_flops;
+        if op.attention_core || matches!(op.kernel, crate::workload::Kernel::FusedAttention { .. }) {
+            attention += f;
+        }
+        let redone = match policy {
+            Recompute::None => false,
+            Recompute::Selective => op.attention_core,
+            Recompute::Full => true,
+        };
+        if redone {
+            redo += f;
+            redo_flops += op.forward_flops;
+        }
+    }
+    let (mut tp, mut cp_fwd, mut cp_bwd, mut ep) = (0.0, 0.0, 0.0, 0.0);
+    for c in &unit.comms {
+        let (f, b) = net.comm_times(c)?;
+        // Full recomputation repeats the forward pass's collectives.
+        let f_total = if policy == Recompute::Full { 2.0 * f } else { f };
+        match c.group {
+            Group::Tensor => tp += f_total + b,
+            Group::Context => {
+                cp_fwd += f_total;
+                cp_bwd += b;
+            }
+            Group::Expert => ep += f_total + b,
+        }
+    }
+    // Key/value exchange streams under the attention it feeds (forward and backward).
+    let cp = (cp_fwd - attention).max(0.0) + (cp_bwd - 2.0 * attention).max(0.0);
+    Ok(UnitTime {
+        compute: fwd + bwd + redo,
+        tp,
+        cp,
+        ep,
+        backward: bwd,
+        hardware_flops: flops + redo_flops,
+    })
+}
+
+/// Point-to-point time one stage spends per micro-batch: a forward and a
+/// backward transfer per layer chunk. Each tensor-parallel rank sends its
+/// `1/tp` slice and the receivers all-gather it over the fast links
+/// (Megatron-LM's scatter/gather); under sequence parallelism the slices
+/// are what the next stage needs.
+fn p2p_time(w: &Workload, cfg: &TrainingConfig, net: &Net) -> Result<f64, EstimateError> {
+    if cfg.pp == 1 {
+        return Ok(0.0);
+    }
+    let slice = w.boundary_bytes / cfg.tp as f64;
+    let mut one = net.time(net.groups.stage_hop, Collective::SendRecv, slice)?;
+    if !cfg.sp {
+        one += net.time(net.groups.tensor, Collective::AllGather, w.boundary_bytes)?;
+    }
+    Ok(2.0 * cfg.virtual_stages as f64 * one)
+}
+
+/// Gradient reduction after the last micro-batch: all-reduce (ZeRO 0) or
+/// reduce-scatter of gradients and all-gather of updated weights (ZeRO 1-2),
+/// dense weights over the data-parallel group, expert weights over their
+/// replicas. ZeRO-3 reduces per micro-batch instead (see [`zero3_exposed`]).
+fn gradient_reduction(
+    params: &std::collections::BTreeMap<usize, crate::workload::ParamShard>,
+    cfg: &TrainingConfig,
+    net: &Net,
+) -> Result<f64, EstimateError> {
+    if cfg.zero == 3 {
+        return Ok(0.0);
+    }
+    let mut total = 0.0;
+    for (expert, span) in [(false, net.groups.data), (true, net.groups.expert_data)] {
+        let bytes: f64 = params
+            .values()
+            .filter(|p| p.expert == expert)
+            .map(|p| p.elements * p.dtype.size_bits() as f64 / 8.0)
+            .sum();
+        if bytes == 0.0 {
+            continue;
+        }
+        total += if cfg.zero == 0 {
+            net.time(span, Collective::AllReduce, bytes)?
+        } else {
+            net.time(span, Collective::ReduceScatter, bytes)?
+                + net.time(span, Collective::AllGather, bytes)?
+        };
+    }
+    Ok(total)
+}
+
+/// ZeRO-3's per-micro-batch weight gathers (forward and backward) and
+/// gradient reduce-scatter, prefetched under the stage's compute: only
+/// what exceeds the compute is exposed.
+fn zero3_exposed(
+    w: &Workload,
+    cfg: &TrainingConfig,
+    stage: &Stage,
+    net: &Net,
+    compute: f64,
+) -> Result<f64, EstimateError> {
+    if cfg.zero != 3 {
+        return Ok(0.0);
+    }
+    let params = memory::stage_params(w, stage);
+    let bytes: f64 = params
+        .values()
+        .map(|p| p.elements * p.dtype.size_bits() as f64 / 8.0)
+        .sum();
+    let span = net.groups.data;
+    let comm = 2.0 * net.time(span, Collective::AllGather, bytes)?
+        + net.time(span, Collective::ReduceScatter, bytes)?;
+    Ok((comm - compute).max(0.0))
+}
+
+/// Adam over the local shard: memory-bound, reading and writing the master
+/// weights and both moments, reading the gradient, writing the weights.
+fn optimizer_time(
+    params: &std::collections::BTreeMap<usize, crate::workload::ParamShard>,
+    cfg: &TrainingConfig,
+    rates: &Rates,
+    calibration: &Calibration,
+) -> f64 {
+    let replicas = |expert: bool| {
+        let r = if expert { cfg.dp / cfg.ep } else { cfg.dp } * cfg.cp;
+        if cfg.zero >= 1 {
+            r.max(1) as f64
+        } else {
+            1.0
+        }
+    };
+    let bytes: f64 = params
+        .values()
+        .map(|p| {
+            let w = p.dtype.size_bits() as f64 / 8.0;
+            let state = memory::optimizer_bytes_per_param(p.dtype);
+            p.elements * (2.0 * state + 2.0 * w) / replicas(p.expert)
+        })
+        .sum();
+    if bytes == 0.0 {
+        0.0
+    } else {
+        bytes / rates.memory_bandwidth() + calibration.kernel_overhead_s
+    }
+}

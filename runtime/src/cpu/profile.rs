@@ -1,0 +1,444 @@
+//! `autopar profile --backend cpu`: measures this host as the CPU backend
+//! sees it, so the cost model (with the `cpu` cluster preset) can predict
+//! CPU step times from measured rates instead of nominal ones.
+//!
+//! Every compute figure runs through [`Op::eval`], the path [`super::run`]
+//! takes for each node, so kernel speed, input checks, type inference and
+//! output allocation are all included, as they are in a real run:
+//! - matmul FLOP/s over a grid of shapes from small to large (f32 and f64);
+//! - streaming bandwidth of a large element-wise `Add` (bytes read and written);
+//! - the fixed cost of one tiny op, the per-kernel overhead.
+//!
+//! Collective bandwidth comes from a small in-process ring all-reduce over
+//! threads (one per rank, as the CPU backend runs one rank per core). It
+//! stands in for the runtime collectives until those exist.
+
+use autopar_cost_models::calibration::{Calibration, MatmulSample, FORMAT};
+use autopar_ir::{BinaryOp, DType, Data, Op, OpError, Value};
+use std::hint::black_box;
+use std::ops::Range;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// How thoroughly to measure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ProfileOptions {
+    /// Tiny shapes and buffers, short samples: checks the machinery in well
+    /// under a second (tests, smoke runs); the numbers are not meaningful.
+    pub quick: bool,
+}
+
+/// Why a profile could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("{what}: {source}")]
+    Kernel { what: String, source: OpError },
+    #[error("ring all-reduce: {0}")]
+    Ring(&'static str),
+}
+
+/// Sizes and timing budget of one profile.
+struct Plan {
+    /// `[m, n, k]` of each timed `[m, k] × [k, n]` product, per dtype.
+    matmuls: Vec<(DType, [usize; 3])>,
+    /// Elements of each operand of the streaming `Add`.
+    stream_elements: usize,
+    /// Elements of each rank's all-reduce buffer.
+    ring_elements: usize,
+    ring_ranks: usize,
+    /// A timed sample repeats the measured call until it lasts this long.
+    min_sample_s: f64,
+    /// Timed samples per figure; the median is kept.
+    samples: usize,
+}
+
+impl Plan {
+    fn new(options: &ProfileOptions) -> Plan {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // At least two ranks, so there is a ring; at most eight, so large
+        // hosts do not spend minutes on it.
+        let ring_ranks = cores.clamp(2, 8);
+        if options.quick {
+            let mut matmuls = grid(DType::F32, &[4, 16]);
+            matmuls.push((DType::F32, [16, 8, 4]));
+            matmuls.extend(cubes(DType::F64, &[4, 16]));
+            return Plan {
+                matmuls,
+                stream_elements: 1 << 12,
+                ring_elements: 1 << 12,
+                ring_ranks,
+                min_sample_s: 1e-4,
+                samples: 3,
+            };
+        }
+        let mut matmuls = grid(DType::F32, &[32, 128, 512]);
+        // Transformer-like GEMMs (hidden 768, 512 tokens, head dim 64):
+        // MLP up and down projections, attention scores and values, and one
+        // large square product for the top of the range.
+        for shape in [
+            [512, 3072, 768],
+            [512, 768, 3072],
+            [512, 512, 64],
+            [512, 64, 512],
+            [1024, 1024, 1024],
+        ] {
+            matmuls.push((DType::F32, shape));
+        }
+        matmuls.extend(cubes(DType::F64, &[32, 128, 512, 1024]));
+        Plan {
+            matmuls,
+            // 24 MiB per f32 operand, 72 MiB moved per Add: well past the
+            // last-level cache of common hosts.
+            stream_elements: 3 << 21,
+            // 16 MiB per rank.
+            ring_elements: 1 << 22,
+            ring_ranks,
+            min_sample_s: 1e-2,
+            samples: 7,
+        }
+    }
+}
+
+/// Every `[m, n, k]` with each dim from `dims`.
+fn grid(dtype: DType, dims: &[usize]) -> Vec<(DType, [usize; 3])> {
+    let mut shapes = Vec::new();
+    for &m in dims {
+        for &n in dims {
+            for &k in dims {
+                shapes.push((dtype, [m, n, k]));
+            }
+        }
+    }
+    shapes
+}
+
+/// `[d, d, d]` for each `d` in `dims`.
+fn cubes(dtype: DType, dims: &[usize]) -> Vec<(DType, [usize; 3])> {
+    dims.iter().map(|&d| (dtype, [d, d, d])).collect()
+}
+
+/// Measures this host through the CPU backend's kernels and returns a
+/// calibration with every measured field set (efficiency fractions keep
+/// their defaults; the measured rates replace them for the `cpu` preset).
+pub fn profile(options: &ProfileOptions) -> Result<Calibration, ProfileError> {
+    let plan = Plan::new(options);
+    let mut cal = Calibration {
+        format: FORMAT.into(),
+        about: about(&plan, options),
+        ..Calibration::default()
+    };
+    for &(dtype, shape) in &plan.matmuls {
+        cal.matmul.measured.push(matmul_sample(&plan, dtype, shape)?);
+    }
+    cal.memory.measured_bytes_per_s = Some(stream_rate(&plan)?);
+    cal.network.measured_intra_node_bytes_per_s = Some(ring_rate(&plan)?);
+    cal.kernel_overhead_s = kernel_overhead(&plan)?;
+    Ok(cal)
+}
+
+/// `x` to four significant digits: more would be noise, and short decimals
+/// survive a JSON round trip exactly.
+fn four_digits(x: f64) -> f64 {
+    format!("{x:.3e}").parse().unwrap_or(x)
+}
+
+/// Median seconds per call of `f`: one warm-up call, then `plan.samples`
+/// samples, each repeating `f` often enough to last `plan.min_sample_s` so
+/// that short calls are not lost in timer resolution.
+fn time_per_call(plan: &Plan, mut f: impl FnMut() -> Result<(), ProfileError>) -> Result<f64, ProfileError> {
+    f()?;
+    let mut timed = |calls: usize| -> Result<f64, ProfileError> {
+        let start = Instant::now();
+        for _ in 0..calls {
+            f()?;
+        }
+        Ok(start.elapsed().as_secs_f64())
+    };
+    let mut calls = 1;
+    let mut first = timed(calls)?;
+    while first < plan.min_sample_s {
+        calls *= 2;
+        first = timed(calls)?;
+    }
+    let mut per_call = vec![first / calls as f64];
+    for _ in 1..plan.samples {
+        per_call.push(timed(calls)? / calls as f64);
+    }
+    per_call.sort_by(f64::total_cmp);
+    Ok(four_digits(per_call[per_call.len() / 2]))
+}
+
+/// Evaluates `op` once through the interpreter's path and drops the result.
+fn eval(op: &Op, args: &[Option<&Value>], what: &str) -> Result<(), ProfileError> {
+    let out = op.eval(args).map_err(|source| ProfileError::Kernel {
+        what: what.to_string(),
+        source,
+    })?;
+    black_box(out);
+    Ok(())
+}
+
+/// A `dtype` tensor of `shape` holding small, varied, normal numbers (no
+/// zeros or denormals that some hardware treats specially).
+fn filled(dtype: DType, shape: Vec<usize>) -> Value {
+    let numel = shape.iter().product::<usize>();
+    let x = |i: usize| 0.25 + (i % 7) as f64 * 0.125;
+    let data = if dtype == DType::F64 {
+        Data::F64((0..numel).map(x).collect())
+    } else {
+        Data::F32((0..numel).map(|i| x(i) as f32).collect())
+    };
+    Value { dtype, shape, data }
+}
+
+/// FLOP/s of one `[m, k] × [k, n]` `MatMul`.
+fn matmul_sample(plan: &Plan, dtype: DType, [m, n, k]: [usize; 3]) -> Result<MatmulSample, ProfileError> {
+    let a = filled(dtype, vec![m, k]);
+    let b = filled(dtype, vec![k, n]);
+    let what = format!("MatMul {dtype} [{m}, {k}] x [{k}, {n}]");
+    let seconds = time_per_call(plan, || eval(&Op::MatMul, &[Some(&a), Some(&b)], &what))?;
+    Ok(MatmulSample {
+        m,
+        n,
+        k,
+        dtype,
+        flops_per_s: four_digits(2.0 * (m * n * k) as f64 / seconds),
+    })
+}
+
+/// Bytes per second a large f32 `Add` reads and writes.
+fn stream_rate(plan: &Plan) -> Result<f64, ProfileError> {
+    let n = plan.stream_elements;
+    let seconds = time_per_call(plan, binary_add(n))?;
+    Ok(four_digits((3 * n * std::mem::size_of::<f32>()) as f64 / seconds))
+}
+
+/// Seconds one 1-element `Add` takes: the fixed cost of any op.
+fn kernel_overhead(plan: &Plan) -> Result<f64, ProfileError> {
+    time_per_call(plan, binary_add(1))
+}
+
+/// A call evaluating `Add` on two f32 vectors of `n` elements.
+fn binary_add(n: usize) -> impl FnMut() -> Result<(), ProfileError> {
+    let a = filled(DType::F32, vec![n]);
+    let b = filled(DType::F32, vec![n]);
+    let op = Op::Binary { func: BinaryOp::Add };
+    let what = format!("Add f32 [{n}]");
+    move || eval(&op, &[Some(&a), Some(&b)], &what)
+}
+
+/// Bytes each rank sends per second during a ring all-reduce (the
+/// `bytes_sent / time` of the communication model: `2 (p - 1) / p` of the
+/// buffer per rank).
+fn ring_rate(plan: &Plan) -> Result<f64, ProfileError> {
+    let p = plan.ring_ranks;
+    // Zeros stay zeros under repeated summing: no overflow over many runs.
+    let mut buffers = vec![vec![0.0f32; plan.ring_elements]; p];
+    let seconds = time_per_call(plan, || ring_all_reduce(&mut buffers))?;
+    let bytes = (plan.ring_elements * std::mem::size_of::<f32>()) as f64;
+    Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
+}
+
+/// Sums `buffers` element-wise into every one of them with the ring
+/// algorithm, one thread per rank: `p - 1` reduce-scatter steps, then
+/// `p - 1` all-gather steps, each sending one `1/p` chunk to the next rank.
+///
+/// A send copies the chunk into a message (the transfer), a receive adds or
+/// copies it into the rank's buffer, so the rate includes the reduction, as
+/// a shared-memory collective's would. Thread start-up is included too.
+fn ring_all_reduce(buffers: &mut [Vec<f32>]) -> Result<(), ProfileError> {
+    let p = buffers.len();
+    let len = buffers.first().map_or(0, Vec::len);
+    if buffers.iter().any(|b| b.len() != len) {
+        return Err(ProfileError::Ring("rank buffers differ in length"));
+    }
+    if p < 2 {
+        return Ok(());
+    }
+    // Channel r carries rank r's messages to rank r + 1.
+    let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..p).map(|_| channel::<Vec<f32>>()).unzip();
+    receivers.rotate_right(1);
+    std::thread::scope(|scope| {
+        let ranks: Vec<_> = buffers
+            .iter_mut()
+            .zip(senders.into_iter().zip(receivers))
+            .enumerate()
+            .map(|(rank, (buf, (send, recv)))| scope.spawn(move || ring_rank(rank, buf, &send, &recv, p)))
+            .collect();
+        // Join every rank before reporting, so none outlives the scope's work.
+        let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
+        results
+            .into_iter()
+            .try_for_each(|r| r.unwrap_or(Err(ProfileError::Ring("a rank panicked"))))
+    })
+}
+
+/// One rank's part of [`ring_all_reduce`]. A peer that stops early drops its
+/// channel ends, so every other rank's send or receive fails rather than
+/// waiting forever.
+fn ring_rank(
+    rank: usize,
+    buf: &mut [f32],
+    send: &Sender<Vec<f32>>,
+    recv: &Receiver<Vec<f32>>,
+    p: usize,
+) -> Result<(), ProfileError> {
+    let len = buf.len();
+    let chunk = |c: usize| -> Range<usize> {
+        let c = c % p;
+        c * len / p..(c + 1) * len / p
+    };
+    let exchange = |buf: &[f32], out: Range<usize>, into: &Range<usize>| -> Result<Vec<f32>, ProfileError> {
+        send.send(buf[out].to_vec())
+            .map_err(|_| ProfileError::Ring("the next rank stopped"))?;
+        let got = recv
+            .recv()
+            .map_err(|_| ProfileError::Ring("the previous rank stopped"))?;
+        if got.len() != into.len() {
+            return Err(ProfileError::Ring("a chunk arrived with the wrong length"));
+        }
+        Ok(got)
+    };
+    // Reduce-scatter: after step s, chunk rank - s - 1 holds s + 2 ranks'
+    // sum; at the end rank r holds the full sum of chunk r + 1.
+    for s in 0..p - 1 {
+        let into = chunk(rank + 2 * p - s - 1);
+        let got = exchange(buf, chunk(rank + p - s), &into)?;
+        for (x, y) in buf[into].iter_mut().zip(got) {
+            *x += y;
+        }
+    }
+    // All-gather: pass the finished chunks around the ring.
+    for s in 0..p - 1 {
+        let into = chunk(rank + p - s);
+        let got = exchange(buf, chunk(rank + 1 + p - s), &into)?;
+        buf[into].copy_from_slice(&got);
+    }
+    Ok(())
+}
+
+/// Which host, how it was measured, and when.
+fn about(plan: &Plan, options: &ProfileOptions) -> String {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpu = cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string());
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!(
+        "autopar profile --backend cpu{}: {cpu}, {cores} logical cores (single-threaded kernels, \
+         one rank per core); collectives from a {}-thread ring all-reduce; measured {} UTC",
+        if options.quick { " --quick" } else { "" },
+        plan.ring_ranks,
+        utc_timestamp(now),
+    )
+}
+
+/// The CPU's model name from `/proc/cpuinfo`, where there is one.
+fn cpu_model() -> Option<String> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("model name"))?;
+    Some(line.split_once(':')?.1.trim().to_string())
+}
+
+/// `YYYY-MM-DD hh:mm:ss` for seconds since the Unix epoch (proleptic
+/// Gregorian calendar, after Howard Hinnant's `civil_from_days`).
+fn utc_timestamp(secs: u64) -> String {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_profile_is_a_valid_calibration_covering_the_plan() {
+        let options = ProfileOptions { quick: true };
+        let cal = profile(&options).unwrap();
+        let text = serde_json::to_string_pretty(&cal).unwrap();
+        assert_eq!(Calibration::from_json(&text, "profile").unwrap(), cal);
+
+        let plan = Plan::new(&options);
+        let measured: Vec<_> = cal
+            .matmul
+            .measured
+            .iter()
+            .map(|s| (s.dtype, [s.m, s.n, s.k]))
+            .collect();
+        assert_eq!(measured, plan.matmuls);
+        assert!(measured.contains(&(DType::F64, [16, 16, 16])));
+        let positive = |x: f64| x > 0.0 && x.is_finite();
+        assert!(cal.matmul.measured.iter().all(|s| positive(s.flops_per_s)));
+        assert!(cal.memory.measured_bytes_per_s.is_some_and(positive));
+        assert!(cal.network.measured_intra_node_bytes_per_s.is_some_and(positive));
+        assert!(positive(cal.kernel_overhead_s));
+        assert!(cal.about.contains("logical cores"), "{}", cal.about);
+        // Fractions are not measured here.
+        assert_eq!(
+            cal.memory.bandwidth_fraction,
+            Calibration::default().memory.bandwidth_fraction
+        );
+    }
+
+    #[test]
+    fn grid_spans_every_combination() {
+        let g = grid(DType::F32, &[1, 2]);
+        assert_eq!(g.len(), 8);
+        assert_eq!(g[0], (DType::F32, [1, 1, 1]));
+        assert_eq!(g[5], (DType::F32, [2, 1, 2]));
+    }
+
+    #[test]
+    fn ring_all_reduce_sums_every_rank_into_every_rank() {
+        // Rank r holds r + 1 everywhere plus its position; lengths not
+        // divisible by the rank count give uneven chunks.
+        for (p, len) in [(2, 8), (3, 10), (4, 3), (5, 17)] {
+            let mut buffers: Vec<Vec<f32>> = (0..p)
+                .map(|r| (0..len).map(|i| (r + 1) as f32 + i as f32).collect())
+                .collect();
+            ring_all_reduce(&mut buffers).unwrap();
+            let rank_sum = (p * (p + 1) / 2) as f32;
+            let expected: Vec<f32> = (0..len).map(|i| rank_sum + (p * i) as f32).collect();
+            for (r, b) in buffers.iter().enumerate() {
+                assert_eq!(b, &expected, "p={p} len={len} rank {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn ring_all_reduce_rejects_ragged_buffers() {
+        let mut buffers = vec![vec![1.0; 4], vec![1.0; 3]];
+        let err = ring_all_reduce(&mut buffers).unwrap_err();
+        assert!(err.to_string().contains("differ in length"), "{err}");
+        let mut one = vec![vec![2.0; 3]];
+        ring_all_reduce(&mut one).unwrap();
+        assert_eq!(one, vec![vec![2.0; 3]]);
+    }
+
+    #[test]
+    fn four_significant_digits() {
+        assert_eq!(four_digits(2_085_042_075.624_771), 2.085e9);
+        assert_eq!(four_digits(1.194_351_5e-6), 1.194e-6);
+    }
+
+    #[test]
+    fn utc_timestamps() {
+        assert_eq!(utc_timestamp(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_timestamp(951_782_400 + 3_723), "2000-02-29 01:02:03");
+        assert_eq!(utc_timestamp(1_735_689_599), "2024-12-31 23:59:59");
+    }
+}

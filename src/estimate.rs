@@ -1,0 +1,257 @@
+//! `autopar estimate`: step time, throughput and per-GPU memory of one
+//! training configuration of a model on a cluster, with breakdowns.
+
+use crate::inspect::human;
+use crate::model;
+use anyhow::{Context, Result};
+use autopar_cost_models::{
+    estimate, AttentionKernel, Calibration, Cluster, Estimate, Recompute, Schedule, Sharding, TrainingConfig,
+    Workload, WorkloadOptions,
+};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::PathBuf;
+
+/// What the user asked for (the CLI's flags).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub model: String,
+    pub cluster: String,
+    pub gpus: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub dp: Option<usize>,
+    pub virtual_stages: Option<usize>,
+    pub sp: bool,
+    pub cp: usize,
+    pub ep: usize,
+    pub zero: u8,
+    pub global_batch: usize,
+    pub micro_batch: usize,
+    pub seq: Option<usize>,
+    pub recompute: Recompute,
+    pub schedule: Schedule,
+    pub attention: AttentionKernel,
+    pub dropout: bool,
+    pub overlap_grad_reduce: bool,
+    pub calibration: Option<PathBuf>,
+}
+
+/// The estimate with what it was computed for.
+#[derive(Debug, Clone, Serialize)]
+pub struct EstimateReport {
+    pub model: String,
+    pub parameters: f64,
+    pub cluster: String,
+    pub device: String,
+    pub gpus: usize,
+    pub config: ConfigEcho,
+    #[serde(flatten)]
+    pub estimate: Estimate,
+}
+
+/// The configuration as resolved (derived degrees filled in).
+#[derive(Debug, Clone, Serialize)]
+pub struct ConfigEcho {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub virtual_stages: usize,
+    pub sp: bool,
+    pub cp: usize,
+    pub ep: usize,
+    pub zero: u8,
+    pub recompute: String,
+    pub schedule: String,
+    pub attention: String,
+    pub dropout: bool,
+    pub micro_batch: usize,
+    pub global_batch: usize,
+    pub micro_batches: usize,
+    pub seq: Option<usize>,
+}
+
+/// Runs the estimate for `r`.
+pub fn run(r: &Request) -> Result<EstimateReport> {
+    let cluster = Cluster::load(&r.cluster)?.with_gpus(r.gpus)?;
+    let calibration = match &r.calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::default(),
+    };
+    let m = model::load(&r.model)?;
+    let graph = model::canonical(&m)?;
+    let dp = match r.dp {
+        Some(dp) => dp,
+        None => TrainingConfig::derive_dp(r.gpus, r.tp, r.pp, r.cp)?,
+    };
+    let virtual_stages = r.virtual_stages.unwrap_or(match r.schedule {
+        Schedule::Interleaved => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
+        Schedule::Gpipe | Schedule::OneFOneB => 1,
+    });
+    let cfg = TrainingConfig {
+        dp,
+        tp: r.tp,
+        pp: r.pp,
+        virtual_stages,
+        sp: r.sp,
+        cp: r.cp,
+        ep: r.ep,
+        zero: r.zero,
+        recompute: r.recompute,
+        schedule: r.schedule,
+        micro_batch: r.micro_batch,
+        global_batch: r.global_batch,
+        seq: r.seq,
+        attention: r.attention,
+        dropout: r.dropout,
+        overlap_grad_reduce: r.overlap_grad_reduce,
+    };
+    cfg.check(r.gpus)?;
+    let opts = WorkloadOptions {
+        micro_batch: Some(r.micro_batch),
+        seq: r.seq,
+        sharding: Sharding {
+            tp: r.tp,
+            sp: r.sp,
+            cp: r.cp,
+            ep: r.ep,
+        },
+        attention: r.attention,
+        dropout: r.dropout,
+    };
+    let workload = Workload::build(&graph, &opts).with_context(|| r.model.clone())?;
+    let parameters = {
+        let whole = Workload::build(
+            &graph,
+            &WorkloadOptions {
+                sharding: Sharding {
+                    tp: 1,
+                    sp: false,
+                    cp: 1,
+                    ep: 1,
+                },
+                ..opts.clone()
+            },
+        )?;
+        whole.param_elements()
+    };
+    let estimate = estimate(&workload, &cluster, &calibration, &cfg)?;
+    Ok(EstimateReport {
+        model: r.model.clone(),
+        parameters,
+        cluster: cluster.name.clone(),
+        device: cluster.device.name.clone(),
+        gpus: r.gpus,
+        config: ConfigEcho {
+            dp,
+            tp: r.tp,
+            pp: r.pp,
+            virtual_stages,
+            sp: r.sp,
+            cp: r.cp,
+            ep: r.ep,
+            zero: r.zero,
+            recompute: r.recompute.to_string(),
+            schedule: r.schedule.to_string(),
+            attention: r.attention.to_string(),
+            dropout: r.dropout,
+            micro_batch: r.micro_batch,
+            global_batch: r.global_batch,
+            micro_batches: estimate.micro_batches,
+            seq: workload.seq,
+        },
+        estimate,
+    })
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
+}
+
+/// The report for people.
+pub fn render(r: &EstimateReport) -> String {
+    let e = &r.estimate;
+    let c = &r.config;
+    let mut out = String::new();
+    let step = e.step_time_s;
+    let _ = writeln!(out, "model      {} ({} parameters)", r.model, human(r.parameters));
+    let _ = writeln!(out, "cluster    {}: {} × {}", r.cluster, r.gpus, r.device);
+    let mut mesh = format!("dp {} · tp {} · pp {}", c.dp, c.tp, c.pp);
+    if c.cp > 1 {
+        let _ = write!(mesh, " · cp {}", c.cp);
+    }
+    if c.ep > 1 {
+        let _ = write!(mesh, " · ep {}", c.ep);
+    }
+    if c.sp {
+        mesh.push_str(" + sequence parallel");
+    }
+    let _ = writeln!(out, "config     {mesh}");
+    let virtual_note = if c.virtual_stages > 1 {
+        format!(" ({} virtual stages)", c.virtual_stages)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "           {} schedule{virtual_note}, ZeRO {}, recompute {}, {} attention{}",
+        c.schedule,
+        c.zero,
+        c.recompute,
+        c.attention,
+        if c.dropout { ", dropout" } else { "" }
+    );
+    let _ = writeln!(
+        out,
+        "           global batch {} = {} micro-batches of {} × dp {}{}",
+        c.global_batch,
+        c.micro_batches,
+        c.micro_batch,
+        c.dp,
+        c.seq.map_or(String::new(), |s| format!(", seq {s}"))
+    );
+    let _ = writeln!(out, "step time  {step:.4} s");
+    let b = &e.breakdown;
+    let parts = [
+        ("compute", b.compute_s),
+        ("tensor-parallel comm", b.tp_comm_s),
+        ("context-parallel comm", b.cp_comm_s),
+        ("expert-parallel comm", b.ep_comm_s),
+        ("data-parallel comm", b.dp_comm_s),
+        ("pipeline bubble", b.bubble_s),
+        ("pipeline p2p", b.p2p_s),
+        ("optimizer", b.optimizer_s),
+    ];
+    for (name, t) in parts {
+        if t > 0.0 || name == "compute" {
+            let _ = writeln!(out, "  {name:<22} {t:>10.4} s  {:>5.1} %", 100.0 * t / step);
+        }
+    }
+    let _ = writeln!(
+        out,
+        "throughput {:.1} model TFLOP/s per GPU (MFU {:.1} %), {:.1} hardware TFLOP/s per GPU (HFU {:.1} %)",
+        e.model_tflops_per_gpu,
+        100.0 * e.mfu,
+        e.hardware_tflops_per_gpu,
+        100.0 * e.hfu
+    );
+    let _ = writeln!(
+        out,
+        "memory     {} of {} per GPU on stage {}: {}",
+        gib(e.memory_per_gpu_bytes),
+        gib(e.memory_capacity_bytes),
+        e.memory_peak_stage,
+        if e.fits { "fits" } else { "DOES NOT FIT" }
+    );
+    let m = &e.memory;
+    for (name, bytes) in [
+        ("weights", m.weights),
+        ("gradients", m.gradients),
+        ("optimizer state", m.optimizer),
+        ("activations", m.activations),
+        ("comm buffers", m.communication),
+    ] {
+        let _ = writeln!(out, "  {name:<22} {:>10}", gib(bytes));
+    }
+    out
+}

@@ -1,0 +1,76 @@
+//! `autopar profile` through the real binary: the file it writes loads as a
+//! calibration, and a bad output path fails before any measuring.
+
+use autopar_cost_models::Calibration;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn autopar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("autopar-profile-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn quick_cpu_profile_writes_a_loadable_calibration() {
+    let path = scratch_dir("ok").join("cpu.json");
+    let (code, out, err) = autopar(&[
+        "profile",
+        "--backend",
+        "cpu",
+        "-o",
+        path.to_str().unwrap(),
+        "--quick",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let cal = Calibration::load(&path).unwrap();
+    assert!(!cal.matmul.measured.is_empty());
+    assert!(cal.memory.measured_bytes_per_s.is_some());
+    assert!(cal.network.measured_intra_node_bytes_per_s.is_some());
+    assert!(
+        out.contains("matmul f32:") && out.contains("ring all-reduce:"),
+        "{out}"
+    );
+    std::fs::remove_file(&path).unwrap();
+}
+
+#[test]
+fn missing_output_folder_is_a_clean_error_and_writes_nothing() {
+    let dir = scratch_dir("missing").join("no-such-folder");
+    let path = dir.join("cpu.json");
+    let (code, out, err) = autopar(&[
+        "profile",
+        "--backend",
+        "cpu",
+        "-o",
+        path.to_str().unwrap(),
+        "--quick",
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("error: ") && err.contains("no-such-folder") && err.contains("does not exist"),
+        "{err}"
+    );
+    assert!(out.is_empty(), "{out}");
+    assert!(!dir.exists());
+}
+
+#[test]
+fn unknown_backend_is_a_usage_error() {
+    let (code, _, err) = autopar(&["profile", "--backend", "cuda", "-o", "x.json"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("cuda") && err.contains("cpu"), "{err}");
+}
