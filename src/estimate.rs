@@ -27,7 +27,8 @@ pub struct Request {
     pub ep: usize,
     pub zero: u8,
     pub global_batch: usize,
-    pub micro_batch: usize,
+    /// `None`: the model's own batch (1 for zoo specs unless `batch=` says otherwise).
+    pub micro_batch: Option<usize>,
     pub seq: Option<usize>,
     pub recompute: Recompute,
     pub schedule: Schedule,
@@ -88,27 +89,8 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         Schedule::Interleaved => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
         Schedule::Gpipe | Schedule::OneFOneB => 1,
     });
-    let cfg = TrainingConfig {
-        dp,
-        tp: r.tp,
-        pp: r.pp,
-        virtual_stages,
-        sp: r.sp,
-        cp: r.cp,
-        ep: r.ep,
-        zero: r.zero,
-        recompute: r.recompute,
-        schedule: r.schedule,
-        micro_batch: r.micro_batch,
-        global_batch: r.global_batch,
-        seq: r.seq,
-        attention: r.attention,
-        dropout: r.dropout,
-        overlap_grad_reduce: r.overlap_grad_reduce,
-    };
-    cfg.check(r.gpus)?;
     let opts = WorkloadOptions {
-        micro_batch: Some(r.micro_batch),
+        micro_batch: r.micro_batch,
         seq: r.seq,
         sharding: Sharding {
             tp: r.tp,
@@ -120,21 +102,27 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         dropout: r.dropout,
     };
     let workload = Workload::build(&graph, &opts).with_context(|| r.model.clone())?;
-    let parameters = {
-        let whole = Workload::build(
-            &graph,
-            &WorkloadOptions {
-                sharding: Sharding {
-                    tp: 1,
-                    sp: false,
-                    cp: 1,
-                    ep: 1,
-                },
-                ..opts.clone()
-            },
-        )?;
-        whole.param_elements()
+    let cfg = TrainingConfig {
+        dp,
+        tp: r.tp,
+        pp: r.pp,
+        virtual_stages,
+        sp: r.sp,
+        cp: r.cp,
+        ep: r.ep,
+        zero: r.zero,
+        recompute: r.recompute,
+        schedule: r.schedule,
+        micro_batch: workload.micro_batch,
+        global_batch: r.global_batch,
+        seq: r.seq,
+        attention: r.attention,
+        dropout: r.dropout,
+        overlap_grad_reduce: r.overlap_grad_reduce,
     };
+    cfg.check(r.gpus)?;
+    let bindings = model::bindings(&m.graph, Some(workload.micro_batch), r.seq);
+    let parameters = m.graph.float_parameter_elements(&bindings) as f64;
     let estimate = estimate(&workload, &cluster, &calibration, &cfg)?;
     Ok(EstimateReport {
         model: r.model.clone(),
@@ -155,7 +143,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
             schedule: r.schedule.to_string(),
             attention: r.attention.to_string(),
             dropout: r.dropout,
-            micro_batch: r.micro_batch,
+            micro_batch: workload.micro_batch,
             global_batch: r.global_batch,
             micro_batches: estimate.micro_batches,
             seq: workload.seq,
@@ -164,8 +152,24 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
     })
 }
 
-fn gib(bytes: f64) -> String {
-    format!("{:.1} GiB", bytes / (1u64 << 30) as f64)
+/// Bytes in binary units (GiB, MiB, KiB).
+fn binary(bytes: f64) -> String {
+    const UNITS: [(f64, &str); 3] = [(1_073_741_824.0, "GiB"), (1_048_576.0, "MiB"), (1024.0, "KiB")];
+    UNITS.iter().find(|(scale, _)| bytes >= *scale).map_or_else(
+        || format!("{bytes:.0} B"),
+        |(scale, unit)| format!("{:.1} {unit}", bytes / scale),
+    )
+}
+
+/// Seconds in ms or µs when small.
+fn seconds(t: f64) -> String {
+    if t >= 1.0 {
+        format!("{t:.3} s")
+    } else if t >= 1e-3 {
+        format!("{:.3} ms", t * 1e3)
+    } else {
+        format!("{:.3} µs", t * 1e6)
+    }
 }
 
 /// The report for people.
@@ -210,7 +214,7 @@ pub fn render(r: &EstimateReport) -> String {
         c.dp,
         c.seq.map_or(String::new(), |s| format!(", seq {s}"))
     );
-    let _ = writeln!(out, "step time  {step:.4} s");
+    let _ = writeln!(out, "step time  {}", seconds(step));
     let b = &e.breakdown;
     let parts = [
         ("compute", b.compute_s),
@@ -224,7 +228,12 @@ pub fn render(r: &EstimateReport) -> String {
     ];
     for (name, t) in parts {
         if t > 0.0 || name == "compute" {
-            let _ = writeln!(out, "  {name:<22} {t:>10.4} s  {:>5.1} %", 100.0 * t / step);
+            let _ = writeln!(
+                out,
+                "  {name:<22} {:>11}  {:>5.1} %",
+                seconds(t),
+                100.0 * t / step
+            );
         }
     }
     let _ = writeln!(
@@ -238,8 +247,8 @@ pub fn render(r: &EstimateReport) -> String {
     let _ = writeln!(
         out,
         "memory     {} of {} per GPU on stage {}: {}",
-        gib(e.memory_per_gpu_bytes),
-        gib(e.memory_capacity_bytes),
+        binary(e.memory_per_gpu_bytes),
+        binary(e.memory_capacity_bytes),
         e.memory_peak_stage,
         if e.fits { "fits" } else { "DOES NOT FIT" }
     );
@@ -251,7 +260,7 @@ pub fn render(r: &EstimateReport) -> String {
         ("activations", m.activations),
         ("comm buffers", m.communication),
     ] {
-        let _ = writeln!(out, "  {name:<22} {:>10}", gib(bytes));
+        let _ = writeln!(out, "  {name:<22} {:>11}", binary(bytes));
     }
     out
 }

@@ -120,9 +120,9 @@ struct EstimateArgs {
     /// Samples per optimizer step.
     #[arg(long)]
     global_batch: usize,
-    /// Samples per micro-batch.
-    #[arg(long, default_value_t = 1)]
-    micro_batch: usize,
+    /// Samples per micro-batch (default: the model's batch; 1 for zoo specs).
+    #[arg(long)]
+    micro_batch: Option<usize>,
     /// Sequence length (default: the model's).
     #[arg(long)]
     seq: Option<usize>,

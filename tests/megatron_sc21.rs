@@ -58,7 +58,7 @@ fn published_configuration(r: &Row) -> Request {
         ep: 1,
         zero: 0,
         global_batch: r.batch,
-        micro_batch: 1,
+        micro_batch: Some(1),
         seq: None,
         recompute: Recompute::Full,
         schedule: if r.pp > 1 {

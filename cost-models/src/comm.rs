@@ -288,6 +288,85 @@ mod tests {
     }
 
     #[test]
+    fn every_other_collective_by_hand() {
+        let c = a100(16);
+        let node = Span {
+            per_node: 8,
+            nodes: 1,
+        };
+        let two_nodes = Span {
+            per_node: 8,
+            nodes: 2,
+        };
+        let bytes = 8e8;
+        let close =
+            |got: f64, want: f64| assert!((got - want).abs() < 1e-12 * want.max(1.0), "{got} vs {want}");
+        let step = 2e-6 + bytes / 8.0 / 300e9;
+        close(time(&c, node, ReduceScatter, Ring, bytes).unwrap(), 7.0 * step);
+        close(time(&c, node, AllGather, Ring, bytes).unwrap(), 7.0 * step);
+        close(time(&c, node, AllToAll, Ring, bytes).unwrap(), 7.0 * step);
+        close(
+            time(&c, node, Broadcast, Ring, bytes).unwrap(),
+            7.0 * 2e-6 + bytes / 300e9,
+        );
+        // A heap-ordered tree of 8 has 4 levels.
+        close(
+            time(&c, node, Broadcast, Tree, bytes).unwrap(),
+            4.0 * 2e-6 + 2.0 * bytes / 300e9,
+        );
+        close(
+            time(&c, node, AllReduce, Tree, bytes).unwrap(),
+            8.0 * 2e-6 + 3.0 * bytes / 300e9,
+        );
+        let pair = Span {
+            per_node: 1,
+            nodes: 2,
+        };
+        close(
+            time(&c, pair, SendRecv, Ring, bytes).unwrap(),
+            5e-6 + bytes / 25e9,
+        );
+        close(
+            time(
+                &c,
+                Span {
+                    per_node: 2,
+                    nodes: 1,
+                },
+                SendRecv,
+                Ring,
+                bytes,
+            )
+            .unwrap(),
+            2e-6 + bytes / 300e9,
+        );
+        // Hierarchical: inside each node on the whole buffer, across on an eighth.
+        let across = |n: f64| 5e-6 + bytes / 8.0 / n / 25e9;
+        close(
+            time(&c, two_nodes, ReduceScatter, Ring, bytes).unwrap(),
+            7.0 * step + across(2.0),
+        );
+        close(
+            time(&c, two_nodes, AllGather, Ring, bytes).unwrap(),
+            across(2.0) + 7.0 * step,
+        );
+        close(
+            time(&c, two_nodes, Broadcast, Ring, bytes).unwrap(),
+            (5e-6 + bytes / 25e9) + (7.0 * 2e-6 + bytes / 300e9),
+        );
+        // All-to-all over 16: half of each buffer leaves the node, 7/16 stays.
+        close(
+            time(&c, two_nodes, AllToAll, Ring, bytes).unwrap(),
+            15.0 * 5e-6 + (bytes * 8.0 / 16.0 / 25e9).max(bytes * 7.0 / 16.0 / 300e9),
+        );
+        // Tree and parameter server run flat on the slower link across nodes.
+        close(
+            time(&c, two_nodes, AllReduce, Tree, bytes).unwrap(),
+            2.0 * 5.0 * 5e-6 + 3.0 * bytes / 25e9,
+        );
+    }
+
+    #[test]
     fn crossing_nodes_is_slower_than_staying_inside() {
         let c = a100(16);
         let inside = Span::of(&c, &[0, 1]).unwrap();

@@ -666,3 +666,148 @@ fn is_attention_scores(graph: &Graph, node: &autopar_ir::Node) -> bool {
         .flatten()
         .all(|&t| graph.tensor(t).role == Role::Activation)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(spec: &str, tp: usize, sp: bool, ep: usize) -> Workload {
+        let spec: autopar_ir::ModelSpec = spec.parse().unwrap();
+        let opts = WorkloadOptions {
+            micro_batch: Some(2),
+            seq: None,
+            sharding: Sharding { tp, sp, cp: 1, ep },
+            attention: AttentionKernel::Fused,
+            dropout: false,
+        };
+        Workload::build(&spec.build().unwrap(), &opts).unwrap()
+    }
+
+    fn collectives(u: &Unit, group: Group) -> Vec<(Option<Collective>, Option<Collective>)> {
+        u.comms
+            .iter()
+            .filter(|c| c.group == group)
+            .map(|c| (c.forward, c.backward))
+            .collect()
+    }
+
+    const GPT: &str = "gpt:layers=3,hidden=64,heads=4,vocab=100,seq=16,dtype=bf16";
+    const LLAMA: &str = "llama:layers=3,hidden=64,ffn=160,heads=4,kv_heads=2,vocab=100,seq=16,dtype=bf16";
+
+    #[test]
+    fn a_megatron_layer_all_reduces_twice_forward_and_twice_backward() {
+        use Collective::*;
+        for spec in [GPT, LLAMA] {
+            let w = build(spec, 2, false, 1);
+            let layer = collectives(&w.layer, Group::Tensor);
+            let forward = layer.iter().filter(|c| c.0 == Some(AllReduce)).count();
+            let backward = layer.iter().filter(|c| c.1 == Some(AllReduce)).count();
+            assert_eq!((forward, backward, layer.len()), (2, 2, 4), "{spec}: {layer:?}");
+            // Every all-reduce moves one [batch, seq, hidden] activation.
+            assert!(
+                w.layer.comms.iter().all(|c| c.bytes == 2.0 * 16.0 * 64.0 * 2.0),
+                "{spec}"
+            );
+            // The vocabulary-parallel embedding reduces its output once.
+            assert_eq!(
+                collectives(&w.pre, Group::Tensor),
+                vec![(Some(AllReduce), None)],
+                "{spec}"
+            );
+            assert_eq!(w.layers, 3);
+            assert_eq!(w.heads, vec![(4, if spec == GPT { 4 } else { 2 })]);
+        }
+    }
+
+    #[test]
+    fn sequence_parallelism_swaps_all_reduces_for_gathers_and_scatters() {
+        use Collective::*;
+        let w = build(GPT, 2, true, 1);
+        let mut layer = collectives(&w.layer, Group::Tensor);
+        layer.sort_by_key(|c| format!("{c:?}"));
+        assert_eq!(
+            layer,
+            vec![
+                (Some(AllGather), Some(ReduceScatter)),
+                (Some(AllGather), Some(ReduceScatter)),
+                (Some(ReduceScatter), Some(AllGather)),
+                (Some(ReduceScatter), Some(AllGather)),
+            ]
+        );
+    }
+
+    #[test]
+    fn tensor_parallelism_divides_weights_and_products() {
+        let one = build(LLAMA, 1, false, 1);
+        let two = build(LLAMA, 2, false, 1);
+        let weights = |w: &Workload| w.layer.params.values().map(|p| p.elements).sum::<f64>();
+        // Only the two RMSNorm scales (2 × 64) stay whole.
+        assert_eq!(weights(&two), (weights(&one) - 128.0) / 2.0 + 128.0);
+        let gemm_flops = |w: &Workload| -> f64 {
+            w.layer
+                .ops
+                .iter()
+                .filter(|o| matches!(o.kernel, Kernel::Matmul { .. }))
+                .map(|o| o.forward_flops)
+                .sum()
+        };
+        assert_eq!(gemm_flops(&two), gemm_flops(&one) / 2.0);
+        assert_eq!(one.param_elements(), {
+            let g: autopar_ir::ModelSpec = LLAMA.parse().unwrap();
+            g.build().unwrap().float_parameter_elements(&Default::default()) as f64
+        });
+    }
+
+    #[test]
+    fn expert_parallelism_moves_tokens_and_spreads_experts() {
+        let spec = "moe:layers=2,hidden=64,ffn=128,heads=4,experts=8,top_k=2,vocab=100,seq=16,dtype=bf16";
+        let dense = build(spec, 1, false, 1);
+        let spread = build(spec, 1, false, 4);
+        assert!(collectives(&dense.layer, Group::Expert).is_empty());
+        let a2a = collectives(&spread.layer, Group::Expert);
+        assert_eq!(a2a.len(), 2, "dispatch and combine");
+        let experts = |w: &Workload| -> f64 {
+            w.layer
+                .params
+                .values()
+                .filter(|p| p.expert)
+                .map(|p| p.elements)
+                .sum()
+        };
+        assert_eq!(experts(&spread), experts(&dense) / 4.0);
+        assert_eq!(experts(&dense), 8.0 * 3.0 * 64.0 * 128.0);
+    }
+
+    #[test]
+    fn a_fixed_batch_must_match() {
+        let mut g = Graph::new("fixed");
+        let x = g.add_tensor(
+            "x",
+            TensorType {
+                dtype: DType::F32,
+                shape: Shape::fixed(&[4, 8]),
+            },
+            Role::Input,
+            None,
+        );
+        g.inputs.push(x);
+        let opts = |mb| WorkloadOptions {
+            micro_batch: Some(mb),
+            seq: None,
+            sharding: Sharding {
+                tp: 1,
+                sp: false,
+                cp: 1,
+                ep: 1,
+            },
+            attention: AttentionKernel::Fused,
+            dropout: false,
+        };
+        assert!(Workload::build(&g, &opts(4)).is_ok());
+        let err = Workload::build(&g, &opts(2)).unwrap_err();
+        assert!(
+            err.to_string().contains("--micro-batch must be 4, not 2"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! `autopar estimate` through the real binary: the JSON contract, the
+//! human report (snapshot), and clear errors for bad input.
+
+use std::process::Command;
+
+const GPT: &str = "gpt:layers=8,hidden=1024,heads=16,vocab=50304,seq=1024,dtype=bf16";
+
+fn autopar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn estimate(extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["estimate", GPT, "--cluster", "dgx-a100-80g"];
+    args.extend_from_slice(extra);
+    autopar(&args)
+}
+
+fn assert_error(extra: &[&str], needle: &str) {
+    let (code, out, err) = estimate(extra);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+}
+
+#[test]
+fn json_has_the_contract_keys() {
+    let (code, out, err) = estimate(&[
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for key in [
+        "step_time_s",
+        "model_tflops_per_gpu",
+        "hardware_tflops_per_gpu",
+        "mfu",
+        "hfu",
+        "memory_per_gpu_bytes",
+        "fits",
+        "breakdown",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {out}");
+    }
+    let b = &v["breakdown"];
+    for key in [
+        "compute_s",
+        "tp_comm_s",
+        "dp_comm_s",
+        "bubble_s",
+        "p2p_s",
+        "optimizer_s",
+    ] {
+        assert!(b[key].as_f64().is_some(), "breakdown lacks {key}: {b}");
+    }
+    assert_eq!(v["config"]["dp"], 4);
+    assert_eq!(v["config"]["micro_batches"], 16);
+    assert!(v["fits"].as_bool().unwrap());
+    let mfu = v["mfu"].as_f64().unwrap();
+    assert!(mfu > 0.0 && mfu < 1.0, "{mfu}");
+}
+
+#[test]
+fn human_report() {
+    let (code, out, err) = estimate(&[
+        "--gpus",
+        "16",
+        "--tp",
+        "2",
+        "--pp",
+        "2",
+        "--global-batch",
+        "64",
+        "--recompute",
+        "selective",
+        "--schedule",
+        "interleaved",
+        "--zero",
+        "1",
+        "--sp",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("../snapshots");
+    settings.bind(|| insta::assert_snapshot!("estimate__gpt_16_gpus", out));
+}
+
+#[test]
+fn onnx_models_with_fixed_shapes_estimate_at_their_batch() {
+    let model = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/llama-tiny.ts.onnx");
+    let args = [
+        "estimate",
+        model,
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "4",
+        "--tp",
+        "2",
+        "--global-batch",
+        "8",
+    ];
+    let (code, out, err) = autopar(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("micro-batches of 2"), "{out}");
+    let mut with_mb = args.to_vec();
+    with_mb.extend(["--micro-batch", "4"]);
+    let (code, _, err) = autopar(&with_mb);
+    assert_eq!(code, 2);
+    assert!(err.contains("fixed micro-batch of 2"), "{err}");
+}
+
+#[test]
+fn unknown_preset() {
+    let (code, _, err) = autopar(&[
+        "estimate",
+        GPT,
+        "--cluster",
+        "dgx-z900",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("unknown cluster preset 'dgx-z900'") && err.contains("dgx-a100-80g"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tp_not_dividing_heads() {
+    let llama = "llama:layers=2,hidden=512,ffn=1024,heads=8,kv_heads=2,vocab=1000,seq=128";
+    let (code, _, err) = autopar(&[
+        "estimate",
+        llama,
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "4",
+        "--tp",
+        "4",
+        "--global-batch",
+        "4",
+    ]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("--tp 4 does not divide the attention's 2 key/value heads"),
+        "{err}"
+    );
+    assert_error(
+        &["--gpus", "6", "--tp", "6", "--global-batch", "8"],
+        "--tp 6 does not divide the attention's 16 query heads",
+    );
+}
+
+#[test]
+fn gpus_not_divisible_by_tp_times_pp() {
+    assert_error(
+        &["--gpus", "8", "--tp", "2", "--pp", "3", "--global-batch", "8"],
+        "--gpus 8 is not divisible by tp·pp·cp",
+    );
+    assert_error(&["--gpus", "12", "--global-batch", "12"], "--gpus 12");
+}
+
+#[test]
+fn zero_or_indivisible_batch() {
+    assert_error(
+        &["--gpus", "8", "--global-batch", "0"],
+        "--global-batch must be at least 1",
+    );
+    assert_error(
+        &["--gpus", "8", "--global-batch", "12"],
+        "--global-batch 12 is not divisible by dp · micro-batch",
+    );
+    assert_error(
+        &["--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
+        "--micro-batch",
+    );
+}
+
+#[test]
+fn other_bad_configurations() {
+    assert_error(&["--gpus", "8", "--global-batch", "8", "--zero", "4"], "--zero 4");
+    assert_error(
+        &[
+            "--gpus",
+            "8",
+            "--pp",
+            "8",
+            "--virtual-stages",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--global-batch",
+            "8",
+        ],
+        "exceeds the model's 8 layers",
+    );
+    assert_error(
+        &["--gpus", "8", "--global-batch", "8", "--virtual-stages", "2"],
+        "needs --schedule interleaved",
+    );
+    assert_error(
+        &["--gpus", "8", "--global-batch", "8", "--dp", "4"],
+        "differs from --gpus 8",
+    );
+    let (code, _, err) = estimate(&["--gpus", "8", "--global-batch", "8", "--recompute", "some"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("none, selective, full"), "{err}");
+}
+
+#[test]
+fn bad_calibration_file_is_named() {
+    let dir = std::env::temp_dir().join(format!("autopar-estimate-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("cal.json");
+    std::fs::write(
+        &path,
+        r#"{"format": "autopar-calibration/1", "memory": {"bandwidth_fraction": 2}}"#,
+    )
+    .unwrap();
+    let p = path.to_str().unwrap();
+    assert_error(
+        &["--gpus", "8", "--global-batch", "8", "--calibration", p],
+        "memory.bandwidth_fraction",
+    );
+}
