@@ -161,6 +161,15 @@ fn binary(bytes: f64) -> String {
     )
 }
 
+/// FLOP/s with a metric prefix (TFLOP/s, GFLOP/s, ...).
+fn flop_rate(x: f64) -> String {
+    const UNITS: [(f64, &str); 4] = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M")];
+    UNITS.iter().find(|(scale, _)| x >= *scale).map_or_else(
+        || format!("{x:.0} FLOP/s"),
+        |(scale, p)| format!("{:.1} {p}FLOP/s", x / scale),
+    )
+}
+
 /// Seconds in ms or µs when small.
 fn seconds(t: f64) -> String {
     if t >= 1.0 {
@@ -238,10 +247,10 @@ pub fn render(r: &EstimateReport) -> String {
     }
     let _ = writeln!(
         out,
-        "throughput {:.1} model TFLOP/s per GPU (MFU {:.1} %), {:.1} hardware TFLOP/s per GPU (HFU {:.1} %)",
-        e.model_tflops_per_gpu,
+        "throughput {} model per GPU (MFU {:.1} %), {} hardware per GPU (HFU {:.1} %)",
+        flop_rate(e.model_tflops_per_gpu * 1e12),
         100.0 * e.mfu,
-        e.hardware_tflops_per_gpu,
+        flop_rate(e.hardware_tflops_per_gpu * 1e12),
         100.0 * e.hfu
     );
     let _ = writeln!(

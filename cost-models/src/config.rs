@@ -185,9 +185,13 @@ impl TrainingConfig {
 
     /// The default chunk count of the interleaved schedule for `layers`
     /// layers: the smallest count above one that splits each stage's layers
-    /// evenly (Megatron-LM needs even chunks), or one when none does.
+    /// evenly (Megatron-LM needs even chunks), or one when none does or
+    /// there is no pipeline to interleave.
     pub fn default_virtual_stages(layers: usize, pp: usize) -> usize {
-        let per_stage = layers / pp.max(1);
+        if pp <= 1 {
+            return 1;
+        }
+        let per_stage = layers / pp;
         (2..=per_stage).find(|v| per_stage % v == 0).unwrap_or(1)
     }
 }
@@ -273,5 +277,6 @@ mod tests {
         assert_eq!(TrainingConfig::default_virtual_stages(105, 35), 3);
         assert_eq!(TrainingConfig::default_virtual_stages(96, 16), 2);
         assert_eq!(TrainingConfig::default_virtual_stages(7, 7), 1);
+        assert_eq!(TrainingConfig::default_virtual_stages(48, 1), 1);
     }
 }
