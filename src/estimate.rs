@@ -119,6 +119,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         attention: r.attention,
         dropout: r.dropout,
         overlap_grad_reduce: r.overlap_grad_reduce,
+        ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;
     let bindings = model::bindings(&m.graph, Some(workload.micro_batch), r.seq);

@@ -93,6 +93,7 @@ fn config(r: &Row) -> TrainingConfig {
         attention: AttentionKernel::Unfused,
         dropout: true,
         overlap_grad_reduce: false,
+        ..TrainingConfig::default()
     }
 }
 

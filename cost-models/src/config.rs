@@ -81,6 +81,79 @@ pub struct TrainingConfig {
     /// Gradient reduction overlaps the last micro-batch's backward pass
     /// (bucketed, as PyTorch DDP does) instead of following it.
     pub overlap_grad_reduce: bool,
+    /// How gradients cross the data-parallel group.
+    pub grad_reduce: GradReduce,
+    /// Which parallel dimension sits inside a node after tensor parallelism.
+    pub mesh_order: MeshOrder,
+    /// Layers and recomputation per pipeline stage; `None` spreads the
+    /// layers evenly and recomputes `recompute` everywhere.
+    pub stages: Option<Vec<StageSpec>>,
+}
+
+/// One pipeline stage's layer count and recomputation policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StageSpec {
+    pub layers: usize,
+    pub recompute: Recompute,
+}
+
+/// Gradient reduction across data-parallel replicas (ZeRO 0; ZeRO 1-3
+/// always reduce-scatter and all-gather on rings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GradReduce {
+    /// Ring all-reduce or a parameter server.
+    pub algorithm: crate::comm::Algorithm,
+    /// Gradients sent in this narrower float type (bf16 or f16), if any.
+    pub compression: Option<autopar_ir::DType>,
+}
+
+impl Default for GradReduce {
+    fn default() -> Self {
+        GradReduce {
+            algorithm: crate::comm::Algorithm::Ring,
+            compression: None,
+        }
+    }
+}
+
+/// How ranks are numbered, fastest-varying dimension first. Tensor
+/// parallelism is always innermost (it needs the fastest links); the next
+/// dimension decides whether data-parallel replicas or pipeline stages
+/// share a node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum MeshOrder {
+    /// tp, cp, dp, pp (Megatron-LM's order).
+    #[default]
+    DataInner,
+    /// tp, cp, pp, dp.
+    PipelineInner,
+}
+
+impl Default for TrainingConfig {
+    /// One GPU, one sample, nothing split or recomputed.
+    fn default() -> Self {
+        TrainingConfig {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+            virtual_stages: 1,
+            sp: false,
+            cp: 1,
+            ep: 1,
+            zero: 0,
+            recompute: Recompute::None,
+            schedule: Schedule::OneFOneB,
+            micro_batch: 1,
+            global_batch: 1,
+            seq: None,
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            overlap_grad_reduce: false,
+            grad_reduce: GradReduce::default(),
+            mesh_order: MeshOrder::default(),
+            stages: None,
+        }
+    }
 }
 
 /// Why a configuration cannot run.
@@ -115,6 +188,12 @@ pub enum ConfigError {
     ZeroStage(u8),
     #[error("--virtual-stages {0} needs --schedule interleaved")]
     VirtualNeedsInterleaved(usize),
+    #[error("{given} stage layer counts given for {pp} pipeline stages")]
+    StageCount { given: usize, pp: usize },
+    #[error(
+        "ZeRO {0} reduces gradients with ring reduce-scatter; a parameter server is only priced for ZeRO 0"
+    )]
+    ShardedNeedsRing(u8),
 }
 
 impl TrainingConfig {
@@ -162,6 +241,17 @@ impl TrainingConfig {
         }
         if self.virtual_stages > 1 && self.schedule != Schedule::Interleaved {
             return Err(ConfigError::VirtualNeedsInterleaved(self.virtual_stages));
+        }
+        if let Some(stages) = &self.stages {
+            if stages.len() != self.pp {
+                return Err(ConfigError::StageCount {
+                    given: stages.len(),
+                    pp: self.pp,
+                });
+            }
+        }
+        if self.grad_reduce.algorithm != crate::comm::Algorithm::Ring && self.zero > 0 {
+            return Err(ConfigError::ShardedNeedsRing(self.zero));
         }
         Ok(())
     }
@@ -217,7 +307,7 @@ mod tests {
             seq: None,
             attention: AttentionKernel::Unfused,
             dropout: true,
-            overlap_grad_reduce: false,
+            ..TrainingConfig::default()
         }
     }
 

@@ -12,8 +12,8 @@
 
 use crate::comm::{self, Algorithm, Collective, Span};
 use crate::compute::Rates;
-use crate::config::{ConfigError, Recompute, TrainingConfig};
-use crate::memory::{self, MemoryBreakdown};
+use crate::config::{ConfigError, MeshOrder, Recompute, TrainingConfig};
+use crate::memory::{self, MemoryBreakdown, ParamBytes, PartParams};
 use crate::pipeline::{self, Stage};
 use crate::workload::{CommWork, Group, Unit, Workload};
 use crate::{Calibration, Cluster};
@@ -87,6 +87,10 @@ pub enum EstimateError {
     },
     #[error("--pp {0} needs repeated layers to split, and none were found in the model")]
     NoLayers(usize),
+    #[error("the configuration's mesh differs from the one the evaluator priced")]
+    MeshMismatch,
+    #[error("the stages hold {total} layers in all; the model has {layers}")]
+    StageLayers { total: usize, layers: usize },
     #[error(transparent)]
     Peak(#[from] crate::compute::NoPeak),
     #[error(transparent)]
@@ -129,36 +133,77 @@ impl UnitTime {
     }
 }
 
-/// The groups a rank talks to, located on the cluster. Ranks are laid out
-/// tensor-parallel fastest, then context, data and pipeline parallel
-/// (Megatron-LM's order), so tensor-parallel groups sit inside nodes.
+/// The groups a rank talks to, located on the cluster. Ranks are numbered
+/// tensor-parallel fastest, then context parallel, then data and pipeline
+/// parallel in the configuration's [`MeshOrder`], so tensor-parallel groups
+/// sit inside nodes.
 struct Groups {
     tensor: Span,
     context: Span,
     expert: Span,
     data: Span,
     expert_data: Span,
-    /// The next stage's rank relative to this one.
+    /// A rank and the same rank of the next stage.
     stage_hop: Span,
 }
 
+/// The mesh shape an [`Evaluator`] is built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mesh {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub cp: usize,
+    pub ep: usize,
+    pub order: MeshOrder,
+}
+
+impl Mesh {
+    /// The mesh of `cfg`.
+    pub fn of(cfg: &TrainingConfig) -> Mesh {
+        Mesh {
+            dp: cfg.dp,
+            tp: cfg.tp,
+            pp: cfg.pp,
+            cp: cfg.cp,
+            ep: cfg.ep,
+            order: cfg.mesh_order,
+        }
+    }
+
+    /// Stride between consecutive data-parallel replicas and between
+    /// consecutive pipeline stages, in ranks.
+    pub fn strides(&self) -> (usize, usize) {
+        let inner = self.tp * self.cp;
+        match self.order {
+            MeshOrder::DataInner => (inner, inner * self.dp),
+            MeshOrder::PipelineInner => (inner * self.pp, inner),
+        }
+    }
+
+    /// The global rank of a (tp, cp, dp, pp) coordinate.
+    pub fn rank(&self, tp: usize, cp: usize, dp: usize, pp: usize) -> usize {
+        let (dp_stride, pp_stride) = self.strides();
+        tp + self.tp * cp + dp_stride * dp + pp_stride * pp
+    }
+}
+
 impl Groups {
-    fn new(cluster: &Cluster, cfg: &TrainingConfig) -> Result<Groups, comm::CommError> {
-        let (tp, cp, dp) = (cfg.tp, cfg.cp, cfg.dp);
+    fn new(cluster: &Cluster, mesh: &Mesh) -> Result<Groups, comm::CommError> {
         let span = |ranks: Vec<usize>| Span::of(cluster, &ranks);
         let replicas = |step: usize, count: usize| -> Vec<usize> {
             (0..count)
-                .flat_map(|d| (0..cp).map(move |c| tp * c + tp * cp * step * d))
+                .flat_map(|d| (0..mesh.cp).map(move |c| mesh.rank(0, c, step * d, 0)))
                 .collect()
         };
         Ok(Groups {
-            tensor: span((0..tp).collect())?,
-            context: span((0..cp).map(|c| c * tp).collect())?,
-            expert: span((0..cfg.ep).map(|e| e * tp * cp).collect())?,
-            data: span(replicas(1, dp))?,
-            expert_data: span(replicas(cfg.ep, dp / cfg.ep))?,
-            stage_hop: if cfg.pp > 1 {
-                span(vec![0, tp * cp * dp])?
+            tensor: span((0..mesh.tp).collect())?,
+            context: span((0..mesh.cp).map(|c| mesh.rank(0, c, 0, 0)).collect())?,
+            expert: span((0..mesh.ep).map(|e| mesh.rank(0, 0, e, 0)).collect())?,
+            data: span(replicas(1, mesh.dp))?,
+            expert_data: span(replicas(mesh.ep, mesh.dp / mesh.ep.max(1)))?,
+            stage_hop: if mesh.pp > 1 {
+                span(vec![0, mesh.rank(0, 0, 0, 1)])?
             } else {
                 Span {
                     per_node: 1,
@@ -177,92 +222,284 @@ pub fn estimate(
     calibration: &Calibration,
     cfg: &TrainingConfig,
 ) -> Result<Estimate, EstimateError> {
-    check_model(w, cfg)?;
-    let gpus = cluster.gpus();
-    cfg.check(gpus)?;
-    let rates = Rates::new(&cluster.device, calibration, w.compute_dtype)?;
-    let effective = Cluster {
-        intra_node: calibration.effective_link(cluster.intra_node, true),
-        inter_node: calibration.effective_link(cluster.inter_node, false),
-        ..cluster.clone()
-    };
-    let groups = Groups::new(&effective, cfg)?;
-    let net = Net {
-        cluster: &effective,
-        groups: &groups,
-    };
-    let m = cfg.micro_batches();
-    let stages = pipeline::stages(w.layers, cfg.pp, cfg.virtual_stages);
+    Evaluator::new(w, cluster, calibration, &Mesh::of(cfg), cfg.sp)?.evaluate(cfg)
+}
 
-    let layer = unit_time(&w.layer, &rates, &net, cfg.recompute)?;
-    let pre = unit_time(&w.pre, &rates, &net, Recompute::None)?;
-    let post = unit_time(&w.post, &rates, &net, Recompute::None)?;
-    let p2p = p2p_time(w, cfg, &net)?;
+/// Everything about a workload on a mesh that does not depend on the
+/// schedule, ZeRO stage, recomputation or stage split, priced once so that
+/// the planner can evaluate many of those cheaply.
+pub struct Evaluator<'a> {
+    w: &'a Workload,
+    cluster: &'a Cluster,
+    calibration: &'a Calibration,
+    rates: Rates<'a>,
+    effective: Cluster,
+    groups: Groups,
+    mesh: Mesh,
+    /// One layer's times under none, selective and full recomputation.
+    layer: [UnitTime; 3],
+    pre: UnitTime,
+    post: UnitTime,
+    /// One forward or backward transfer between stages.
+    p2p: f64,
+    params: PartParams,
+}
 
-    let mut per_stage = Vec::new();
-    for s in &stages {
-        let mut t = layer.scaled(s.layers as f64);
-        if s.first {
-            t = t.add(pre);
-        }
-        if s.last {
-            t = t.add(post);
-        }
-        let zero3 = zero3_exposed(w, cfg, s, &net, t.compute)?;
-        per_stage.push((t, zero3));
+fn policy_index(r: Recompute) -> usize {
+    match r {
+        Recompute::None => 0,
+        Recompute::Selective => 1,
+        Recompute::Full => 2,
     }
-    let stage_time = |(t, zero3): &(UnitTime, f64)| t.compute + t.tp + t.cp + t.ep + p2p + zero3;
-    let times: Vec<f64> = per_stage.iter().map(stage_time).collect();
-    let pipe = pipeline::step_time(m, cfg.virtual_stages, &times);
-    let slowest = (0..times.len())
-        .max_by(|&a, &b| times[a].total_cmp(&times[b]))
-        .unwrap_or(0);
-    let (t, zero3) = per_stage[slowest];
+}
 
-    let mut dp_exposed: f64 = 0.0;
-    let mut optimizer: f64 = 0.0;
-    for (s, (t, _)) in stages.iter().zip(&per_stage) {
-        let params = memory::stage_params(w, s);
-        let reduce = gradient_reduction(&params, cfg, &net)?;
-        let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
-        dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
-        optimizer = optimizer.max(optimizer_time(&params, cfg, &rates, calibration));
+impl<'a> Evaluator<'a> {
+    /// Prices `w` on `mesh` over `cluster` (sized to the mesh's GPUs).
+    pub fn new(
+        w: &'a Workload,
+        cluster: &'a Cluster,
+        calibration: &'a Calibration,
+        mesh: &Mesh,
+        sp: bool,
+    ) -> Result<Evaluator<'a>, EstimateError> {
+        let rates = Rates::new(&cluster.device, calibration, w.compute_dtype)?;
+        let effective = Cluster {
+            intra_node: calibration.effective_link(cluster.intra_node, true),
+            inter_node: calibration.effective_link(cluster.inter_node, false),
+            ..cluster.clone()
+        };
+        if mesh.dp % mesh.ep.max(1) != 0 {
+            return Err(ConfigError::EpNotDividingDp {
+                ep: mesh.ep,
+                dp: mesh.dp,
+            }
+            .into());
+        }
+        let groups = Groups::new(&effective, mesh)?;
+        let net = Net {
+            cluster: &effective,
+            groups: &groups,
+        };
+        let layer = [Recompute::None, Recompute::Selective, Recompute::Full]
+            .map(|policy| unit_time(&w.layer, &rates, &net, policy));
+        let [none, selective, full] = layer;
+        let layer = [none?, selective?, full?];
+        let pre = unit_time(&w.pre, &rates, &net, Recompute::None)?;
+        let post = unit_time(&w.post, &rates, &net, Recompute::None)?;
+        let p2p = p2p_transfer(w, mesh, sp, &net)?;
+        Ok(Evaluator {
+            w,
+            cluster,
+            calibration,
+            rates,
+            groups,
+            effective,
+            mesh: *mesh,
+            layer,
+            pre,
+            post,
+            p2p,
+            params: PartParams::of(w),
+        })
     }
-    let step = pipe + dp_exposed + optimizer;
-    let mf = m as f64;
-    let breakdown = TimeBreakdown {
-        compute_s: mf * t.compute,
-        tp_comm_s: mf * t.tp,
-        cp_comm_s: mf * t.cp,
-        ep_comm_s: mf * t.ep,
-        dp_comm_s: dp_exposed + mf * zero3,
-        bubble_s: pipe - mf * times[slowest],
-        p2p_s: mf * p2p,
-        optimizer_s: optimizer,
-    };
 
-    let model_flops = (w.model_flops.0 + w.model_flops.1) * mf * cfg.dp as f64;
-    let ranks_per_stage = (cfg.tp * cfg.cp * cfg.dp) as f64;
-    let hardware_flops: f64 =
-        per_stage.iter().map(|(t, _)| t.hardware_flops).sum::<f64>() * mf * ranks_per_stage;
-    let per_gpu = |flops: f64| flops / step / gpus as f64;
-    let (peak_stage, mem) = memory::peak_memory(w, cfg, &stages);
-    Ok(Estimate {
-        step_time_s: step,
-        model_tflops_per_gpu: per_gpu(model_flops) / 1e12,
-        hardware_tflops_per_gpu: per_gpu(hardware_flops) / 1e12,
-        mfu: per_gpu(model_flops) / rates.peak(),
-        hfu: per_gpu(hardware_flops) / rates.peak(),
-        memory_per_gpu_bytes: mem.total,
-        fits: mem.total <= cluster.device.memory_bytes,
-        breakdown,
-        memory: mem,
-        memory_peak_stage: peak_stage,
-        memory_capacity_bytes: cluster.device.memory_bytes,
-        micro_batches: m,
-        virtual_stages: cfg.virtual_stages,
-        dp: cfg.dp,
-    })
+    /// The workload's parameter totals per part.
+    pub fn params(&self) -> &PartParams {
+        &self.params
+    }
+
+    /// Time of one micro-batch through one stage (forward and backward,
+    /// with its collectives and transfers), and the parts of it.
+    fn stage_time(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<(UnitTime, f64, f64), EstimateError> {
+        let mut t = self.layer[policy_index(stage.recompute)].scaled(stage.layers as f64);
+        if stage.first {
+            t = t.add(self.pre);
+        }
+        if stage.last {
+            t = t.add(self.post);
+        }
+        let zero3 = self.zero3_exposed(cfg, stage, t.compute)?;
+        let p2p = if cfg.pp > 1 {
+            2.0 * cfg.virtual_stages as f64 * self.p2p
+        } else {
+            0.0
+        };
+        Ok((t, zero3, p2p))
+    }
+
+    /// The pipeline's stages under `cfg` (explicit or evenly spread).
+    pub fn stages(&self, cfg: &TrainingConfig) -> Vec<Stage> {
+        match &cfg.stages {
+            Some(specs) => pipeline::from_specs(specs),
+            None => pipeline::stages(self.w.layers, cfg.pp, cfg.virtual_stages, cfg.recompute),
+        }
+    }
+
+    /// Estimates `cfg`, which must have this evaluator's mesh.
+    pub fn evaluate(&self, cfg: &TrainingConfig) -> Result<Estimate, EstimateError> {
+        let w = self.w;
+        if Mesh::of(cfg) != self.mesh {
+            return Err(EstimateError::MeshMismatch);
+        }
+        check_model(w, cfg)?;
+        let gpus = self.cluster.gpus();
+        cfg.check(gpus)?;
+        let stages = self.stages(cfg);
+        if let Some(specs) = &cfg.stages {
+            let total: usize = specs.iter().map(|s| s.layers).sum();
+            if total != w.layers {
+                return Err(EstimateError::StageLayers {
+                    total,
+                    layers: w.layers,
+                });
+            }
+        }
+        let m = cfg.micro_batches();
+        let mut per_stage = Vec::with_capacity(stages.len());
+        for s in &stages {
+            per_stage.push(self.stage_time(cfg, s)?);
+        }
+        let times: Vec<f64> = per_stage
+            .iter()
+            .map(|(t, zero3, p2p)| t.compute + t.tp + t.cp + t.ep + p2p + zero3)
+            .collect();
+        let pipe = pipeline::step_time(m, cfg.virtual_stages, &times);
+        let slowest = (0..times.len())
+            .max_by(|&a, &b| times[a].total_cmp(&times[b]))
+            .unwrap_or(0);
+        let (t, zero3, p2p) = per_stage[slowest];
+
+        let mut dp_exposed: f64 = 0.0;
+        let mut optimizer: f64 = 0.0;
+        for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
+            let params = self.params.stage(s);
+            let reduce = self.gradient_reduction(&params, cfg)?;
+            let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
+            dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
+            optimizer = optimizer.max(self.optimizer_time(&params, cfg));
+        }
+        let step = pipe + dp_exposed + optimizer;
+        let mf = m as f64;
+        let breakdown = TimeBreakdown {
+            compute_s: mf * t.compute,
+            tp_comm_s: mf * t.tp,
+            cp_comm_s: mf * t.cp,
+            ep_comm_s: mf * t.ep,
+            dp_comm_s: dp_exposed + mf * zero3,
+            bubble_s: pipe - mf * times[slowest],
+            p2p_s: mf * p2p,
+            optimizer_s: optimizer,
+        };
+
+        let model_flops = (w.model_flops.0 + w.model_flops.1) * mf * cfg.dp as f64;
+        let ranks_per_stage = (cfg.tp * cfg.cp * cfg.dp) as f64;
+        let hardware_flops: f64 =
+            per_stage.iter().map(|(t, _, _)| t.hardware_flops).sum::<f64>() * mf * ranks_per_stage;
+        let per_gpu = |flops: f64| flops / step / gpus as f64;
+        let (peak_stage, mem) = stages
+            .iter()
+            .map(|s| (s.index, memory::stage_memory(w, &self.params, cfg, s)))
+            .max_by(|a, b| a.1.total.total_cmp(&b.1.total))
+            .unwrap_or_default();
+        let capacity = self.cluster.device.memory_bytes;
+        Ok(Estimate {
+            step_time_s: step,
+            model_tflops_per_gpu: per_gpu(model_flops) / 1e12,
+            hardware_tflops_per_gpu: per_gpu(hardware_flops) / 1e12,
+            mfu: per_gpu(model_flops) / self.rates.peak(),
+            hfu: per_gpu(hardware_flops) / self.rates.peak(),
+            memory_per_gpu_bytes: mem.total,
+            fits: mem.total <= capacity,
+            breakdown,
+            memory: mem,
+            memory_peak_stage: peak_stage,
+            memory_capacity_bytes: capacity,
+            micro_batches: m,
+            virtual_stages: cfg.virtual_stages,
+            dp: cfg.dp,
+        })
+    }
+
+    fn net(&self) -> Net<'_> {
+        Net {
+            cluster: &self.effective,
+            groups: &self.groups,
+        }
+    }
+
+    /// Gradient reduction after the last micro-batch: all-reduce (ZeRO 0,
+    /// by ring or parameter server, optionally in a narrower type) or
+    /// reduce-scatter of gradients and all-gather of updated weights
+    /// (ZeRO 1-2); dense weights over the data-parallel group, expert
+    /// weights over their replicas. ZeRO-3 reduces per micro-batch instead.
+    fn gradient_reduction(&self, params: &ParamBytes, cfg: &TrainingConfig) -> Result<f64, EstimateError> {
+        if cfg.zero == 3 {
+            return Ok(0.0);
+        }
+        let net = self.net();
+        let ratio = cfg.grad_reduce.compression.map_or(1.0, |d| {
+            (d.size_bits() as f64 / self.w.compute_dtype.size_bits() as f64).min(1.0)
+        });
+        let mut total = 0.0;
+        for (bytes, span) in [
+            (params.dense, self.groups.data),
+            (params.expert, self.groups.expert_data),
+        ] {
+            if bytes == 0.0 {
+                continue;
+            }
+            total += if cfg.zero == 0 {
+                comm::time(
+                    net.cluster,
+                    span,
+                    Collective::AllReduce,
+                    cfg.grad_reduce.algorithm,
+                    bytes * ratio,
+                )?
+            } else {
+                net.time(span, Collective::ReduceScatter, bytes * ratio)?
+                    + net.time(span, Collective::AllGather, bytes)?
+            };
+        }
+        Ok(total)
+    }
+
+    /// ZeRO-3's per-micro-batch weight gathers (forward and backward) and
+    /// gradient reduce-scatter, prefetched under the stage's compute: only
+    /// what exceeds the compute is exposed.
+    fn zero3_exposed(&self, cfg: &TrainingConfig, stage: &Stage, compute: f64) -> Result<f64, EstimateError> {
+        if cfg.zero != 3 {
+            return Ok(0.0);
+        }
+        let bytes = self.params.stage(stage).weights();
+        let net = self.net();
+        let span = self.groups.data;
+        let comm = 2.0 * net.time(span, Collective::AllGather, bytes)?
+            + net.time(span, Collective::ReduceScatter, bytes)?;
+        Ok((comm - compute).max(0.0))
+    }
+
+    /// Adam over the local shard: memory-bound, reading and writing the
+    /// master weights and both moments, reading the gradient, writing the
+    /// weights.
+    fn optimizer_time(&self, params: &ParamBytes, cfg: &TrainingConfig) -> f64 {
+        let shards = |expert: bool| {
+            let r = if expert { cfg.dp / cfg.ep } else { cfg.dp } * cfg.cp;
+            if cfg.zero >= 1 {
+                r.max(1) as f64
+            } else {
+                1.0
+            }
+        };
+        let traffic = |weights: f64, state: f64| 2.0 * state + 2.0 * weights;
+        let bytes = traffic(params.dense, params.dense_state) / shards(false)
+            + traffic(params.expert, params.expert_state) / shards(true);
+        if bytes == 0.0 {
+            0.0
+        } else {
+            bytes / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s
+        }
+    }
 }
 
 /// Checks the model can be split as asked.
@@ -366,106 +603,18 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
     })
 }
 
-/// Point-to-point time one stage spends per micro-batch: a forward and a
-/// backward transfer per layer chunk. Each tensor-parallel rank sends its
-/// `1/tp` slice and the receivers all-gather it over the fast links
-/// (Megatron-LM's scatter/gather); under sequence parallelism the slices
-/// are what the next stage needs.
-fn p2p_time(w: &Workload, cfg: &TrainingConfig, net: &Net) -> Result<f64, EstimateError> {
-    if cfg.pp == 1 {
+/// One transfer between stages of one micro-batch's boundary activation.
+/// Each tensor-parallel rank sends its `1/tp` slice and the receivers
+/// all-gather it over the fast links (Megatron-LM's scatter/gather); under
+/// sequence parallelism the slices are what the next stage needs.
+fn p2p_transfer(w: &Workload, mesh: &Mesh, sp: bool, net: &Net) -> Result<f64, EstimateError> {
+    if mesh.pp == 1 {
         return Ok(0.0);
     }
-    let slice = w.boundary_bytes / cfg.tp as f64;
+    let slice = w.boundary_bytes / mesh.tp as f64;
     let mut one = net.time(net.groups.stage_hop, Collective::SendRecv, slice)?;
-    if !cfg.sp {
+    if !sp {
         one += net.time(net.groups.tensor, Collective::AllGather, w.boundary_bytes)?;
     }
-    Ok(2.0 * cfg.virtual_stages as f64 * one)
-}
-
-/// Gradient reduction after the last micro-batch: all-reduce (ZeRO 0) or
-/// reduce-scatter of gradients and all-gather of updated weights (ZeRO 1-2),
-/// dense weights over the data-parallel group, expert weights over their
-/// replicas. ZeRO-3 reduces per micro-batch instead (see [`zero3_exposed`]).
-fn gradient_reduction(
-    params: &std::collections::BTreeMap<usize, crate::workload::ParamShard>,
-    cfg: &TrainingConfig,
-    net: &Net,
-) -> Result<f64, EstimateError> {
-    if cfg.zero == 3 {
-        return Ok(0.0);
-    }
-    let mut total = 0.0;
-    for (expert, span) in [(false, net.groups.data), (true, net.groups.expert_data)] {
-        let bytes: f64 = params
-            .values()
-            .filter(|p| p.expert == expert)
-            .map(|p| p.elements * p.dtype.size_bits() as f64 / 8.0)
-            .sum();
-        if bytes == 0.0 {
-            continue;
-        }
-        total += if cfg.zero == 0 {
-            net.time(span, Collective::AllReduce, bytes)?
-        } else {
-            net.time(span, Collective::ReduceScatter, bytes)?
-                + net.time(span, Collective::AllGather, bytes)?
-        };
-    }
-    Ok(total)
-}
-
-/// ZeRO-3's per-micro-batch weight gathers (forward and backward) and
-/// gradient reduce-scatter, prefetched under the stage's compute: only
-/// what exceeds the compute is exposed.
-fn zero3_exposed(
-    w: &Workload,
-    cfg: &TrainingConfig,
-    stage: &Stage,
-    net: &Net,
-    compute: f64,
-) -> Result<f64, EstimateError> {
-    if cfg.zero != 3 {
-        return Ok(0.0);
-    }
-    let params = memory::stage_params(w, stage);
-    let bytes: f64 = params
-        .values()
-        .map(|p| p.elements * p.dtype.size_bits() as f64 / 8.0)
-        .sum();
-    let span = net.groups.data;
-    let comm = 2.0 * net.time(span, Collective::AllGather, bytes)?
-        + net.time(span, Collective::ReduceScatter, bytes)?;
-    Ok((comm - compute).max(0.0))
-}
-
-/// Adam over the local shard: memory-bound, reading and writing the master
-/// weights and both moments, reading the gradient, writing the weights.
-fn optimizer_time(
-    params: &std::collections::BTreeMap<usize, crate::workload::ParamShard>,
-    cfg: &TrainingConfig,
-    rates: &Rates,
-    calibration: &Calibration,
-) -> f64 {
-    let replicas = |expert: bool| {
-        let r = if expert { cfg.dp / cfg.ep } else { cfg.dp } * cfg.cp;
-        if cfg.zero >= 1 {
-            r.max(1) as f64
-        } else {
-            1.0
-        }
-    };
-    let bytes: f64 = params
-        .values()
-        .map(|p| {
-            let w = p.dtype.size_bits() as f64 / 8.0;
-            let state = memory::optimizer_bytes_per_param(p.dtype);
-            p.elements * (2.0 * state + 2.0 * w) / replicas(p.expert)
-        })
-        .sum();
-    if bytes == 0.0 {
-        0.0
-    } else {
-        bytes / rates.memory_bandwidth() + calibration.kernel_overhead_s
-    }
+    Ok(one)
 }

@@ -20,6 +20,6 @@ pub mod workload;
 
 pub use calibration::{Calibration, CalibrationError};
 pub use cluster::{Cluster, ClusterError, Device, Link, PRESET_NAMES};
-pub use config::{ConfigError, Recompute, Schedule, TrainingConfig};
-pub use estimate::{estimate, Estimate, EstimateError, TimeBreakdown};
+pub use config::{ConfigError, GradReduce, MeshOrder, Recompute, Schedule, StageSpec, TrainingConfig};
+pub use estimate::{estimate, Estimate, EstimateError, Evaluator, Mesh, TimeBreakdown};
 pub use workload::{AttentionKernel, Sharding, Workload, WorkloadError, WorkloadOptions};

@@ -1,14 +1,13 @@
 //! Memory model: what one GPU of a pipeline stage holds at its peak —
 //! weights, gradients and Adam state under ZeRO 0-3 (mixed precision keeps
 //! an f32 master copy of 16-bit weights), the activations its schedule keeps
-//! in flight under a recomputation policy, and communication buffers.
+//! in flight under its recomputation policy, and communication buffers.
 
 use crate::config::{Recompute, TrainingConfig};
 use crate::pipeline::{self, Stage};
 use crate::workload::{ParamShard, Workload};
 use autopar_ir::DType;
 use serde::Serialize;
-use std::collections::BTreeMap;
 
 /// Bytes one GPU holds at its peak.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
@@ -29,43 +28,108 @@ pub fn optimizer_bytes_per_param(weight: DType) -> f64 {
     master + 8.0
 }
 
+/// Weight bytes and Adam-state bytes of some parameters on one rank, split
+/// into dense weights and MoE expert weights (which have fewer replicas).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ParamBytes {
+    pub dense: f64,
+    pub dense_state: f64,
+    pub expert: f64,
+    pub expert_state: f64,
+}
+
+impl ParamBytes {
+    /// Totals of `params`.
+    pub fn of<'a>(params: impl IntoIterator<Item = &'a ParamShard>) -> ParamBytes {
+        let mut t = ParamBytes::default();
+        for p in params {
+            let bytes = p.elements * p.dtype.size_bits() as f64 / 8.0;
+            let state = p.elements * optimizer_bytes_per_param(p.dtype);
+            if p.expert {
+                t.expert += bytes;
+                t.expert_state += state;
+            } else {
+                t.dense += bytes;
+                t.dense_state += state;
+            }
+        }
+        t
+    }
+
+    /// `self + k · other`.
+    pub fn plus(self, other: ParamBytes, k: f64) -> ParamBytes {
+        ParamBytes {
+            dense: self.dense + k * other.dense,
+            dense_state: self.dense_state + k * other.dense_state,
+            expert: self.expert + k * other.expert,
+            expert_state: self.expert_state + k * other.expert_state,
+        }
+    }
+
+    /// Weight bytes, dense and expert together.
+    pub fn weights(&self) -> f64 {
+        self.dense + self.expert
+    }
+}
+
+/// The parameter totals of a workload's parts, from which any stage's follow.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PartParams {
+    pub pre: ParamBytes,
+    pub layer: ParamBytes,
+    pub post: ParamBytes,
+    /// The post-layers part less the weights it shares with the pre-layers
+    /// part (a tied embedding), for a stage that holds both.
+    pub post_unshared: ParamBytes,
+}
+
+impl PartParams {
+    /// Totals of `w`'s parts.
+    pub fn of(w: &Workload) -> PartParams {
+        let unshared: Vec<&ParamShard> = w
+            .post
+            .params
+            .iter()
+            .filter(|(id, _)| !w.pre.params.contains_key(id))
+            .map(|(_, p)| p)
+            .collect();
+        PartParams {
+            pre: ParamBytes::of(w.pre.params.values()),
+            layer: ParamBytes::of(w.layer.params.values()),
+            post: ParamBytes::of(w.post.params.values()),
+            post_unshared: ParamBytes::of(unshared),
+        }
+    }
+
+    /// What `stage` holds: its layers and, on the end stages, the parts
+    /// before and after them (a weight tied between both counted once).
+    pub fn stage(&self, stage: &Stage) -> ParamBytes {
+        let mut t = ParamBytes::default().plus(self.layer, stage.layers as f64);
+        if stage.first {
+            t = t.plus(self.pre, 1.0);
+        }
+        if stage.last {
+            let post = if stage.first {
+                self.post_unshared
+            } else {
+                self.post
+            };
+            t = t.plus(post, 1.0);
+        }
+        t
+    }
+}
+
 /// Weights, gradients (in the weights' type) and optimizer state of
 /// `params`, sharded by ZeRO `stage` over `dp` data-parallel ranks (`dp`
 /// divided by `ep` for expert weights, whose replicas are fewer).
-pub fn model_state(params: &BTreeMap<usize, ParamShard>, zero: u8, dp: usize, ep: usize) -> (f64, f64, f64) {
-    let (mut weights, mut grads, mut optimizer) = (0.0, 0.0, 0.0);
-    for p in params.values() {
-        let replicas = if p.expert { dp / ep.max(1) } else { dp }.max(1) as f64;
-        let shard = |from_stage: u8| if zero >= from_stage { replicas } else { 1.0 };
-        let bytes = p.dtype.size_bits() as f64 / 8.0;
-        weights += p.elements * bytes / shard(3);
-        grads += p.elements * bytes / shard(2);
-        optimizer += p.elements * optimizer_bytes_per_param(p.dtype) / shard(1);
-    }
+pub fn model_state(params: &ParamBytes, zero: u8, dp: usize, ep: usize) -> (f64, f64, f64) {
+    let replicas = |expert: bool| if expert { dp / ep.max(1) } else { dp }.max(1) as f64;
+    let shard = |from_stage: u8, expert: bool| if zero >= from_stage { replicas(expert) } else { 1.0 };
+    let weights = params.dense / shard(3, false) + params.expert / shard(3, true);
+    let grads = params.dense / shard(2, false) + params.expert / shard(2, true);
+    let optimizer = params.dense_state / shard(1, false) + params.expert_state / shard(1, true);
     (weights, grads, optimizer)
-}
-
-/// The parameters stage `stage` holds: its layers and, on the end stages,
-/// the parts before and after them (a weight tied between both counted once).
-pub fn stage_params(w: &Workload, stage: &Stage) -> BTreeMap<usize, ParamShard> {
-    let mut params = BTreeMap::new();
-    if stage.first {
-        params.extend(w.pre.params.clone());
-    }
-    if stage.last {
-        params.extend(w.post.params.clone());
-    }
-    // Layers repeat the representative's tensors: scale them into one entry each.
-    for (&id, p) in &w.layer.params {
-        params.insert(
-            id,
-            ParamShard {
-                elements: p.elements * stage.layers as f64,
-                ..*p
-            },
-        );
-    }
-    params
 }
 
 /// Activation bytes one micro-batch keeps for one layer under `policy`.
@@ -87,9 +151,14 @@ fn checkpoint_bytes(w: &Workload, sp: bool, tp: usize) -> f64 {
 }
 
 /// Peak memory of one GPU on `stage`.
-pub fn stage_memory(w: &Workload, cfg: &TrainingConfig, stage: &Stage) -> MemoryBreakdown {
-    let (weights, gradients, optimizer) =
-        model_state(&stage_params(w, stage), cfg.zero, cfg.dp * cfg.cp, cfg.ep);
+pub fn stage_memory(
+    w: &Workload,
+    parts: &PartParams,
+    cfg: &TrainingConfig,
+    stage: &Stage,
+) -> MemoryBreakdown {
+    let params = parts.stage(stage);
+    let (weights, gradients, optimizer) = model_state(&params, cfg.zero, cfg.dp * cfg.cp, cfg.ep);
     let in_flight = pipeline::in_flight(
         cfg.schedule,
         stage.index,
@@ -97,7 +166,7 @@ pub fn stage_memory(w: &Workload, cfg: &TrainingConfig, stage: &Stage) -> Memory
         cfg.virtual_stages,
         cfg.micro_batches(),
     );
-    let mut per_micro_batch = stage.layers as f64 * layer_activations(w, cfg.recompute, cfg.sp, cfg.tp);
+    let mut per_micro_batch = stage.layers as f64 * layer_activations(w, stage.recompute, cfg.sp, cfg.tp);
     if stage.first {
         per_micro_batch += w.pre.saved_bytes;
     }
@@ -107,7 +176,7 @@ pub fn stage_memory(w: &Workload, cfg: &TrainingConfig, stage: &Stage) -> Memory
     let mut activations = in_flight * per_micro_batch;
     if stage.layers > 0 {
         // The layer being recomputed holds what it redoes during its backward.
-        activations += match cfg.recompute {
+        activations += match stage.recompute {
             Recompute::None => 0.0,
             Recompute::Selective => w.layer.selective_bytes,
             Recompute::Full => w.layer.saved_bytes,
@@ -124,7 +193,7 @@ pub fn stage_memory(w: &Workload, cfg: &TrainingConfig, stage: &Stage) -> Memory
     }
     let shards = cfg.dp * cfg.cp;
     if cfg.zero == 3 && shards > 1 {
-        communication += zero3_gather_bytes(w, stage) * (1.0 - 1.0 / shards as f64);
+        communication += zero3_gather_bytes(parts, stage) * (1.0 - 1.0 / shards as f64);
     }
     MemoryBreakdown {
         weights,
@@ -140,41 +209,23 @@ pub fn stage_memory(w: &Workload, cfg: &TrainingConfig, stage: &Stage) -> Memory
 /// and the next one prefetched, or the part before or after the layers when
 /// that is larger (an embedding table). Each gathered weight's own shard is
 /// already counted, so the caller scales by `1 − 1/shards`.
-fn zero3_gather_bytes(w: &Workload, stage: &Stage) -> f64 {
-    let bytes = |params: &BTreeMap<usize, ParamShard>| -> f64 {
-        params
-            .values()
-            .map(|p| p.elements * p.dtype.size_bits() as f64 / 8.0)
-            .sum()
-    };
-    let layers = bytes(&w.layer.params) * stage.layers.min(2) as f64;
-    let pre = if stage.first { bytes(&w.pre.params) } else { 0.0 };
-    let post = if stage.last { bytes(&w.post.params) } else { 0.0 };
-    layers.max(pre).max(post).min(bytes(&stage_params(w, stage)))
-}
-
-/// The stage with the highest peak, and its breakdown.
-pub fn peak_memory(w: &Workload, cfg: &TrainingConfig, stages: &[Stage]) -> (usize, MemoryBreakdown) {
-    stages
-        .iter()
-        .map(|s| (s.index, stage_memory(w, cfg, s)))
-        .max_by(|a, b| a.1.total.total_cmp(&b.1.total))
-        .unwrap_or_default()
+fn zero3_gather_bytes(parts: &PartParams, stage: &Stage) -> f64 {
+    let layers = parts.layer.weights() * stage.layers.min(2) as f64;
+    let pre = if stage.first { parts.pre.weights() } else { 0.0 };
+    let post = if stage.last { parts.post.weights() } else { 0.0 };
+    layers.max(pre).max(post).min(parts.stage(stage).weights())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn params(n: f64, expert: bool) -> BTreeMap<usize, ParamShard> {
-        BTreeMap::from([(
-            0,
-            ParamShard {
-                elements: n,
-                dtype: DType::Bf16,
-                expert,
-            },
-        )])
+    fn params(n: f64, expert: bool) -> ParamBytes {
+        ParamBytes::of(&[ParamShard {
+            elements: n,
+            dtype: DType::Bf16,
+            expert,
+        }])
     }
 
     #[test]
@@ -202,5 +253,31 @@ mod tests {
     fn expert_state_shards_over_fewer_replicas() {
         let (_, _, o) = model_state(&params(1e9, true), 1, 8, 4);
         assert_eq!(o, 12e9 / 2.0);
+    }
+
+    #[test]
+    fn a_tied_weight_is_held_once_on_a_single_stage() {
+        let table = ParamShard {
+            elements: 100.0,
+            dtype: DType::F32,
+            expert: false,
+        };
+        let w = ParamBytes::of([&table]);
+        let parts = PartParams {
+            pre: w,
+            layer: ParamBytes::default(),
+            post: w,
+            post_unshared: ParamBytes::default(),
+        };
+        let only = Stage {
+            index: 0,
+            layers: 0,
+            first: true,
+            last: true,
+            recompute: Recompute::None,
+        };
+        assert_eq!(parts.stage(&only).dense, 400.0);
+        let last = Stage { first: false, ..only };
+        assert_eq!(parts.stage(&last).dense, 400.0);
     }
 }

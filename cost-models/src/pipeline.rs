@@ -2,7 +2,7 @@
 //! activations a schedule keeps in flight, and how long a step of
 //! micro-batches takes through the stages.
 
-use crate::config::Schedule;
+use crate::config::{Recompute, Schedule, StageSpec};
 
 /// One pipeline stage's share of the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,19 +14,36 @@ pub struct Stage {
     pub first: bool,
     /// Holds the part after the layers (final norm, head).
     pub last: bool,
+    /// What its layers recompute.
+    pub recompute: Recompute,
 }
 
 /// Splits `layers` into `pp · virtual` chunks as evenly as possible (earlier
 /// chunks take the remainder) and gives stage `s` chunks `s, s + pp, ...`.
-pub fn stages(layers: usize, pp: usize, virtual_stages: usize) -> Vec<Stage> {
+pub fn stages(layers: usize, pp: usize, virtual_stages: usize, recompute: Recompute) -> Vec<Stage> {
     let chunks = pp * virtual_stages;
     let chunk_layers = |c: usize| layers / chunks + usize::from(c < layers % chunks);
-    (0..pp)
-        .map(|s| Stage {
-            index: s,
+    let specs: Vec<StageSpec> = (0..pp)
+        .map(|s| StageSpec {
             layers: (0..virtual_stages).map(|v| chunk_layers(s + v * pp)).sum(),
+            recompute,
+        })
+        .collect();
+    from_specs(&specs)
+}
+
+/// Stages with the given layer counts and recomputation, in order.
+pub fn from_specs(specs: &[StageSpec]) -> Vec<Stage> {
+    let pp = specs.len();
+    specs
+        .iter()
+        .enumerate()
+        .map(|(s, spec)| Stage {
+            index: s,
+            layers: spec.layers,
             first: s == 0,
             last: s + 1 == pp,
+            recompute: spec.recompute,
         })
         .collect()
 }
@@ -68,12 +85,12 @@ mod tests {
 
     #[test]
     fn layers_spread_over_chunks() {
-        let s = stages(10, 4, 1);
+        let s = stages(10, 4, 1, Recompute::None);
         assert_eq!(s.iter().map(|s| s.layers).collect::<Vec<_>>(), vec![3, 3, 2, 2]);
         assert!(s[0].first && !s[0].last && s[3].last);
-        let s = stages(16, 2, 2);
+        let s = stages(16, 2, 2, Recompute::None);
         assert_eq!(s.iter().map(|s| s.layers).collect::<Vec<_>>(), vec![8, 8]);
-        let single = stages(5, 1, 1);
+        let single = stages(5, 1, 1, Recompute::Full);
         assert!(single[0].first && single[0].last && single[0].layers == 5);
     }
 

@@ -97,6 +97,7 @@ fn run(c: &Case, w: &Workload, zero: u8, recompute: Recompute) -> Estimate {
         attention: AttentionKernel::Unfused,
         dropout: true,
         overlap_grad_reduce: false,
+        ..TrainingConfig::default()
     };
     estimate(w, &cluster, &Calibration::default(), &cfg).unwrap()
 }

@@ -134,11 +134,7 @@ impl Context<'_> {
 }
 
 /// The kernels `ctx.op` runs on one rank.
-pub fn price(ctx: &Context) -> Vec<OpWork> {
-    let ir = ctx.op.cost(
-        &ctx.input_types.iter().map(Option::as_ref).collect::<Vec<_>>(),
-        &ctx.output_types.iter().collect::<Vec<_>>(),
-    );
+pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
     let div = ctx.work_div;
     let flops = (ir.forward_flops / div, ir.backward_flops / div);
     match ctx.op {

@@ -11,12 +11,13 @@
 //! attention; expert parallelism spreads each MoE layer's experts and moves
 //! tokens with all-to-all.
 
+mod builder;
 mod kernels;
 pub mod layout;
 
 use crate::comm::Collective;
-use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex, Op, Role, Shape, TensorId, TensorType};
-use layout::{decide, Layout};
+use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex};
+use builder::Builder;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use kernels::{AttentionKernel, Kernel, OpWork, ProductSplit};
@@ -93,6 +94,9 @@ pub struct Unit {
     /// Of those, the bytes selective recomputation drops (attention's
     /// score-sized tensors).
     pub selective_bytes: f64,
+    /// Forward and backward FLOPs of this part of the model, undivided
+    /// (weight preparation excluded): what MFU counts.
+    pub model_flops: (f64, f64),
 }
 
 /// One rank's work for one micro-batch.
@@ -148,7 +152,11 @@ pub enum WorkloadError {
 enum Place {
     Pre,
     Layer,
-    /// A later repeat of the layer: priced through the first.
+    /// The second layer: walked (its reads reduce the first layer's
+    /// outputs) but not priced.
+    Second,
+    /// A later repeat: neither walked nor priced; its tensors take the
+    /// layouts of the second layer's.
     Repeat,
     Post,
 }
@@ -156,26 +164,35 @@ enum Place {
 impl Workload {
     /// Builds the workload of `graph` (canonical ops; layers in `graph.blocks`).
     pub fn build(graph: &Graph, opts: &WorkloadOptions) -> Result<Workload, WorkloadError> {
-        let bindings = bind(graph, opts)?;
-        let topo = graph.topo_order()?;
-        let places = place_nodes(graph, &topo);
-        let mut b = Builder::new(graph, &bindings, opts, &places)?;
-        for &idx in &topo {
+        Workload::from_layered(&Layered::new(graph)?, opts)
+    }
+
+    /// Builds the workload from a graph already arranged by [`Layered::new`]
+    /// (the planner arranges a model once and builds many workloads).
+    pub fn from_layered(l: &Layered, opts: &WorkloadOptions) -> Result<Workload, WorkloadError> {
+        let graph = l.graph;
+        let bindings = bind(l, opts)?;
+        let mut b = Builder::new(l, &bindings, opts)?;
+        for &idx in &l.order {
             b.visit(idx)?;
         }
         let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
-        let boundary_bytes = b.boundary_bytes(&places);
-        let model_cost = autopar_ir::graph_cost(graph, &bindings)?;
+        let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;
+        let layers = graph.blocks.len();
+        let flops = |pick: fn(&(f64, f64)) -> f64| {
+            pick(&pre.model_flops) + layers as f64 * pick(&layer.model_flops) + pick(&post.model_flops)
+        };
+        let model_flops = (flops(|f| f.0), flops(|f| f.1));
         Ok(Workload {
             pre,
             layer,
-            layers: graph.blocks.len(),
+            layers,
             post,
             boundary_bytes,
             output_bytes,
             compute_dtype: b.compute_dtype.unwrap_or(DType::F32),
-            model_flops: (model_cost.forward_flops, model_cost.backward_flops),
+            model_flops,
             micro_batch: bindings
                 .get("batch")
                 .copied()
@@ -197,15 +214,9 @@ impl Workload {
 
 /// The graph's default bindings with the micro-batch and sequence applied;
 /// a fixed dim must match what is asked.
-fn bind(graph: &Graph, opts: &WorkloadOptions) -> Result<Bindings, WorkloadError> {
-    let symbols: HashSet<&str> = graph
-        .tensors()
-        .flat_map(|(_, t)| t.ty.shape.0.iter())
-        .filter_map(|d| match d {
-            Dim::Sym(s) => Some(s.as_str()),
-            Dim::Fixed(_) => None,
-        })
-        .collect();
+fn bind(l: &Layered, opts: &WorkloadOptions) -> Result<Bindings, WorkloadError> {
+    let graph = l.graph;
+    let symbols = &l.symbols;
     let main_input = graph.inputs.first().map(|&t| &graph.tensor(t).ty.shape.0);
     let fixed_dim = |i: usize| main_input.and_then(|dims| dims.get(i)).and_then(Dim::fixed);
     let mut bindings = graph.bindings.clone();
@@ -230,446 +241,105 @@ fn bind(graph: &Graph, opts: &WorkloadOptions) -> Result<Bindings, WorkloadError
     Ok(bindings)
 }
 
-/// Pre, layer (first block), repeat (other blocks) or post for every node:
-/// nodes outside the blocks that depend on a block come after the layers.
-fn place_nodes(graph: &Graph, topo: &[NodeIndex]) -> HashMap<NodeIndex, Place> {
-    let mut by_name: HashMap<&str, Place> = HashMap::new();
-    for (i, block) in graph.blocks.iter().enumerate() {
-        let place = if i == 0 { Place::Layer } else { Place::Repeat };
-        by_name.extend(block.nodes.iter().map(|n| (n.as_str(), place)));
-    }
-    let mut places = HashMap::new();
-    for &idx in topo {
-        let node = graph.node(idx);
-        let place = by_name.get(node.name.as_str()).copied().unwrap_or_else(|| {
-            let after_layers = node
-                .inputs
-                .iter()
-                .flatten()
-                .filter_map(|&t| graph.producer(t))
-                .any(|p| places.get(&p) != Some(&Place::Pre));
-            if after_layers {
-                Place::Post
-            } else {
-                Place::Pre
-            }
-        });
-        places.insert(idx, place);
-    }
-    places
+/// A graph arranged for pricing: which part each node belongs to, the nodes
+/// to walk (the part before the layers, the first two layers, the part
+/// after), and for nodes of later layers their counterpart in the second.
+/// Building it orders the whole graph once; workloads built from it walk
+/// only a few layers whatever the depth.
+pub struct Layered<'g> {
+    pub graph: &'g Graph,
+    order: Vec<NodeIndex>,
+    places: HashMap<NodeIndex, Place>,
+    counterpart: HashMap<NodeIndex, NodeIndex>,
+    symbols: HashSet<String>,
 }
 
-/// Walks the graph once, tracking layouts and filling the units.
-struct Builder<'g> {
-    graph: &'g Graph,
-    opts: &'g WorkloadOptions,
-    places: &'g HashMap<NodeIndex, Place>,
-    /// Resolved dims of every tensor.
-    dims: Vec<Vec<usize>>,
-    layouts: Vec<Layout>,
-    /// Tensors whose backward all-reduce (column-parallel input) is counted.
-    column_inputs: HashSet<TensorId>,
-    /// Storage already counted as saved for backward.
-    saved: HashSet<TensorId>,
-    units: [Unit; 3],
-    compute_dtype: Option<DType>,
-    fixed_batch: Option<usize>,
-    heads: Vec<(usize, usize)>,
-}
-
-impl<'g> Builder<'g> {
-    fn new(
-        graph: &'g Graph,
-        bindings: &Bindings,
-        opts: &'g WorkloadOptions,
-        places: &'g HashMap<NodeIndex, Place>,
-    ) -> Result<Builder<'g>, WorkloadError> {
-        let mut dims = Vec::new();
-        let mut layouts = Vec::new();
-        for (_, t) in graph.tensors() {
-            dims.push(
-                t.ty.shape
-                    .resolve(bindings)
-                    .ok_or_else(|| WorkloadError::Unbound {
-                        tensor: t.name.clone(),
-                        shape: t.ty.shape.to_string(),
-                    })?,
+impl<'g> Layered<'g> {
+    /// Arranges `graph`; nodes outside the layers that depend on a layer
+    /// come after the layers.
+    pub fn new(graph: &'g Graph) -> Result<Layered<'g>, WorkloadError> {
+        let topo = graph.topo_order()?;
+        let mut by_name: HashMap<&str, (Place, usize)> = HashMap::new();
+        for (i, block) in graph.blocks.iter().enumerate() {
+            let place = match i {
+                0 => Place::Layer,
+                1 => Place::Second,
+                _ => Place::Repeat,
+            };
+            by_name.extend(
+                block
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, n)| (n.as_str(), (place, k))),
             );
-            layouts.push(match t.role {
-                Role::Parameter | Role::Constant => Layout::Weight,
-                Role::Input | Role::Activation => Layout::Replicated,
-            });
         }
-        let fixed_batch = graph
-            .inputs
-            .first()
-            .and_then(|&t| graph.tensor(t).ty.shape.0.first())
-            .and_then(Dim::fixed);
-        Ok(Builder {
-            graph,
-            opts,
-            places,
-            dims,
-            layouts,
-            column_inputs: HashSet::new(),
-            saved: HashSet::new(),
-            units: Default::default(),
-            compute_dtype: None,
-            fixed_batch,
-            heads: Vec::new(),
-        })
-    }
-
-    fn unit_of(&self, idx: NodeIndex) -> Option<usize> {
-        match self.places[&idx] {
-            Place::Pre => Some(0),
-            Place::Layer => Some(1),
-            Place::Repeat => None,
-            Place::Post => Some(2),
-        }
-    }
-
-    fn numel(&self, t: TensorId) -> f64 {
-        self.dims[t.index()].iter().map(|&d| d as f64).product()
-    }
-
-    fn full_bytes(&self, t: TensorId) -> f64 {
-        self.numel(t) * self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0
-    }
-
-    /// How many ways a tensor with `layout` is divided on one rank.
-    fn divisor(&self, layout: Layout) -> f64 {
-        let s = self.opts.sharding;
-        let tp = if layout.is_sharded() || (s.sp && layout == Layout::Replicated) {
-            s.tp
-        } else {
-            1
-        };
-        (tp * s.cp) as f64
-    }
-
-    /// Bytes of `t` on one rank, as laid out now.
-    fn rank_bytes(&self, t: TensorId) -> f64 {
-        let layout = self.layouts[t.index()];
-        if layout == Layout::Weight {
-            return 0.0;
-        }
-        self.full_bytes(t) / self.divisor(layout)
-    }
-
-    fn visit(&mut self, idx: NodeIndex) -> Result<(), WorkloadError> {
-        let graph = self.graph;
-        let node = graph.node(idx);
-        let in_layouts: Vec<Option<Layout>> = node
-            .inputs
-            .iter()
-            .map(|t| t.map(|t| self.layouts[t.index()]))
-            .collect();
-        let d = decide(&node.op, &in_layouts);
-        let unit = self.unit_of(idx);
-        let sp = self.opts.sharding.sp;
-        for &slot in &d.reduce {
-            let Some(t) = node.inputs[slot] else { continue };
-            // Attributed to the unit that produced the pending sum.
-            let home = graph.producer(t).and_then(|p| self.unit_of(p));
-            let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
-            if let Some(home) = home {
-                let (fwd, bwd) = if sp {
-                    (Collective::ReduceScatter, Some(Collective::AllGather))
-                } else {
-                    (Collective::AllReduce, None)
-                };
-                self.units[home].comms.push(tensor_comm(Some(fwd), bwd, bytes));
-            }
-            self.layouts[t.index()] = Layout::Replicated;
-        }
-        for &slot in &d.gather {
-            let Some(t) = node.inputs[slot] else { continue };
-            if let Some(u) = unit {
-                let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
-                self.units[u]
-                    .comms
-                    .push(tensor_comm(Some(Collective::AllGather), None, bytes));
-            }
-            self.layouts[t.index()] = Layout::Replicated;
-        }
-        for &slot in &d.column_input {
-            let Some(t) = node.inputs[slot] else { continue };
-            if let Some(u) = unit.filter(|_| self.column_inputs.insert(t)) {
-                let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
-                let (fwd, bwd) = if sp {
-                    (Some(Collective::AllGather), Collective::ReduceScatter)
-                } else {
-                    (None, Collective::AllReduce)
-                };
-                self.units[u].comms.push(tensor_comm(fwd, Some(bwd), bytes));
-            }
-        }
-        for &t in &node.outputs {
-            self.layouts[t.index()] = d.output;
-        }
-        let Some(u) = unit else { return Ok(()) };
-        if d.output == Layout::Weight {
-            return Ok(());
-        }
-        self.price(idx, u, &d)
-    }
-
-    /// Kernels, saved activations, parameters and extra collectives of a
-    /// node in unit `u`.
-    fn price(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) -> Result<(), WorkloadError> {
-        let graph = self.graph;
-        let node = graph.node(idx);
-        let s = self.opts.sharding;
-        let work_div = if d.weight_sharded {
-            (s.tp * s.cp) as f64
-        } else {
-            self.divisor(d.output)
-        };
-        let head_div = if d.output.is_sharded() { s.tp } else { 1 };
-        let resolved = |t: TensorId| TensorType {
-            dtype: graph.tensor(t).ty.dtype,
-            shape: Shape::fixed(&self.dims[t.index()]),
-        };
-        let input_types: Vec<Option<TensorType>> = node.inputs.iter().map(|t| t.map(resolved)).collect();
-        let output_types: Vec<TensorType> = node.outputs.iter().map(|&t| resolved(t)).collect();
-        let dtype = output_types.first().map_or(DType::F32, |t| t.dtype);
-        let split = match (d.weight_sharded, d.output) {
-            (true, Layout::Partial) => ProductSplit::Rows,
-            (true, _) => ProductSplit::Columns,
-            (false, _) => ProductSplit::Whole,
-        };
-        let ctx = kernels::Context {
-            op: &node.op,
-            name: &node.name,
-            input_types: &input_types,
-            output_types: &output_types,
-            dtype,
-            work_div,
-            head_div: head_div as f64,
-            seq_div: s.cp as f64,
-            tp: s.tp as f64,
-            split,
-            attention: self.opts.attention,
-            dropout: self.opts.dropout,
-            residual_add: is_residual_add(graph, node),
-        };
-        if matches!(node.op, Op::MatMul) && is_attention_scores(graph, node) && s.cp > 1 {
-            return Err(WorkloadError::ContextNeedsAttention {
-                node: node.name.clone(),
-            });
-        }
-        let priced = kernels::price(&ctx);
-        if priced.iter().any(|w| matches!(w.kernel, Kernel::Matmul { .. })) && self.compute_dtype.is_none() {
-            self.compute_dtype = Some(dtype);
-        }
-        self.units[u].ops.extend(priced);
-        self.save_activations(idx, u, &ctx);
-        self.add_params(idx, u, d);
-        self.extra_comms(idx, u, d);
-        Ok(())
-    }
-
-    /// Activations this op keeps for its backward pass.
-    fn save_activations(&mut self, idx: NodeIndex, u: usize, ctx: &kernels::Context) {
-        let node = self.graph.node(idx);
-        let kept = kernels::saved_tensors(&node.op, &node.inputs, &node.outputs, |t| {
-            self.layouts[t.index()] != Layout::Weight && self.graph.tensor(t).ty.dtype.is_float()
-        });
-        for t in kept {
-            let root = self.storage_root(t);
-            if self.saved.insert(root) {
-                self.units[u].saved_bytes += self.rank_bytes(root);
-            }
-        }
-        let (extra, selective) = kernels::saved_extra_bytes(ctx);
-        self.units[u].saved_bytes += extra;
-        self.units[u].selective_bytes += selective;
-    }
-
-    /// Follows views (reshapes, splits) back to the tensor that owns the memory.
-    fn storage_root(&self, mut t: TensorId) -> TensorId {
-        while let Some(p) = self.graph.producer(t) {
-            let node = self.graph.node(p);
-            let is_view = matches!(
-                node.op,
-                Op::Reshape { .. }
-                    | Op::Squeeze { .. }
-                    | Op::Unsqueeze { .. }
-                    | Op::Flatten { .. }
-                    | Op::Split { .. }
-            );
-            match node.inputs.first().copied().flatten() {
-                Some(src) if is_view && self.layouts[src.index()] != Layout::Weight => t = src,
-                _ => break,
-            }
-        }
-        t
-    }
-
-    /// The parameters this op reads (through weight preparation such as a
-    /// transposed tied embedding), with their shard on one rank.
-    fn add_params(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
-        let graph = self.graph;
-        let node = graph.node(idx);
-        let s = self.opts.sharding;
-        let is_experts = matches!(node.op, Op::MoeExperts { .. });
-        for (slot, t) in node.inputs.iter().enumerate() {
-            let Some(t) = *t else { continue };
-            for p in self.parameter_sources(t) {
-                let expert = is_experts && slot >= 3;
-                let mut div = if d.weight_sharded { s.tp } else { 1 } as f64;
-                if expert {
-                    div *= s.ep as f64;
-                }
-                let shard = ParamShard {
-                    elements: self.numel(p) / div,
-                    dtype: graph.tensor(p).ty.dtype,
-                    expert,
-                };
-                self.units[u].params.entry(p.index()).or_insert(shard);
-            }
-        }
-    }
-
-    /// Parameter tensors `t` is computed from, if it is a weight.
-    fn parameter_sources(&self, t: TensorId) -> Vec<TensorId> {
-        let mut found = Vec::new();
-        let mut stack = vec![t];
-        let mut seen = HashSet::new();
-        while let Some(t) = stack.pop() {
-            if !seen.insert(t) || self.layouts[t.index()] != Layout::Weight {
-                continue;
-            }
-            if self.graph.tensor(t).role == Role::Parameter {
-                found.push(t);
-            } else if let Some(p) = self.graph.producer(t) {
-                stack.extend(self.graph.node(p).inputs.iter().flatten());
-            }
-        }
-        found
-    }
-
-    /// Context-parallel key/value exchange and expert-parallel token moves.
-    fn extra_comms(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
-        let graph = self.graph;
-        let node = graph.node(idx);
-        let s = self.opts.sharding;
-        match node.op {
-            Op::Attention { .. } => {
-                let (Some(q), Some(k), Some(v)) = (
-                    node.inputs.first().copied().flatten(),
-                    node.inputs.get(1).copied().flatten(),
-                    node.inputs.get(2).copied().flatten(),
-                ) else {
-                    return;
-                };
-                let (hq, hk) = (self.dims[q.index()][1], self.dims[k.index()][1]);
-                self.heads.push((hq, hk));
-                if s.cp > 1 {
-                    let heads_div = if d.output.is_sharded() { s.tp } else { 1 } as f64;
-                    let bytes = (self.full_bytes(k) + self.full_bytes(v)) / heads_div;
-                    self.units[u].comms.push(CommWork {
-                        group: Group::Context,
-                        forward: Some(Collective::AllGather),
-                        backward: Some(Collective::ReduceScatter),
-                        bytes,
-                        overlaps_attention: true,
-                    });
-                }
-            }
-            Op::MoeExperts { .. } if s.ep > 1 => {
-                let (Some(x), Some(w)) = (
-                    node.inputs.first().copied().flatten(),
-                    node.inputs.get(1).copied().flatten(),
-                ) else {
-                    return;
-                };
-                let top_k = self.dims[w.index()].last().copied().unwrap_or(1) as f64;
-                let per_rank_tokens = self.rank_bytes(x) * top_k;
-                for _ in 0..2 {
-                    // Dispatch to the experts' ranks, then combine back.
-                    self.units[u].comms.push(CommWork {
-                        group: Group::Expert,
-                        forward: Some(Collective::AllToAll),
-                        backward: Some(Collective::AllToAll),
-                        bytes: per_rank_tokens,
-                        overlaps_attention: false,
-                    });
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Bytes on one rank of what the second layer reads from the first.
-    fn boundary_bytes(&self, places: &HashMap<NodeIndex, Place>) -> f64 {
-        let graph = self.graph;
-        let Some(second) = graph.blocks.get(1) else {
-            return 0.0;
-        };
-        let names: HashSet<&str> = second.nodes.iter().map(String::as_str).collect();
-        let mut crossing = HashSet::new();
-        for idx in graph.node_indices() {
+        let second: HashMap<usize, NodeIndex> = graph
+            .blocks
+            .get(1)
+            .map(|b| {
+                let names: HashMap<&str, usize> =
+                    b.nodes.iter().enumerate().map(|(k, n)| (n.as_str(), k)).collect();
+                topo.iter()
+                    .filter_map(|&idx| names.get(graph.node(idx).name.as_str()).map(|&k| (k, idx)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut places = HashMap::new();
+        let mut counterpart = HashMap::new();
+        let mut order = Vec::new();
+        for &idx in &topo {
             let node = graph.node(idx);
-            if !names.contains(node.name.as_str()) {
-                continue;
-            }
-            for &t in node.inputs.iter().flatten() {
-                if graph.producer(t).is_some_and(|p| places[&p] == Place::Layer) {
-                    crossing.insert(t);
+            let place = match by_name.get(node.name.as_str()) {
+                Some(&(place, k)) => {
+                    if place == Place::Repeat {
+                        if let Some(&twin) = second.get(&k) {
+                            counterpart.insert(idx, twin);
+                        }
+                    }
+                    place
                 }
+                None => {
+                    let after_layers = node
+                        .inputs
+                        .iter()
+                        .flatten()
+                        .filter_map(|&t| graph.producer(t))
+                        .any(|p| places.get(&p) != Some(&Place::Pre));
+                    if after_layers {
+                        Place::Post
+                    } else {
+                        Place::Pre
+                    }
+                }
+            };
+            places.insert(idx, place);
+            if place != Place::Repeat {
+                order.push(idx);
             }
         }
-        let cp = self.opts.sharding.cp as f64;
-        crossing.iter().map(|&t| self.full_bytes(t) / cp).sum()
-    }
-}
-
-fn tensor_comm(forward: Option<Collective>, backward: Option<Collective>, bytes: f64) -> CommWork {
-    CommWork {
-        group: Group::Tensor,
-        forward,
-        backward,
-        bytes,
-        overlaps_attention: false,
-    }
-}
-
-/// An `Add` of two computed tensors of the output's shape: a residual
-/// connection (where training applies dropout to the branch).
-fn is_residual_add(graph: &Graph, node: &autopar_ir::Node) -> bool {
-    if !matches!(
-        node.op,
-        Op::Binary {
-            func: autopar_ir::BinaryOp::Add
-        }
-    ) {
-        return false;
-    }
-    let Some(&out) = node.outputs.first() else {
-        return false;
-    };
-    let out_shape = &graph.tensor(out).ty.shape;
-    node.inputs.iter().flatten().count() == 2
-        && node.inputs.iter().flatten().all(|&t| {
-            let tensor = graph.tensor(t);
-            tensor.role == Role::Activation && &tensor.ty.shape == out_shape
+        let symbols = graph
+            .tensors()
+            .flat_map(|(_, t)| t.ty.shape.0.iter())
+            .filter_map(|d| match d {
+                Dim::Sym(s) => Some(s.clone()),
+                Dim::Fixed(_) => None,
+            })
+            .collect();
+        Ok(Layered {
+            graph,
+            order,
+            places,
+            counterpart,
+            symbols,
         })
-}
-
-/// A `MatMul` of two computed tensors (attention scores in exported graphs
-/// whose attention was not recognised).
-fn is_attention_scores(graph: &Graph, node: &autopar_ir::Node) -> bool {
-    node.inputs
-        .iter()
-        .flatten()
-        .all(|&t| graph.tensor(t).role == Role::Activation)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use autopar_ir::{Role, Shape, TensorType};
 
     fn build(spec: &str, tp: usize, sp: bool, ep: usize) -> Workload {
         let spec: autopar_ir::ModelSpec = spec.parse().unwrap();

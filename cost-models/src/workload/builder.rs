@@ -1,0 +1,455 @@
+//! The walk that fills a [`Workload`]: layouts op by op, collectives where
+//! layouts change, kernels, saved activations and parameter shards.
+
+use super::layout::{self, decide, Layout};
+use super::{
+    kernels, CommWork, Group, Kernel, Layered, ParamShard, Place, ProductSplit, Unit, WorkloadError,
+    WorkloadOptions,
+};
+use crate::comm::Collective;
+use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex, Op, Role, Shape, TensorId, TensorType};
+use std::collections::HashSet;
+
+/// Walks the graph once, tracking layouts and filling the units.
+pub(super) struct Builder<'g> {
+    graph: &'g Graph,
+    layered: &'g Layered<'g>,
+    opts: &'g WorkloadOptions,
+    /// Resolved dims of the tensors the walked nodes touch.
+    dims: Vec<Vec<usize>>,
+    layouts: Vec<Layout>,
+    /// Layout each walked tensor had when produced (before any reduction).
+    produced: Vec<Option<Layout>>,
+    /// Tensors whose backward all-reduce (column-parallel input) is counted.
+    column_inputs: HashSet<TensorId>,
+    /// Storage already counted as saved for backward.
+    saved: HashSet<TensorId>,
+    pub(super) units: [Unit; 3],
+    pub(super) compute_dtype: Option<DType>,
+    pub(super) fixed_batch: Option<usize>,
+    pub(super) heads: Vec<(usize, usize)>,
+}
+
+impl<'g> Builder<'g> {
+    pub(super) fn new(
+        layered: &'g Layered<'g>,
+        bindings: &Bindings,
+        opts: &'g WorkloadOptions,
+    ) -> Result<Builder<'g>, WorkloadError> {
+        let graph = layered.graph;
+        let count = graph.tensors().count();
+        let mut dims = vec![Vec::new(); count];
+        for &idx in &layered.order {
+            let node = graph.node(idx);
+            for &t in node.inputs.iter().flatten().chain(&node.outputs) {
+                let tensor = graph.tensor(t);
+                dims[t.index()] =
+                    tensor
+                        .ty
+                        .shape
+                        .resolve(bindings)
+                        .ok_or_else(|| WorkloadError::Unbound {
+                            tensor: tensor.name.clone(),
+                            shape: tensor.ty.shape.to_string(),
+                        })?;
+            }
+        }
+        let layouts = graph
+            .tensors()
+            .map(|(_, t)| match t.role {
+                Role::Parameter | Role::Constant => Layout::Weight,
+                Role::Input | Role::Activation => Layout::Replicated,
+            })
+            .collect();
+        let fixed_batch = graph
+            .inputs
+            .first()
+            .and_then(|&t| graph.tensor(t).ty.shape.0.first())
+            .and_then(Dim::fixed);
+        Ok(Builder {
+            graph,
+            layered,
+            opts,
+            dims,
+            layouts,
+            produced: vec![None; count],
+            column_inputs: HashSet::new(),
+            saved: HashSet::new(),
+            units: Default::default(),
+            compute_dtype: None,
+            fixed_batch,
+            heads: Vec::new(),
+        })
+    }
+
+    /// Gives tensors of skipped later layers the layout their counterpart
+    /// in the second layer was produced with.
+    fn adopt_repeat_layout(&mut self, t: TensorId) {
+        if self.produced[t.index()].is_some() {
+            return;
+        }
+        let Some(p) = self.graph.producer(t) else { return };
+        let Some(&twin) = self.layered.counterpart.get(&p) else {
+            return;
+        };
+        let slot = self.graph.node(p).outputs.iter().position(|&o| o == t);
+        let twin_out = slot.and_then(|j| self.graph.node(twin).outputs.get(j).copied());
+        if let Some(layout) = twin_out.and_then(|o| self.produced[o.index()]) {
+            self.layouts[t.index()] = layout;
+            self.produced[t.index()] = Some(layout);
+        }
+    }
+
+    fn unit_of(&self, idx: NodeIndex) -> Option<usize> {
+        match self.layered.places[&idx] {
+            Place::Pre => Some(0),
+            Place::Layer => Some(1),
+            Place::Second | Place::Repeat => None,
+            Place::Post => Some(2),
+        }
+    }
+
+    fn numel(&self, t: TensorId) -> f64 {
+        self.dims[t.index()].iter().map(|&d| d as f64).product()
+    }
+
+    fn full_bytes(&self, t: TensorId) -> f64 {
+        self.numel(t) * self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0
+    }
+
+    /// How many ways a tensor with `layout` is divided on one rank.
+    fn divisor(&self, layout: Layout) -> f64 {
+        let s = self.opts.sharding;
+        let tp = if layout.is_sharded() || (s.sp && layout == Layout::Replicated) {
+            s.tp
+        } else {
+            1
+        };
+        (tp * s.cp) as f64
+    }
+
+    /// Bytes of `t` on one rank, as laid out now.
+    pub(super) fn rank_bytes(&self, t: TensorId) -> f64 {
+        let layout = self.layouts[t.index()];
+        if layout == Layout::Weight {
+            return 0.0;
+        }
+        self.full_bytes(t) / self.divisor(layout)
+    }
+
+    pub(super) fn visit(&mut self, idx: NodeIndex) -> Result<(), WorkloadError> {
+        let graph = self.graph;
+        let node = graph.node(idx);
+        for &t in node.inputs.iter().flatten() {
+            self.adopt_repeat_layout(t);
+        }
+        let in_layouts: Vec<Option<Layout>> = node
+            .inputs
+            .iter()
+            .map(|t| t.map(|t| self.layouts[t.index()]))
+            .collect();
+        let d = decide(&node.op, &in_layouts);
+        let unit = self.unit_of(idx);
+        let sp = self.opts.sharding.sp;
+        for &slot in &d.reduce {
+            let Some(t) = node.inputs[slot] else { continue };
+            // Attributed to the unit that produced the pending sum.
+            let home = graph.producer(t).and_then(|p| self.unit_of(p));
+            let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+            if let Some(home) = home {
+                let (fwd, bwd) = if sp {
+                    (Collective::ReduceScatter, Some(Collective::AllGather))
+                } else {
+                    (Collective::AllReduce, None)
+                };
+                self.units[home].comms.push(tensor_comm(Some(fwd), bwd, bytes));
+            }
+            self.layouts[t.index()] = Layout::Replicated;
+        }
+        for &slot in &d.gather {
+            let Some(t) = node.inputs[slot] else { continue };
+            if let Some(u) = unit {
+                let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+                self.units[u]
+                    .comms
+                    .push(tensor_comm(Some(Collective::AllGather), None, bytes));
+            }
+            self.layouts[t.index()] = Layout::Replicated;
+        }
+        for &slot in &d.column_input {
+            let Some(t) = node.inputs[slot] else { continue };
+            if let Some(u) = unit.filter(|_| self.column_inputs.insert(t)) {
+                let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+                let (fwd, bwd) = if sp {
+                    (Some(Collective::AllGather), Collective::ReduceScatter)
+                } else {
+                    (None, Collective::AllReduce)
+                };
+                self.units[u].comms.push(tensor_comm(fwd, Some(bwd), bytes));
+            }
+        }
+        for &t in &node.outputs {
+            self.layouts[t.index()] = d.output;
+            self.produced[t.index()] = Some(d.output);
+        }
+        let Some(u) = unit else { return Ok(()) };
+        if d.output == Layout::Weight {
+            return Ok(());
+        }
+        self.price(idx, u, &d)
+    }
+
+    /// Kernels, saved activations, parameters and extra collectives of a
+    /// node in unit `u`.
+    fn price(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) -> Result<(), WorkloadError> {
+        let graph = self.graph;
+        let node = graph.node(idx);
+        let s = self.opts.sharding;
+        let work_div = if d.weight_sharded {
+            (s.tp * s.cp) as f64
+        } else {
+            self.divisor(d.output)
+        };
+        let head_div = if d.output.is_sharded() { s.tp } else { 1 };
+        let resolved = |t: TensorId| TensorType {
+            dtype: graph.tensor(t).ty.dtype,
+            shape: Shape::fixed(&self.dims[t.index()]),
+        };
+        let input_types: Vec<Option<TensorType>> = node.inputs.iter().map(|t| t.map(resolved)).collect();
+        let output_types: Vec<TensorType> = node.outputs.iter().map(|&t| resolved(t)).collect();
+        let dtype = output_types.first().map_or(DType::F32, |t| t.dtype);
+        let split = match (d.weight_sharded, d.output) {
+            (true, Layout::Partial) => ProductSplit::Rows,
+            (true, _) => ProductSplit::Columns,
+            (false, _) => ProductSplit::Whole,
+        };
+        let ctx = kernels::Context {
+            op: &node.op,
+            name: &node.name,
+            input_types: &input_types,
+            output_types: &output_types,
+            dtype,
+            work_div,
+            head_div: head_div as f64,
+            seq_div: s.cp as f64,
+            tp: s.tp as f64,
+            split,
+            attention: self.opts.attention,
+            dropout: self.opts.dropout,
+            residual_add: is_residual_add(graph, node),
+        };
+        if matches!(node.op, Op::MatMul) && is_attention_scores(graph, node) && s.cp > 1 {
+            return Err(WorkloadError::ContextNeedsAttention {
+                node: node.name.clone(),
+            });
+        }
+        let ir = node.op.cost(
+            &input_types.iter().map(Option::as_ref).collect::<Vec<_>>(),
+            &output_types.iter().collect::<Vec<_>>(),
+        );
+        let flops = &mut self.units[u].model_flops;
+        flops.0 += ir.forward_flops;
+        flops.1 += ir.backward_flops;
+        let priced = kernels::price(&ctx, &ir);
+        if priced.iter().any(|w| matches!(w.kernel, Kernel::Matmul { .. })) && self.compute_dtype.is_none() {
+            self.compute_dtype = Some(dtype);
+        }
+        self.units[u].ops.extend(priced);
+        self.save_activations(idx, u, &ctx);
+        self.add_params(idx, u, d);
+        self.extra_comms(idx, u, d);
+        Ok(())
+    }
+
+    /// Activations this op keeps for its backward pass.
+    fn save_activations(&mut self, idx: NodeIndex, u: usize, ctx: &kernels::Context) {
+        let node = self.graph.node(idx);
+        let kept = kernels::saved_tensors(&node.op, &node.inputs, &node.outputs, |t| {
+            self.layouts[t.index()] != Layout::Weight && self.graph.tensor(t).ty.dtype.is_float()
+        });
+        for t in kept {
+            let root = self.storage_root(t);
+            if self.saved.insert(root) {
+                self.units[u].saved_bytes += self.rank_bytes(root);
+            }
+        }
+        let (extra, selective) = kernels::saved_extra_bytes(ctx);
+        self.units[u].saved_bytes += extra;
+        self.units[u].selective_bytes += selective;
+    }
+
+    /// Follows views (reshapes, splits) back to the tensor that owns the memory.
+    fn storage_root(&self, mut t: TensorId) -> TensorId {
+        while let Some(p) = self.graph.producer(t) {
+            let node = self.graph.node(p);
+            let is_view = matches!(
+                node.op,
+                Op::Reshape { .. }
+                    | Op::Squeeze { .. }
+                    | Op::Unsqueeze { .. }
+                    | Op::Flatten { .. }
+                    | Op::Split { .. }
+            );
+            match node.inputs.first().copied().flatten() {
+                Some(src) if is_view && self.layouts[src.index()] != Layout::Weight => t = src,
+                _ => break,
+            }
+        }
+        t
+    }
+
+    /// The parameters this op reads (through weight preparation such as a
+    /// transposed tied embedding), with their shard on one rank.
+    fn add_params(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
+        let graph = self.graph;
+        let node = graph.node(idx);
+        let s = self.opts.sharding;
+        let is_experts = matches!(node.op, Op::MoeExperts { .. });
+        for (slot, t) in node.inputs.iter().enumerate() {
+            let Some(t) = *t else { continue };
+            for p in self.parameter_sources(t) {
+                let expert = is_experts && slot >= 3;
+                let mut div = if d.weight_sharded { s.tp } else { 1 } as f64;
+                if expert {
+                    div *= s.ep as f64;
+                }
+                let shard = ParamShard {
+                    elements: self.numel(p) / div,
+                    dtype: graph.tensor(p).ty.dtype,
+                    expert,
+                };
+                self.units[u].params.entry(p.index()).or_insert(shard);
+            }
+        }
+    }
+
+    /// Parameter tensors `t` is computed from, if it is a weight.
+    fn parameter_sources(&self, t: TensorId) -> Vec<TensorId> {
+        let mut found = Vec::new();
+        let mut stack = vec![t];
+        let mut seen = HashSet::new();
+        while let Some(t) = stack.pop() {
+            if !seen.insert(t) || self.layouts[t.index()] != Layout::Weight {
+                continue;
+            }
+            if self.graph.tensor(t).role == Role::Parameter {
+                found.push(t);
+            } else if let Some(p) = self.graph.producer(t) {
+                stack.extend(self.graph.node(p).inputs.iter().flatten());
+            }
+        }
+        found
+    }
+
+    /// Context-parallel key/value exchange and expert-parallel token moves.
+    fn extra_comms(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
+        let graph = self.graph;
+        let node = graph.node(idx);
+        let s = self.opts.sharding;
+        match node.op {
+            Op::Attention { .. } => {
+                let (Some(q), Some(k), Some(v)) = (
+                    node.inputs.first().copied().flatten(),
+                    node.inputs.get(1).copied().flatten(),
+                    node.inputs.get(2).copied().flatten(),
+                ) else {
+                    return;
+                };
+                let (hq, hk) = (self.dims[q.index()][1], self.dims[k.index()][1]);
+                self.heads.push((hq, hk));
+                if s.cp > 1 {
+                    let heads_div = if d.output.is_sharded() { s.tp } else { 1 } as f64;
+                    let bytes = (self.full_bytes(k) + self.full_bytes(v)) / heads_div;
+                    self.units[u].comms.push(CommWork {
+                        group: Group::Context,
+                        forward: Some(Collective::AllGather),
+                        backward: Some(Collective::ReduceScatter),
+                        bytes,
+                        overlaps_attention: true,
+                    });
+                }
+            }
+            Op::MoeExperts { .. } if s.ep > 1 => {
+                let (Some(x), Some(w)) = (
+                    node.inputs.first().copied().flatten(),
+                    node.inputs.get(1).copied().flatten(),
+                ) else {
+                    return;
+                };
+                let top_k = self.dims[w.index()].last().copied().unwrap_or(1) as f64;
+                let per_rank_tokens = self.rank_bytes(x) * top_k;
+                for _ in 0..2 {
+                    // Dispatch to the experts' ranks, then combine back.
+                    self.units[u].comms.push(CommWork {
+                        group: Group::Expert,
+                        forward: Some(Collective::AllToAll),
+                        backward: Some(Collective::AllToAll),
+                        bytes: per_rank_tokens,
+                        overlaps_attention: false,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Bytes on one rank of what the second layer reads from the first.
+    pub(super) fn boundary_bytes(&self) -> f64 {
+        let graph = self.graph;
+        let places = &self.layered.places;
+        let mut crossing = HashSet::new();
+        for &idx in &self.layered.order {
+            if places[&idx] != Place::Second {
+                continue;
+            }
+            for &t in graph.node(idx).inputs.iter().flatten() {
+                if graph.producer(t).is_some_and(|p| places[&p] == Place::Layer) {
+                    crossing.insert(t);
+                }
+            }
+        }
+        let cp = self.opts.sharding.cp as f64;
+        crossing.iter().map(|&t| self.full_bytes(t) / cp).sum()
+    }
+}
+
+fn tensor_comm(forward: Option<Collective>, backward: Option<Collective>, bytes: f64) -> CommWork {
+    CommWork {
+        group: Group::Tensor,
+        forward,
+        backward,
+        bytes,
+        overlaps_attention: false,
+    }
+}
+
+/// An `Add` of two computed tensors of the output's shape: a residual
+/// connection (where training applies dropout to the branch).
+fn is_residual_add(graph: &Graph, node: &autopar_ir::Node) -> bool {
+    if !matches!(
+        node.op,
+        Op::Binary {
+            func: autopar_ir::BinaryOp::Add
+        }
+    ) {
+        return false;
+    }
+    let Some(&out) = node.outputs.first() else {
+        return false;
+    };
+    let out_shape = &graph.tensor(out).ty.shape;
+    node.inputs.iter().flatten().count() == 2
+        && node.inputs.iter().flatten().all(|&t| {
+            let tensor = graph.tensor(t);
+            tensor.role == Role::Activation && &tensor.ty.shape == out_shape
+        })
+}
+
+/// A `MatMul` of two computed tensors (attention scores in exported graphs
+/// whose attention was not recognised).
+fn is_attention_scores(graph: &Graph, node: &autopar_ir::Node) -> bool {
+    node.inputs
+        .iter()
+        .flatten()
+        .all(|&t| graph.tensor(t).role == Role::Activation)
+}
