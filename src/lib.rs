@@ -8,4 +8,6 @@ pub mod estimate;
 pub mod inspect;
 pub mod model;
 pub mod output;
+pub mod plan;
 pub mod profile;
+pub mod units;

@@ -2,7 +2,7 @@
 //! code 0 on success, 1 when a check finds a mismatch, 2 on any error.
 
 use anyhow::Result;
-use autopar::{check, convert, estimate, inspect};
+use autopar::{check, convert, estimate, inspect, plan};
 use autopar_runtime::cpu::Precision;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
@@ -66,6 +66,16 @@ enum Command {
     Schema,
     /// Step time, MFU and per-GPU memory of one training configuration.
     Estimate(EstimateArgs),
+    /// Search for the fastest parallel plan that fits and write it as a plan file.
+    Plan(PlanArgs),
+    /// Print a plan file for people: mesh, stages, memory, time, and why it won.
+    Explain {
+        /// A plan file written by `autopar plan`.
+        plan: PathBuf,
+        /// Print the plan file's JSON Schema instead.
+        #[arg(long, conflicts_with = "plan")]
+        schema: bool,
+    },
     /// Measure a backend on this host (matmul, streaming, collective and
     /// per-op rates) and write them as a calibration file for the cost models.
     Profile {
@@ -79,6 +89,46 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+}
+
+/// `autopar plan` flags.
+#[derive(clap::Args)]
+struct PlanArgs {
+    /// An .onnx file, an autopar .json graph, or a zoo spec.
+    model: String,
+    /// A preset (dgx-a100-80g, dgx-h100, hgx-h200, p3-v100, cpu) or a cluster .toml file.
+    #[arg(long)]
+    cluster: String,
+    /// GPUs in all: whole nodes, or part of one node.
+    #[arg(long)]
+    gpus: usize,
+    /// Samples per optimizer step.
+    #[arg(long)]
+    global_batch: usize,
+    /// Sequence length (default: the model's).
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Share of each GPU's memory a plan may use.
+    #[arg(long, default_value_t = 0.9)]
+    max_memory_fraction: f64,
+    /// How many of the fastest plans to show and keep in the plan file.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+    /// fused (flash-style) | unfused.
+    #[arg(long, default_value = "fused")]
+    attention: autopar_cost_models::AttentionKernel,
+    /// Train with dropout (attention probabilities and residual branches).
+    #[arg(long)]
+    dropout: bool,
+    /// Calibration JSON overriding the default efficiencies.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
+    /// The plan file to write.
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Print the plan as JSON instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// `autopar estimate` flags.
@@ -196,6 +246,21 @@ fn emit(text: &str) -> Result<()> {
     }
 }
 
+/// A progress bar on stderr when it is a terminal (not when piped or in CI).
+fn progress_bar() -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("searching {bar:40} {pos}/{len} mesh groups {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
 fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     emit(&format!("{}\n", serde_json::to_string_pretty(value)?))
 }
@@ -243,6 +308,45 @@ fn run(cli: Cli) -> Result<ExitCode> {
             rewrite,
         } => convert::run(&model, &output, rewrite)?,
         Command::Schema => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
+        Command::Plan(a) => {
+            let request = plan::Request {
+                model: a.model,
+                cluster: a.cluster,
+                gpus: a.gpus,
+                global_batch: a.global_batch,
+                seq: a.seq,
+                max_memory_fraction: a.max_memory_fraction,
+                top: a.top,
+                attention: a.attention,
+                dropout: a.dropout,
+                calibration: a.calibration,
+                output: a.output.clone(),
+            };
+            let bar = progress_bar();
+            let report = |done: usize, total: usize| {
+                if let Some(bar) = &bar {
+                    bar.set_length(total as u64);
+                    bar.set_position(done as u64);
+                }
+            };
+            let result = plan::run(&request, &report);
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            let p = result?;
+            if a.json {
+                print_json(&p)?;
+            } else {
+                emit(&plan::render(&p, &a.output))?;
+            }
+        }
+        Command::Explain { plan: path, schema } => {
+            if schema {
+                emit(&format!("{}\n", autopar_planner::Plan::schema()))?;
+            } else {
+                emit(&plan::explain(&plan::load(&path)?))?;
+            }
+        }
         Command::Estimate(a) => {
             let report = estimate::run(&estimate::Request {
                 model: a.model,

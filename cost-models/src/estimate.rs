@@ -21,7 +21,7 @@ use serde::Serialize;
 
 /// Where a step's time goes on the slowest pipeline stage; the parts add up
 /// to the step time.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct TimeBreakdown {
     /// Kernels: forward, backward and recomputation.
     pub compute_s: f64,
@@ -42,7 +42,7 @@ pub struct TimeBreakdown {
 }
 
 /// The estimate of one configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Estimate {
     pub step_time_s: f64,
     /// Model FLOPs (forward and backward, no recomputation) per GPU per second, in TFLOP/s.
@@ -95,6 +95,18 @@ pub enum EstimateError {
     Peak(#[from] crate::compute::NoPeak),
     #[error(transparent)]
     Comm(#[from] comm::CommError),
+}
+
+/// Where a step's time goes, per stage and after the pipeline.
+struct Timing {
+    /// Per stage: unit times, exposed ZeRO-3 comm and p2p per micro-batch.
+    per_stage: Vec<(UnitTime, f64, f64)>,
+    /// Per stage: seconds per micro-batch.
+    times: Vec<f64>,
+    pipe: f64,
+    slowest: usize,
+    dp_exposed: f64,
+    optimizer: f64,
 }
 
 /// Times of one unit for one micro-batch on one rank.
@@ -308,6 +320,18 @@ impl<'a> Evaluator<'a> {
         &self.params
     }
 
+    /// Seconds one micro-batch spends on `stage` (forward, backward,
+    /// recomputation, collectives and transfers): the planner balances these.
+    pub fn stage_seconds(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<f64, EstimateError> {
+        let (t, zero3, p2p) = self.stage_time(cfg, stage)?;
+        Ok(t.compute + t.tp + t.cp + t.ep + p2p + zero3)
+    }
+
+    /// Peak memory of one GPU on `stage` under `cfg`.
+    pub fn stage_memory(&self, cfg: &TrainingConfig, stage: &Stage) -> MemoryBreakdown {
+        memory::stage_memory(self.w, &self.params, cfg, stage)
+    }
+
     /// Time of one micro-batch through one stage (forward and backward,
     /// with its collectives and transfers), and the parts of it.
     fn stage_time(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<(UnitTime, f64, f64), EstimateError> {
@@ -338,46 +362,18 @@ impl<'a> Evaluator<'a> {
     /// Estimates `cfg`, which must have this evaluator's mesh.
     pub fn evaluate(&self, cfg: &TrainingConfig) -> Result<Estimate, EstimateError> {
         let w = self.w;
-        if Mesh::of(cfg) != self.mesh {
-            return Err(EstimateError::MeshMismatch);
-        }
-        check_model(w, cfg)?;
+        let stages = self.checked_stages(cfg)?;
         let gpus = self.cluster.gpus();
-        cfg.check(gpus)?;
-        let stages = self.stages(cfg);
-        if let Some(specs) = &cfg.stages {
-            let total: usize = specs.iter().map(|s| s.layers).sum();
-            if total != w.layers {
-                return Err(EstimateError::StageLayers {
-                    total,
-                    layers: w.layers,
-                });
-            }
-        }
         let m = cfg.micro_batches();
-        let mut per_stage = Vec::with_capacity(stages.len());
-        for s in &stages {
-            per_stage.push(self.stage_time(cfg, s)?);
-        }
-        let times: Vec<f64> = per_stage
-            .iter()
-            .map(|(t, zero3, p2p)| t.compute + t.tp + t.cp + t.ep + p2p + zero3)
-            .collect();
-        let pipe = pipeline::step_time(m, cfg.virtual_stages, &times);
-        let slowest = (0..times.len())
-            .max_by(|&a, &b| times[a].total_cmp(&times[b]))
-            .unwrap_or(0);
+        let Timing {
+            per_stage,
+            times,
+            pipe,
+            slowest,
+            dp_exposed,
+            optimizer,
+        } = self.timing(cfg, &stages)?;
         let (t, zero3, p2p) = per_stage[slowest];
-
-        let mut dp_exposed: f64 = 0.0;
-        let mut optimizer: f64 = 0.0;
-        for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
-            let params = self.params.stage(s);
-            let reduce = self.gradient_reduction(&params, cfg)?;
-            let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
-            dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
-            optimizer = optimizer.max(self.optimizer_time(&params, cfg));
-        }
         let step = pipe + dp_exposed + optimizer;
         let mf = m as f64;
         let breakdown = TimeBreakdown {
@@ -417,6 +413,66 @@ impl<'a> Evaluator<'a> {
             micro_batches: m,
             virtual_stages: cfg.virtual_stages,
             dp: cfg.dp,
+        })
+    }
+
+    /// The step time of `cfg` alone: what the planner compares candidate
+    /// stage splits by, without the memory and FLOP accounting.
+    pub fn step_seconds(&self, cfg: &TrainingConfig) -> Result<f64, EstimateError> {
+        let stages = self.checked_stages(cfg)?;
+        let t = self.timing(cfg, &stages)?;
+        Ok(t.pipe + t.dp_exposed + t.optimizer)
+    }
+
+    /// `cfg`'s stages after checking `cfg` fits the model and this mesh.
+    fn checked_stages(&self, cfg: &TrainingConfig) -> Result<Vec<Stage>, EstimateError> {
+        if Mesh::of(cfg) != self.mesh {
+            return Err(EstimateError::MeshMismatch);
+        }
+        check_model(self.w, cfg)?;
+        cfg.check(self.cluster.gpus())?;
+        if let Some(specs) = &cfg.stages {
+            let total: usize = specs.iter().map(|s| s.layers).sum();
+            if total != self.w.layers {
+                return Err(EstimateError::StageLayers {
+                    total,
+                    layers: self.w.layers,
+                });
+            }
+        }
+        Ok(self.stages(cfg))
+    }
+
+    /// Per-stage times, the pipeline's time, and what follows it.
+    fn timing(&self, cfg: &TrainingConfig, stages: &[Stage]) -> Result<Timing, EstimateError> {
+        let mut per_stage = Vec::with_capacity(stages.len());
+        for s in stages {
+            per_stage.push(self.stage_time(cfg, s)?);
+        }
+        let times: Vec<f64> = per_stage
+            .iter()
+            .map(|(t, zero3, p2p)| t.compute + t.tp + t.cp + t.ep + p2p + zero3)
+            .collect();
+        let pipe = pipeline::step_time(cfg.micro_batches(), cfg.virtual_stages, &times);
+        let slowest = (0..times.len())
+            .max_by(|&a, &b| times[a].total_cmp(&times[b]))
+            .unwrap_or(0);
+        let mut dp_exposed: f64 = 0.0;
+        let mut optimizer: f64 = 0.0;
+        for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
+            let params = self.params.stage(s);
+            let reduce = self.gradient_reduction(&params, cfg)?;
+            let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
+            dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
+            optimizer = optimizer.max(self.optimizer_time(&params, cfg));
+        }
+        Ok(Timing {
+            per_stage,
+            times,
+            pipe,
+            slowest,
+            dp_exposed,
+            optimizer,
         })
     }
 
@@ -465,17 +521,34 @@ impl<'a> Evaluator<'a> {
     }
 
     /// ZeRO-3's per-micro-batch weight gathers (forward and backward) and
-    /// gradient reduce-scatter, prefetched under the stage's compute: only
+    /// gradient reduce-scatter, one set per layer (and for the parts before
+    /// and after the layers), prefetched under the stage's compute: only
     /// what exceeds the compute is exposed.
     fn zero3_exposed(&self, cfg: &TrainingConfig, stage: &Stage, compute: f64) -> Result<f64, EstimateError> {
         if cfg.zero != 3 {
             return Ok(0.0);
         }
-        let bytes = self.params.stage(stage).weights();
         let net = self.net();
         let span = self.groups.data;
-        let comm = 2.0 * net.time(span, Collective::AllGather, bytes)?
-            + net.time(span, Collective::ReduceScatter, bytes)?;
+        let per_unit = |bytes: f64| -> Result<f64, EstimateError> {
+            if bytes == 0.0 {
+                return Ok(0.0);
+            }
+            Ok(2.0 * net.time(span, Collective::AllGather, bytes)?
+                + net.time(span, Collective::ReduceScatter, bytes)?)
+        };
+        let mut comm = stage.layers as f64 * per_unit(self.params.layer.weights())?;
+        if stage.first {
+            comm += per_unit(self.params.pre.weights())?;
+        }
+        if stage.last {
+            let post = if stage.first {
+                self.params.post_unshared
+            } else {
+                self.params.post
+            };
+            comm += per_unit(post.weights())?;
+        }
         Ok((comm - compute).max(0.0))
     }
 

@@ -10,7 +10,7 @@ use autopar_ir::DType;
 use serde::Serialize;
 
 /// Bytes one GPU holds at its peak.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct MemoryBreakdown {
     pub weights: f64,
     pub gradients: f64,

@@ -1,0 +1,387 @@
+//! `autopar plan`: search for the fastest parallel plan that fits, write it
+//! as a plan file, and show the runners-up; `autopar explain`: a plan file
+//! for people.
+
+use crate::units::{binary, flop_rate, seconds};
+use crate::{model, output};
+use anyhow::{Context, Result};
+use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
+use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel, PlanContext};
+use autopar_planner::{search, Plan, SearchOptions};
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// What the user asked for (the CLI's flags).
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub model: String,
+    pub cluster: String,
+    pub gpus: usize,
+    pub global_batch: usize,
+    pub seq: Option<usize>,
+    pub max_memory_fraction: f64,
+    pub top: usize,
+    pub attention: AttentionKernel,
+    pub dropout: bool,
+    pub calibration: Option<PathBuf>,
+    pub output: PathBuf,
+}
+
+/// Plans `r.model`, writes the plan file, and returns the plan.
+pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan> {
+    if !(r.max_memory_fraction > 0.0 && r.max_memory_fraction <= 1.0) {
+        anyhow::bail!(
+            "--max-memory-fraction {} must be in (0, 1]",
+            r.max_memory_fraction
+        );
+    }
+    if r.global_batch == 0 {
+        anyhow::bail!("--global-batch must be at least 1");
+    }
+    output::check_folder(&r.output)?;
+    let cluster = Cluster::load(&r.cluster)?.with_gpus(r.gpus)?;
+    let calibration = match &r.calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::default(),
+    };
+    let m = model::load(&r.model)?;
+    let graph = model::canonical(&m)?;
+    let opts = SearchOptions {
+        global_batch: r.global_batch,
+        seq: r.seq,
+        max_memory_fraction: r.max_memory_fraction,
+        attention: r.attention,
+        dropout: r.dropout,
+        top: r.top,
+    };
+    let found = search(&graph, &cluster, &calibration, &opts, progress).with_context(|| r.model.clone())?;
+    let best = &found.ranked[0];
+    let sharding =
+        autopar_planner::layer_sharding::for_config(&graph, &cluster, &calibration, &best.config, r.seq)
+            .context("per-op sharding of the chosen plan")?;
+    let cx = PlanContext {
+        model: &r.model,
+        model_hash: model_hash(&r.model)?,
+        cluster: &cluster,
+        global_batch: r.global_batch,
+        seq: r.seq,
+        max_memory_fraction: r.max_memory_fraction,
+        layers: graph.blocks.len(),
+        configs_evaluated: found.configs_evaluated,
+        seconds: found.seconds,
+        memory_limit_bytes: found.memory_limit_bytes,
+    };
+    let plan = Plan::new(&cx, &found.ranked, sharding).context("the search returned no plan")?;
+    let json = serde_json::to_string_pretty(&plan)?;
+    output::write_atomic(&r.output, format!("{json}\n").as_bytes())?;
+    Ok(plan)
+}
+
+/// The model's identity: its file's bytes, or the spec text.
+fn model_hash(model: &str) -> Result<String> {
+    let path = Path::new(model);
+    Ok(if path.is_file() {
+        fnv1a_hex(&std::fs::read(path).with_context(|| format!("{model}: cannot read"))?)
+    } else {
+        fnv1a_hex(model.as_bytes())
+    })
+}
+
+/// Reads a plan file.
+pub fn load(path: &Path) -> Result<Plan> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    Plan::from_json(&text).with_context(|| path.display().to_string())
+}
+
+fn degrees(p: &Parallel) -> String {
+    let mut s = format!("dp {} · tp {} · pp {}", p.dp, p.tp, p.pp);
+    if p.cp > 1 {
+        let _ = write!(s, " · cp {}", p.cp);
+    }
+    if p.ep > 1 {
+        let _ = write!(s, " · ep {}", p.ep);
+    }
+    s
+}
+
+/// The ranking table and a summary of the chosen plan.
+pub fn render(plan: &Plan, output: &Path) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "searched {} configurations in {} for {} on {} × {}",
+        plan.search.configs_evaluated,
+        seconds(plan.search.seconds),
+        plan.inputs.model,
+        plan.inputs.cluster.nodes * plan.inputs.cluster.gpus_per_node,
+        plan.inputs.cluster.device
+    );
+    let _ = writeln!(
+        out,
+        "\n  #  {:<22} {:>3} {:>3} {:>4} {:>9}  {:>11}  {:>10}  {:>6}",
+        "dp·tp·pp(·cp·ep)", "sp", "mb", "zero", "recompute", "step", "memory", "MFU"
+    );
+    for (i, alt) in plan.search.top.iter().enumerate() {
+        let p = &alt.parallel;
+        let mut mesh = format!("{}·{}·{}", p.dp, p.tp, p.pp);
+        if p.cp > 1 || p.ep > 1 {
+            let _ = write!(mesh, "·{}·{}", p.cp, p.ep);
+        }
+        if p.virtual_stages > 1 {
+            let _ = write!(mesh, " v{}", p.virtual_stages);
+        }
+        let _ = writeln!(
+            out,
+            "{:>3}  {:<22} {:>3} {:>3} {:>4} {:>9}  {:>11}  {:>10}  {:>5.1}%",
+            i + 1,
+            mesh,
+            if p.sp { "yes" } else { "no" },
+            p.micro_batch,
+            p.zero,
+            p.recompute,
+            seconds(alt.predicted.step_time_s),
+            binary(alt.predicted.memory_per_gpu_bytes),
+            100.0 * alt.predicted.mfu
+        );
+    }
+    let _ = writeln!(out, "\nchosen: {}", summary(&plan.parallel, &plan.predicted));
+    let _ = writeln!(
+        out,
+        "wrote {} (see it with `autopar explain {}`)",
+        output.display(),
+        output.display()
+    );
+    out
+}
+
+fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
+    format!(
+        "{}, {} schedule{}, ZeRO {}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
+        degrees(p),
+        p.schedule,
+        if p.virtual_stages > 1 {
+            format!(" ({} virtual stages)", p.virtual_stages)
+        } else {
+            String::new()
+        },
+        p.zero,
+        p.micro_batch,
+        p.micro_batches,
+        seconds(e.step_time_s),
+        100.0 * e.mfu,
+        binary(e.memory_per_gpu_bytes)
+    )
+}
+
+/// Ranks as compact ranges: `0-7, 16-23`.
+fn rank_ranges(ranks: &[usize]) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        parts.push(if i == j {
+            ranks[i].to_string()
+        } else {
+            format!("{}-{}", ranks[i], ranks[j])
+        });
+        i = j + 1;
+    }
+    if parts.len() > 6 {
+        let n = parts.len();
+        format!(
+            "{}, … ({} ranges), {}",
+            parts[..3].join(", "),
+            n - 4,
+            parts[n - 1]
+        )
+    } else {
+        parts.join(", ")
+    }
+}
+
+/// A plan for people: the mesh, what each GPU holds, where time goes, and
+/// why it beat the runner-up.
+pub fn explain(plan: &Plan) -> String {
+    let mut out = String::new();
+    let p = &plan.parallel;
+    let e = &plan.predicted;
+    let c = &plan.inputs.cluster;
+    let _ = writeln!(
+        out,
+        "plan for {} (hash {})",
+        plan.inputs.model, plan.inputs.model_hash
+    );
+    let _ = writeln!(
+        out,
+        "cluster   {}: {} nodes × {} {}, global batch {}",
+        c.name, c.nodes, c.gpus_per_node, c.device, plan.inputs.global_batch
+    );
+    let axes: Vec<String> = plan
+        .mesh
+        .axes
+        .iter()
+        .map(|a| format!("{} {}", a.name, a.size))
+        .collect();
+    let _ = writeln!(
+        out,
+        "\nmesh      {} (fastest-varying first; ranks fill nodes in order)",
+        axes.join(" × ")
+    );
+    let tp_nodes = if p.tp * p.cp <= c.gpus_per_node {
+        "inside one node"
+    } else {
+        "across nodes"
+    };
+    let _ = writeln!(
+        out,
+        "          each tensor-parallel group of {} GPUs sits {tp_nodes}{}",
+        p.tp,
+        if p.sp { ", with sequence parallelism" } else { "" }
+    );
+    let _ = writeln!(out, "          {}", summary(p, e));
+    let _ = writeln!(out, "\nstages");
+    let shown: Vec<usize> = if plan.stages.len() <= 8 {
+        (0..plan.stages.len()).collect()
+    } else {
+        let n = plan.stages.len();
+        vec![0, 1, 2, n - 2, n - 1]
+    };
+    for (k, &i) in shown.iter().enumerate() {
+        if k > 0 && i != shown[k - 1] + 1 {
+            let _ = writeln!(out, "  …");
+        }
+        let s = &plan.stages[i];
+        let mut extra = Vec::new();
+        if s.holds_pre {
+            extra.push("embeddings");
+        }
+        if s.holds_post {
+            extra.push("head");
+        }
+        let _ = writeln!(
+            out,
+            "  stage {:>3}: layers {:>3}-{:<3} recompute {:<9} ranks {}{}",
+            s.index,
+            s.layers[0],
+            s.layers[1].saturating_sub(1),
+            s.recompute,
+            rank_ranges(&s.ranks),
+            if extra.is_empty() {
+                String::new()
+            } else {
+                format!(" + {}", extra.join(", "))
+            }
+        );
+    }
+    let m = &e.memory;
+    let _ = writeln!(
+        out,
+        "\neach GPU holds (stage {} at its peak): {} of {}{}",
+        e.memory_peak_stage,
+        binary(e.memory_per_gpu_bytes),
+        binary(c.memory_bytes),
+        if e.fits { "" } else { " — DOES NOT FIT" }
+    );
+    for (name, bytes) in [
+        ("weights", m.weights),
+        ("gradients", m.gradients),
+        ("optimizer state", m.optimizer),
+        ("activations", m.activations),
+        ("comm buffers", m.communication),
+    ] {
+        let _ = writeln!(out, "  {name:<22} {:>11}", binary(bytes));
+    }
+    let _ = writeln!(out, "\nwhere a step's {} goes", seconds(e.step_time_s));
+    for (name, t) in time_parts(e) {
+        if t > 0.0 {
+            let _ = writeln!(
+                out,
+                "  {name:<22} {:>11}  {:>5.1} %",
+                seconds(t),
+                100.0 * t / e.step_time_s
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  throughput {} model / {} hardware per GPU (MFU {:.1} %, HFU {:.1} %)",
+        flop_rate(e.model_tflops_per_gpu * 1e12),
+        flop_rate(e.hardware_tflops_per_gpu * 1e12),
+        100.0 * e.mfu,
+        100.0 * e.hfu
+    );
+    let layer_ops: Vec<String> = plan
+        .sharding
+        .iter()
+        .filter(|o| o.strategy != "replicate")
+        .take(12)
+        .map(|o| format!("{} {}", o.node, o.strategy))
+        .collect();
+    if !layer_ops.is_empty() {
+        let _ = writeln!(out, "\nsharded ops (over tp): {}", layer_ops.join(", "));
+    }
+    let _ = writeln!(out, "\n{}", why(plan));
+    let _ = writeln!(
+        out,
+        "search: {} configurations in {}, memory limit {} per GPU",
+        plan.search.configs_evaluated,
+        seconds(plan.search.seconds),
+        binary(plan.search.memory_limit_bytes)
+    );
+    out
+}
+
+fn time_parts(e: &autopar_cost_models::Estimate) -> [(&'static str, f64); 8] {
+    let b = &e.breakdown;
+    [
+        ("compute", b.compute_s),
+        ("tensor-parallel comm", b.tp_comm_s),
+        ("context-parallel comm", b.cp_comm_s),
+        ("expert-parallel comm", b.ep_comm_s),
+        ("data-parallel comm", b.dp_comm_s),
+        ("pipeline bubble", b.bubble_s),
+        ("pipeline p2p", b.p2p_s),
+        ("optimizer", b.optimizer_s),
+    ]
+}
+
+/// Why the plan beat the runner-up: the step-time parts that differ most.
+fn why(plan: &Plan) -> String {
+    let Some(runner_up) = plan.search.top.get(1) else {
+        return "no other configuration fits".into();
+    };
+    let Alternative { parallel, predicted } = runner_up;
+    let e = &plan.predicted;
+    let slower = predicted.step_time_s / e.step_time_s - 1.0;
+    let mut deltas: Vec<(&str, f64)> = time_parts(predicted)
+        .iter()
+        .zip(time_parts(e))
+        .map(|(&(name, theirs), (_, ours))| (name, theirs - ours))
+        .filter(|(_, d)| d.abs() > 1e-9 * e.step_time_s)
+        .collect();
+    deltas.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+    let reasons: Vec<String> = deltas
+        .iter()
+        .take(3)
+        .map(|(name, d)| {
+            format!(
+                "{} {name}",
+                if *d > 0.0 {
+                    format!("+{}", seconds(*d))
+                } else {
+                    format!("−{}", seconds(-d))
+                }
+            )
+        })
+        .collect();
+    format!(
+        "why this plan: the runner-up ({}) is {:.2} % slower{}{}",
+        summary(parallel, predicted),
+        100.0 * slower,
+        if reasons.is_empty() { "" } else { ": " },
+        reasons.join(", ")
+    )
+}
