@@ -62,8 +62,12 @@ enum Command {
         #[arg(long)]
         rewrite: bool,
     },
-    /// Print the JSON Schema of the graph format.
-    Schema,
+    /// Print the JSON Schema of the graph format (or, with --plan, of plan files).
+    Schema {
+        /// The plan file format instead of the graph format.
+        #[arg(long)]
+        plan: bool,
+    },
     /// Step time, MFU and per-GPU memory of one training configuration.
     Estimate(EstimateArgs),
     /// Search for the fastest parallel plan that fits and write it as a plan file.
@@ -72,9 +76,6 @@ enum Command {
     Explain {
         /// A plan file written by `autopar plan`.
         plan: PathBuf,
-        /// Print the plan file's JSON Schema instead.
-        #[arg(long, conflicts_with = "plan")]
-        schema: bool,
     },
     /// Measure a backend on this host (matmul, streaming, collective and
     /// per-op rates) and write them as a calibration file for the cost models.
@@ -307,7 +308,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             output,
             rewrite,
         } => convert::run(&model, &output, rewrite)?,
-        Command::Schema => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
+        Command::Schema { plan: false } => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
+        Command::Schema { plan: true } => emit(&format!("{}\n", autopar_planner::Plan::schema()))?,
         Command::Plan(a) => {
             let request = plan::Request {
                 model: a.model,
@@ -340,13 +342,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 emit(&plan::render(&p, &a.output))?;
             }
         }
-        Command::Explain { plan: path, schema } => {
-            if schema {
-                emit(&format!("{}\n", autopar_planner::Plan::schema()))?;
-            } else {
-                emit(&plan::explain(&plan::load(&path)?))?;
-            }
-        }
+        Command::Explain { plan: path } => emit(&plan::explain(&plan::load(&path)?))?,
         Command::Estimate(a) => {
             let report = estimate::run(&estimate::Request {
                 model: a.model,

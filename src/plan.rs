@@ -118,8 +118,8 @@ pub fn render(plan: &Plan, output: &Path) -> String {
     );
     let _ = writeln!(
         out,
-        "\n  #  {:<22} {:>3} {:>3} {:>4} {:>9}  {:>11}  {:>10}  {:>6}",
-        "dp·tp·pp(·cp·ep)", "sp", "mb", "zero", "recompute", "step", "memory", "MFU"
+        "\n  #  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>6}",
+        "dp·tp·pp(·cp·ep)", "sp", "mb", "zero", "recompute", "grads", "step", "memory", "MFU"
     );
     for (i, alt) in plan.search.top.iter().enumerate() {
         let p = &alt.parallel;
@@ -132,13 +132,14 @@ pub fn render(plan: &Plan, output: &Path) -> String {
         }
         let _ = writeln!(
             out,
-            "{:>3}  {:<22} {:>3} {:>3} {:>4} {:>9}  {:>11}  {:>10}  {:>5.1}%",
+            "{:>3}  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>5.1}%",
             i + 1,
             mesh,
             if p.sp { "yes" } else { "no" },
             p.micro_batch,
             p.zero,
             p.recompute,
+            grads(p),
             seconds(alt.predicted.step_time_s),
             binary(alt.predicted.memory_per_gpu_bytes),
             100.0 * alt.predicted.mfu
@@ -152,6 +153,19 @@ pub fn render(plan: &Plan, output: &Path) -> String {
         output.display()
     );
     out
+}
+
+/// How gradients cross replicas: `ring`, `ps`, with `+bf16` when compressed.
+fn grads(p: &Parallel) -> String {
+    let algorithm = if p.grad_reduce == "parameter-server" {
+        "ps"
+    } else {
+        "ring"
+    };
+    match &p.grad_compression {
+        Some(d) => format!("{algorithm}+{d}"),
+        None => algorithm.into(),
+    }
 }
 
 fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
@@ -313,15 +327,22 @@ pub fn explain(plan: &Plan) -> String {
         100.0 * e.mfu,
         100.0 * e.hfu
     );
-    let layer_ops: Vec<String> = plan
+    // The ops that carry the weights and the work; views follow them.
+    let heavy = ["Linear", "MatMul", "Gemm", "Attention", "Embedding", "MoeExperts"];
+    let ops: Vec<String> = plan
         .sharding
         .iter()
-        .filter(|o| o.strategy != "replicate")
-        .take(12)
+        .filter(|o| heavy.contains(&o.op.as_str()))
         .map(|o| format!("{} {}", o.node, o.strategy))
         .collect();
-    if !layer_ops.is_empty() {
-        let _ = writeln!(out, "\nsharded ops (over tp): {}", layer_ops.join(", "));
+    if p.tp > 1 && !ops.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nop sharding over tp (one layer shown; every layer repeats it):"
+        );
+        for chunk in ops.chunks(4) {
+            let _ = writeln!(out, "  {}", chunk.join(", "));
+        }
     }
     let _ = writeln!(out, "\n{}", why(plan));
     let _ = writeln!(
@@ -377,6 +398,13 @@ fn why(plan: &Plan) -> String {
             )
         })
         .collect();
+    if slower.abs() < 1e-9 {
+        return format!(
+            "why this plan: the runner-up ({}) takes the same time but needs {} more per GPU",
+            summary(parallel, predicted),
+            binary(predicted.memory_per_gpu_bytes - e.memory_per_gpu_bytes)
+        );
+    }
     format!(
         "why this plan: the runner-up ({}) is {:.2} % slower{}{}",
         summary(parallel, predicted),

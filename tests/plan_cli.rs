@@ -1,0 +1,298 @@
+//! `autopar plan` and `autopar explain` through the real binary: every
+//! fixture plans on a GPU node and on this host, the JSON contract, plan
+//! snapshots, MoE plans use expert parallelism where it pays, and a model
+//! that fits nowhere is a clear error.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models");
+
+fn autopar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("autopar-plan-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+fn plan_json(args: &[&str], file: &str) -> serde_json::Value {
+    let out = scratch(file);
+    let mut all = vec!["plan"];
+    all.extend_from_slice(args);
+    all.extend(["-o", out.to_str().unwrap(), "--json"]);
+    let (code, stdout, err) = autopar(&all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    let printed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(printed, written);
+    printed
+}
+
+#[test]
+fn every_fixture_plans_on_a_gpu_node_and_on_this_host() {
+    let mut models: Vec<_> = std::fs::read_dir(FIXTURES)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "onnx"))
+        .collect();
+    models.sort();
+    assert!(models.len() >= 9);
+    for model in &models {
+        let m = model.to_str().unwrap();
+        for cluster in [["dgx-h100", "8"], ["cpu", "4"]] {
+            let v = plan_json(
+                &[
+                    m,
+                    "--cluster",
+                    cluster[0],
+                    "--gpus",
+                    cluster[1],
+                    "--global-batch",
+                    "8",
+                ],
+                "fixture.json",
+            );
+            let gpus: u64 = cluster[1].parse().unwrap();
+            let p = &v["parallel"];
+            let product = ["dp", "tp", "pp", "cp"]
+                .iter()
+                .map(|k| p[k].as_u64().unwrap())
+                .product::<u64>();
+            assert_eq!(product, gpus, "{m} on {}: {p}", cluster[0]);
+            assert!(v["predicted"]["fits"].as_bool().unwrap());
+            assert!(!v["sharding"].as_array().unwrap().is_empty());
+        }
+    }
+}
+
+#[test]
+fn json_has_the_contract_keys_and_explain_reads_it() {
+    let out = scratch("gpt.json");
+    let spec = "gpt:layers=8,hidden=1024,heads=16,vocab=50304,seq=1024,dtype=bf16";
+    let v = plan_json(
+        &[
+            spec,
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--top",
+            "3",
+        ],
+        "gpt.json",
+    );
+    assert_eq!(v["format"], "autopar-plan");
+    assert_eq!(v["version"], 1);
+    for key in ["step_time_s", "mfu", "memory_per_gpu_bytes"] {
+        assert!(v["predicted"][key].as_f64().is_some(), "predicted.{key}");
+    }
+    assert!(v["search"]["configs_evaluated"].as_u64().unwrap() > 10);
+    assert!(v["search"]["seconds"].as_f64().is_some());
+    assert!(v["parallel"]["dp"].as_u64().is_some());
+    assert_eq!(v["search"]["top"].as_array().unwrap().len(), 3);
+    assert_eq!(v["mesh"]["ranks"].as_array().unwrap().len(), 16);
+    let layers: u64 = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["layers"][1].as_u64().unwrap() - s["layers"][0].as_u64().unwrap())
+        .sum();
+    assert_eq!(layers, 8);
+    let (code, text, err) = autopar(&["explain", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "mesh",
+        "stages",
+        "each GPU holds",
+        "where a step",
+        "why this plan",
+    ] {
+        assert!(text.contains(needle), "explain lacks '{needle}':\n{text}");
+    }
+}
+
+/// The plan with the run-dependent search time zeroed, for snapshots.
+fn stable(mut v: serde_json::Value) -> String {
+    v["search"]["seconds"] = serde_json::json!(0.0);
+    serde_json::to_string_pretty(&v).unwrap()
+}
+
+#[test]
+fn plan_snapshots() {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path("../snapshots");
+    let cases = [
+        // Relative to the crate (the tests' working folder), so that the
+        // recorded model argument is the same in every checkout.
+        (
+            "gpt2_tiny_h100x8",
+            "fixtures/models/gpt2-tiny.dynamo.onnx",
+            "dgx-h100",
+            "8",
+        ),
+        (
+            "llama_tiny_a100x4",
+            "fixtures/models/llama-tiny.ts.onnx",
+            "dgx-a100-80g",
+            "4",
+        ),
+        (
+            "mixtral_tiny_h100x8",
+            "fixtures/models/mixtral-tiny.dynamo.onnx",
+            "dgx-h100",
+            "8",
+        ),
+    ];
+    for (name, model, cluster, gpus) in cases {
+        let v = plan_json(
+            &[
+                model,
+                "--cluster",
+                cluster,
+                "--gpus",
+                gpus,
+                "--global-batch",
+                "16",
+                "--top",
+                "3",
+            ],
+            "snap.json",
+        );
+        settings.bind(|| insta::assert_snapshot!(format!("plan__{name}"), stable(v)));
+    }
+}
+
+#[test]
+fn moe_plans_spread_experts_when_memory_is_tight() {
+    let spec = "moe:layers=8,hidden=2048,ffn=8192,heads=16,kv_heads=4,experts=16,top_k=2,vocab=32000,seq=2048,dtype=bf16";
+    let v = plan_json(
+        &[
+            spec,
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "16",
+            "--global-batch",
+            "64",
+            "--max-memory-fraction",
+            "0.2",
+        ],
+        "moe.json",
+    );
+    assert!(v["parallel"]["ep"].as_u64().unwrap() > 1, "{}", v["parallel"]);
+    assert!(v["predicted"]["breakdown"]["ep_comm_s"].as_f64().unwrap() > 0.0);
+    assert!(v["sharding"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["op"] == "MoeExperts"));
+}
+
+#[test]
+fn a_model_that_fits_nowhere_names_the_smallest_need() {
+    let out = scratch("never.json");
+    let spec = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+    let (code, _, err) = autopar(&[
+        "plan",
+        spec,
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
+    assert!(
+        err.contains("no plan fits in 72.0 GiB per GPU: the smallest needs"),
+        "{err}"
+    );
+    assert!(err.contains("alone takes"), "{err}");
+    assert!(!out.exists(), "no plan file is left behind");
+}
+
+#[test]
+fn bad_plan_requests_and_files() {
+    let out = scratch("bad.json");
+    let o = out.to_str().unwrap();
+    let spec = "gpt:layers=2,hidden=64,heads=4,vocab=100,seq=16";
+    let (code, _, err) = autopar(&[
+        "plan",
+        spec,
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "0",
+        "-o",
+        o,
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--global-batch must be at least 1"), "{err}");
+    let (code, _, err) = autopar(&[
+        "plan",
+        spec,
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "--max-memory-fraction",
+        "1.5",
+        "-o",
+        o,
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("--max-memory-fraction 1.5"), "{err}");
+    let (code, _, err) = autopar(&[
+        "plan",
+        spec,
+        "--cluster",
+        "nope",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "-o",
+        o,
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unknown cluster preset 'nope'"), "{err}");
+    let (code, _, err) = autopar(&[
+        "plan",
+        spec,
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "8",
+        "-o",
+        "/no/such/dir/p.json",
+    ]);
+    assert_eq!(code, 2);
+    assert!(err.contains("/no/such/dir"), "{err}");
+    let junk = scratch("junk.json");
+    std::fs::write(&junk, r#"{"format": "autopar-graph"}"#).unwrap();
+    let (code, _, err) = autopar(&["explain", junk.to_str().unwrap()]);
+    assert_eq!(code, 2);
+    assert!(err.contains("junk.json") && err.contains("autopar-plan"), "{err}");
+}
