@@ -1,7 +1,10 @@
 //! `autopar check`: runs a model on the CPU interpreter with the inputs of an
 //! ONNX backend-test folder (`input_*.pb`) and compares with its
 //! `output_*.pb`, proving the import (and the rewrites) compute what
-//! onnxruntime computes.
+//! onnxruntime computes. With `--grads DIR` it also differentiates the model
+//! (loss = Σ output · cotangent) and compares every parameter gradient with
+//! a reference folder (`manifest.json`, `cotangent.pb`, one `.pb` per
+//! initializer, as PyTorch's float64 autograd wrote them).
 
 use crate::model;
 use anyhow::{bail, Context, Result};
@@ -14,6 +17,9 @@ use std::path::{Path, PathBuf};
 
 /// Relative tolerance (max |error| / max |reference|) `check` accepts.
 pub const TOLERANCE: f64 = 1e-4;
+
+/// Relative tolerance for gradients computed in f64.
+pub const GRAD_TOLERANCE_F64: f64 = 1e-6;
 
 /// Agreement of one output.
 #[derive(Debug, Clone, Serialize)]
@@ -32,6 +38,9 @@ pub struct CheckReport {
     pub precision: String,
     pub tolerance: f64,
     pub outputs: Vec<OutputCheck>,
+    /// Parameter gradients against the reference, when asked.
+    pub gradients: Vec<OutputCheck>,
+    pub gradient_tolerance: Option<f64>,
     pub ok: bool,
 }
 
@@ -54,8 +63,14 @@ fn read_numbered(dir: &Path, prefix: &str) -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
-/// Runs the check.
-pub fn run(model_arg: &str, data: &Path, rewrite: bool, precision: Precision) -> Result<CheckReport> {
+/// Runs the check; `grads` adds the gradient check against that folder.
+pub fn run(
+    model_arg: &str,
+    data: &Path,
+    rewrite: bool,
+    precision: Precision,
+    grads: Option<&Path>,
+) -> Result<CheckReport> {
     let m = model::load(model_arg)?;
     let graph = if rewrite {
         autopar_ir::canonicalize(&m.graph)?.0
@@ -107,14 +122,134 @@ pub fn run(model_arg: &str, data: &Path, rewrite: bool, precision: Precision) ->
             ok: c.within(TOLERANCE),
         });
     }
+    let (gradients, gradient_tolerance) = match grads {
+        Some(dir) => {
+            let tol = match precision {
+                Precision::F64 => GRAD_TOLERANCE_F64,
+                Precision::F32 => TOLERANCE,
+            };
+            (check_gradients(&graph, feeds, dir, precision, tol)?, Some(tol))
+        }
+        None => (vec![], None),
+    };
     Ok(CheckReport {
         model: model_arg.to_string(),
         rewrite,
         precision: format!("{precision:?}").to_lowercase(),
         tolerance: TOLERANCE,
-        ok: outputs.iter().all(|o| o.ok),
+        ok: outputs.iter().all(|o| o.ok) && gradients.iter().all(|g| g.ok),
         outputs,
+        gradients,
+        gradient_tolerance,
     })
+}
+
+/// The parts of a reference gradients folder's `manifest.json` used here.
+#[derive(serde::Deserialize)]
+struct Manifest {
+    grads: BTreeMap<String, ManifestGrad>,
+    cotangent: ManifestCotangent,
+}
+
+#[derive(serde::Deserialize)]
+struct ManifestGrad {
+    file: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ManifestCotangent {
+    file: String,
+    for_output: String,
+}
+
+/// Differentiates `graph`, runs it on `feeds` plus the reference
+/// cotangent, and compares each parameter gradient the manifest lists.
+fn check_gradients(
+    graph: &autopar_ir::Graph,
+    mut feeds: BTreeMap<String, Value>,
+    dir: &Path,
+    precision: Precision,
+    tolerance: f64,
+) -> Result<Vec<OutputCheck>> {
+    let manifest_path = dir.join("manifest.json");
+    let text = std::fs::read_to_string(&manifest_path)
+        .with_context(|| format!("{}: cannot read", manifest_path.display()))?;
+    let manifest: Manifest =
+        serde_json::from_str(&text).with_context(|| manifest_path.display().to_string())?;
+    let d = autopar_runtime::autodiff::differentiate(graph)?;
+    let Some((_, cotangent_input)) = d
+        .cotangents
+        .iter()
+        .find(|(output, _)| *output == manifest.cotangent.for_output)
+    else {
+        bail!(
+            "{}: the cotangent is for output '{}', which the model does not have as a float output",
+            manifest_path.display(),
+            manifest.cotangent.for_output
+        );
+    };
+    let cotangent_path = dir.join(&manifest.cotangent.file);
+    let (_, cotangent) =
+        read_tensor_file(&cotangent_path).with_context(|| cotangent_path.display().to_string())?;
+    feeds.insert(cotangent_input.clone(), cotangent);
+    // Outputs without a reference cotangent get zeros.
+    for (output, input) in &d.cotangents {
+        if *output != manifest.cotangent.for_output {
+            let t = d.graph.inputs.iter().find(|&&t| d.graph.tensor(t).name == *input);
+            if let Some(&t) = t {
+                let ty = &d.graph.tensor(t).ty;
+                let dims = ty.shape.as_fixed().unwrap_or_default();
+                feeds.insert(input.clone(), Value::zeros(ty.dtype, dims));
+            }
+        }
+    }
+    let outs = cpu::run(&d.graph, &feeds, precision).context("running the backward pass")?;
+    let computed = autopar_runtime::autodiff::gradients_by_name(&d, &outs);
+    let mut references = vec![];
+    for (name, entry) in &manifest.grads {
+        let path = dir.join(&entry.file);
+        let (_, reference) = read_tensor_file(&path).with_context(|| path.display().to_string())?;
+        references.push((name, reference));
+    }
+    // A gradient that is zero in exact arithmetic (a bias that shifts every
+    // softmax input of a row equally) is rounding noise on both sides, so an
+    // error below one unit in the last place of the largest gradient passes
+    // whatever its relative size.
+    let largest = references
+        .iter()
+        .flat_map(|(_, r)| r.to_f64_vec())
+        .fold(0.0f64, |m, v| m.max(v.abs()));
+    let epsilon = match precision {
+        Precision::F64 => f64::EPSILON,
+        Precision::F32 => f64::from(f32::EPSILON),
+    };
+    let noise = epsilon * largest;
+    let mut checks = vec![];
+    for (name, reference) in references {
+        let check = match computed.get(name) {
+            Some(value) => match cpu::compare(value, &reference) {
+                Some(c) => OutputCheck {
+                    name: name.clone(),
+                    max_abs_error: c.max_abs,
+                    max_rel_error: c.max_rel,
+                    ok: c.within(tolerance) || c.max_abs <= noise,
+                },
+                None => bail!(
+                    "gradient of '{name}': shape {:?} differs from the reference {:?}",
+                    value.shape,
+                    reference.shape
+                ),
+            },
+            None => OutputCheck {
+                name: name.clone(),
+                max_abs_error: f64::INFINITY,
+                max_rel_error: f64::INFINITY,
+                ok: false,
+            },
+        };
+        checks.push(check);
+    }
+    Ok(checks)
 }
 
 /// Renders the report for people.
@@ -137,6 +272,33 @@ pub fn render(r: &CheckReport) -> String {
             o.max_rel_error,
             if o.ok { "ok" } else { "FAIL" }
         );
+    }
+    if let Some(tol) = r.gradient_tolerance {
+        // Gradients that pass only as rounding noise around zero.
+        let noise = r
+            .gradients
+            .iter()
+            .filter(|g| g.ok && g.max_rel_error > tol)
+            .count();
+        let worst = r
+            .gradients
+            .iter()
+            .filter(|g| g.max_rel_error <= tol || !g.ok)
+            .map(|g| g.max_rel_error)
+            .fold(0.0f64, f64::max);
+        let failed: Vec<&OutputCheck> = r.gradients.iter().filter(|g| !g.ok).collect();
+        let _ = writeln!(
+            s,
+            "  gradients: {} parameters, worst max rel {:.3e} (tolerance {:e}; {} zero up to rounding), {} failed",
+            r.gradients.len(),
+            worst,
+            tol,
+            noise,
+            failed.len()
+        );
+        for g in failed {
+            let _ = writeln!(s, "    {:<40} max rel {:.3e}  FAIL", g.name, g.max_rel_error);
+        }
     }
     let _ = writeln!(s, "{}", if r.ok { "PASS" } else { "FAIL" });
     s

@@ -197,18 +197,7 @@ pub fn render(r: &EstimateReport) -> String {
         c.seq.map_or(String::new(), |s| format!(", seq {s}"))
     );
     let _ = writeln!(out, "step time  {}", seconds(step));
-    let b = &e.breakdown;
-    let parts = [
-        ("compute", b.compute_s),
-        ("tensor-parallel comm", b.tp_comm_s),
-        ("context-parallel comm", b.cp_comm_s),
-        ("expert-parallel comm", b.ep_comm_s),
-        ("data-parallel comm", b.dp_comm_s),
-        ("pipeline bubble", b.bubble_s),
-        ("pipeline p2p", b.p2p_s),
-        ("optimizer", b.optimizer_s),
-    ];
-    for (name, t) in parts {
+    for (name, t) in e.breakdown.parts() {
         if t > 0.0 || name == "compute" {
             let _ = writeln!(
                 out,
@@ -234,14 +223,7 @@ pub fn render(r: &EstimateReport) -> String {
         e.memory_peak_stage,
         if e.fits { "fits" } else { "DOES NOT FIT" }
     );
-    let m = &e.memory;
-    for (name, bytes) in [
-        ("weights", m.weights),
-        ("gradients", m.gradients),
-        ("optimizer state", m.optimizer),
-        ("activations", m.activations),
-        ("comm buffers", m.communication),
-    ] {
+    for (name, bytes) in e.memory.parts() {
         let _ = writeln!(out, "  {name:<22} {:>11}", binary(bytes));
     }
     out

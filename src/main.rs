@@ -50,6 +50,10 @@ enum Command {
         /// Arithmetic precision.
         #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
         precision: PrecisionArg,
+        /// Also check parameter gradients against this reference folder
+        /// (manifest.json, cotangent.pb, one .pb per initializer).
+        #[arg(long)]
+        grads: Option<PathBuf>,
         #[arg(long)]
         json: bool,
     },
@@ -286,6 +290,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             data,
             no_rewrite,
             precision,
+            grads,
             json,
             ..
         } => {
@@ -293,7 +298,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 PrecisionArg::F32 => Precision::F32,
                 PrecisionArg::F64 => Precision::F64,
             };
-            let r = check::run(&model, &data, !no_rewrite, precision)?;
+            let r = check::run(&model, &data, !no_rewrite, precision, grads.as_deref())?;
             if json {
                 print_json(&r)?;
             } else {

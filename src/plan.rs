@@ -290,7 +290,6 @@ pub fn explain(plan: &Plan) -> String {
             }
         );
     }
-    let m = &e.memory;
     let _ = writeln!(
         out,
         "\neach GPU holds (stage {} at its peak): {} of {}{}",
@@ -299,17 +298,11 @@ pub fn explain(plan: &Plan) -> String {
         binary(c.memory_bytes),
         if e.fits { "" } else { " — DOES NOT FIT" }
     );
-    for (name, bytes) in [
-        ("weights", m.weights),
-        ("gradients", m.gradients),
-        ("optimizer state", m.optimizer),
-        ("activations", m.activations),
-        ("comm buffers", m.communication),
-    ] {
+    for (name, bytes) in e.memory.parts() {
         let _ = writeln!(out, "  {name:<22} {:>11}", binary(bytes));
     }
     let _ = writeln!(out, "\nwhere a step's {} goes", seconds(e.step_time_s));
-    for (name, t) in time_parts(e) {
+    for (name, t) in e.breakdown.parts() {
         if t > 0.0 {
             let _ = writeln!(
                 out,
@@ -355,20 +348,6 @@ pub fn explain(plan: &Plan) -> String {
     out
 }
 
-fn time_parts(e: &autopar_cost_models::Estimate) -> [(&'static str, f64); 8] {
-    let b = &e.breakdown;
-    [
-        ("compute", b.compute_s),
-        ("tensor-parallel comm", b.tp_comm_s),
-        ("context-parallel comm", b.cp_comm_s),
-        ("expert-parallel comm", b.ep_comm_s),
-        ("data-parallel comm", b.dp_comm_s),
-        ("pipeline bubble", b.bubble_s),
-        ("pipeline p2p", b.p2p_s),
-        ("optimizer", b.optimizer_s),
-    ]
-}
-
 /// Why the plan beat the runner-up: the step-time parts that differ most.
 fn why(plan: &Plan) -> String {
     let Some(runner_up) = plan.search.top.get(1) else {
@@ -377,9 +356,11 @@ fn why(plan: &Plan) -> String {
     let Alternative { parallel, predicted } = runner_up;
     let e = &plan.predicted;
     let slower = predicted.step_time_s / e.step_time_s - 1.0;
-    let mut deltas: Vec<(&str, f64)> = time_parts(predicted)
+    let mut deltas: Vec<(&str, f64)> = predicted
+        .breakdown
+        .parts()
         .iter()
-        .zip(time_parts(e))
+        .zip(e.breakdown.parts())
         .map(|(&(name, theirs), (_, ours))| (name, theirs - ours))
         .filter(|(_, d)| d.abs() > 1e-9 * e.step_time_s)
         .collect();

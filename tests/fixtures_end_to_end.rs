@@ -66,6 +66,7 @@ fn check_passes_on_every_reference_with_and_without_rewrites() {
                 &data,
                 rewrite,
                 Precision::F32,
+                None,
             )
             .unwrap();
             println!("{}", check::render(&r));
@@ -78,7 +79,14 @@ fn check_passes_on_every_reference_with_and_without_rewrites() {
 fn f64_runs_agree_with_the_f32_reference() {
     let stem = "llama-tiny.dynamo";
     let data = PathBuf::from(format!("{FIXTURES}/reference/{stem}/test_data_set_0"));
-    let r = check::run(&model_path(&format!("{stem}.onnx")), &data, true, Precision::F64).unwrap();
+    let r = check::run(
+        &model_path(&format!("{stem}.onnx")),
+        &data,
+        true,
+        Precision::F64,
+        None,
+    )
+    .unwrap();
     assert!(r.ok, "{:?}", r.outputs);
 }
 

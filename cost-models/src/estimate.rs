@@ -41,6 +41,22 @@ pub struct TimeBreakdown {
     pub optimizer_s: f64,
 }
 
+impl TimeBreakdown {
+    /// The parts with names for people, in a fixed order.
+    pub fn parts(&self) -> [(&'static str, f64); 8] {
+        [
+            ("compute", self.compute_s),
+            ("tensor-parallel comm", self.tp_comm_s),
+            ("context-parallel comm", self.cp_comm_s),
+            ("expert-parallel comm", self.ep_comm_s),
+            ("data-parallel comm", self.dp_comm_s),
+            ("pipeline bubble", self.bubble_s),
+            ("pipeline p2p", self.p2p_s),
+            ("optimizer", self.optimizer_s),
+        ]
+    }
+}
+
 /// The estimate of one configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize, schemars::JsonSchema)]
 pub struct Estimate {

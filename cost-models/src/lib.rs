@@ -16,6 +16,7 @@ pub mod config;
 pub mod estimate;
 pub mod memory;
 pub mod pipeline;
+pub mod published;
 pub mod workload;
 
 pub use calibration::{Calibration, CalibrationError};

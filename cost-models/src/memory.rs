@@ -21,6 +21,19 @@ pub struct MemoryBreakdown {
     pub total: f64,
 }
 
+impl MemoryBreakdown {
+    /// The parts with names for people, in a fixed order (without the total).
+    pub fn parts(&self) -> [(&'static str, f64); 5] {
+        [
+            ("weights", self.weights),
+            ("gradients", self.gradients),
+            ("optimizer state", self.optimizer),
+            ("activations", self.activations),
+            ("comm buffers", self.communication),
+        ]
+    }
+}
+
 /// Bytes per parameter of the Adam state: an f32 master copy when weights
 /// are narrower than f32, plus two f32 moments.
 pub fn optimizer_bytes_per_param(weight: DType) -> f64 {

@@ -328,17 +328,11 @@ fn infeasible(limit: f64, lowest: Option<(f64, Option<Estimate>)>) -> SearchErro
     let (needed, estimate) = lowest.unwrap_or((f64::INFINITY, None));
     let (term, term_bytes) = estimate
         .map(|e| {
-            let m = e.memory;
-            [
-                ("weights", m.weights),
-                ("gradients", m.gradients),
-                ("optimizer state", m.optimizer),
-                ("activations", m.activations),
-                ("communication buffers", m.communication),
-            ]
-            .into_iter()
-            .max_by(|a, b| a.1.total_cmp(&b.1))
-            .unwrap_or(("model state", needed))
+            e.memory
+                .parts()
+                .into_iter()
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .unwrap_or(("model state", needed))
         })
         .unwrap_or(("model state", needed));
     SearchError::Infeasible {

@@ -5,4 +5,5 @@
 //! Architecture invariant: the runtime executes what it is given; it never
 //! re-plans or rewrites a graph.
 
+pub mod autodiff;
 pub mod cpu;

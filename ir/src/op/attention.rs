@@ -87,15 +87,30 @@ pub(super) fn infer_attention(cx: &InferCtx) -> Result<Vec<TensorType>, OpError>
 }
 
 /// A mask input seen through strides broadcasting it to `[b, hq, sq, len]`.
-struct MaskView<'a> {
-    value: &'a Value,
-    len: usize,
-    strides: Vec<isize>,
+pub(super) struct MaskView<'a> {
+    pub(super) value: &'a Value,
+    /// Keys the mask covers; later keys are masked.
+    pub(super) len: usize,
+    /// Strides of `[b, hq, sq, len]` into the mask (0 where broadcast).
+    pub(super) strides: Vec<isize>,
+}
+
+impl<'a> MaskView<'a> {
+    /// The view of `mask` over the scores of `b` batches, `hq` heads and
+    /// `sq` queries (shared with the backward kernel).
+    pub(super) fn new(mask: &'a Value, b: usize, hq: usize, sq: usize) -> Self {
+        let len = mask.shape.last().copied().unwrap_or(1);
+        MaskView {
+            value: mask,
+            len,
+            strides: broadcast_strides(&mask.shape, &[b, hq, sq, len]),
+        }
+    }
 }
 
 /// The additive mask of one (batch, head) pair as a `[sq, sk]` row-major
 /// buffer (`-inf` for masked), and whether each query row is fully masked.
-fn head_bias<T: Real>(
+pub(super) fn head_bias<T: Real>(
     mask: Option<&MaskView>,
     b: usize,
     h: usize,
@@ -143,14 +158,7 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
     let dv = cx.input(2)?.shape[3];
     let group = hq / hk.max(1);
     let scale = T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt()));
-    let mask = cx.opt(3).map(|m| {
-        let len = m.shape.last().copied().unwrap_or(1);
-        MaskView {
-            value: m,
-            len,
-            strides: broadcast_strides(&m.shape, &[b, hq, sq, len]),
-        }
-    });
+    let mask = cx.opt(3).map(|m| MaskView::new(m, b, hq, sq));
     let mut out = vec![T::zero(); b * hq * sq * dv];
     let mut scores = vec![T::zero(); sq * sk];
     for bi in 0..b {
@@ -183,7 +191,7 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
 }
 
 /// Softmax of `row + bias` in place; a fully masked row becomes zeros.
-fn masked_softmax<T: Real>(row: &mut [T], bias: &[T], masked: bool) {
+pub(super) fn masked_softmax<T: Real>(row: &mut [T], bias: &[T], masked: bool) {
     if masked {
         row.fill(T::zero());
         return;

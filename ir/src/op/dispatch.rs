@@ -48,6 +48,7 @@ impl Op {
             } => attention::infer_rotary(&cx, *rotary_dim, *num_heads),
             Op::MoeRouter { top_k } => moe::infer_router(&cx, *top_k),
             Op::MoeExperts { .. } => moe::infer_experts(&cx),
+            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::infer(&cx, self),
             Op::Reduce {
                 kind,
                 axes,
@@ -75,6 +76,9 @@ impl Op {
             Op::GatherElements { axis } => indexing::infer_gather_elements(&cx, *axis),
             Op::GatherNd { batch_dims } => indexing::infer_gather_nd(&cx, *batch_dims),
             Op::Embedding => indexing::infer_embedding(&cx),
+            Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
+                super::scatter::infer(&cx, self)
+            }
             Op::ConstantOfShape { value } => generate::infer_constant_of_shape(&cx, *value),
             Op::Range => generate::infer_range(&cx),
         }
@@ -125,8 +129,12 @@ impl Op {
             Op::RotaryEmbedding { .. } => attention::rotary_flops(input(0)),
             Op::MoeRouter { .. } => norm::flops(NormKind::Softmax, input(0)),
             Op::MoeExperts { .. } => moe::experts_flops(inputs),
+            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::flops(self, inputs),
             Op::Reduce { .. } | Op::CumSum { .. } => reduce::flops(input(0), true),
             Op::ArgMax { .. } | Op::TopK { .. } => reduce::flops(input(0), false),
+            Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
+                super::scatter::flops(input(0))
+            }
             _ => (0.0, 0.0),
         };
         let metadata_only = matches!(
@@ -207,6 +215,7 @@ impl Op {
             } => attention::eval_rotary(&cx, *interleaved, *rotary_dim, *num_heads),
             Op::MoeRouter { top_k } => moe::eval_router(&cx, *top_k),
             Op::MoeExperts { activation } => moe::eval_experts(&cx, *activation),
+            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::eval(&cx, self),
             Op::Reduce {
                 kind,
                 axes,
@@ -235,6 +244,9 @@ impl Op {
             Op::GatherElements { axis } => indexing::eval_gather_elements(&cx, *axis),
             Op::GatherNd { batch_dims } => indexing::eval_gather_nd(&cx, *batch_dims),
             Op::Embedding => indexing::eval_gather(&cx, 0),
+            Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
+                super::scatter::eval(&cx, self)
+            }
             Op::ConstantOfShape { value } => generate::eval_constant_of_shape(&cx, *value),
             Op::Range => generate::eval_range(&cx),
         }

@@ -20,6 +20,7 @@ mod broadcast;
 mod dispatch;
 mod elementwise;
 mod generate;
+mod grad;
 mod indexing;
 mod kernel_util;
 mod linalg;
@@ -27,6 +28,7 @@ mod moe;
 mod movement;
 mod norm;
 mod reduce;
+mod scatter;
 mod slicing;
 #[cfg(test)]
 mod testing;
@@ -184,6 +186,23 @@ pub enum Op {
     /// when gated.
     MoeExperts { activation: Activation },
 
+    // ---- adjoints of the fused ops (backward passes) --------------------------
+    /// `(q, k, v, dout, mask?)` → `(dq, dk, dv, dmask?)`: the gradient of
+    /// `Attention { scale, causal }` at `(q, k, v, mask?)` for the output
+    /// gradient `dout`. Recomputes the probabilities instead of saving
+    /// them. `mask_grad` asks for the gradient of a float mask too (summed
+    /// over the dims it was broadcast along), which fixes the output count.
+    AttentionGrad {
+        scale: Option<f64>,
+        causal: bool,
+        mask_grad: bool,
+    },
+    /// `(x, weights, indices, w_in, w_out, dout, w_gate?)` →
+    /// `(dx, dweights, dw_in, dw_out, dw_gate?)`: the gradient of
+    /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
+    /// says whether `w_gate` is given, which fixes the output count.
+    MoeExpertsGrad { activation: Activation, gated: bool },
+
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
     /// older opset, already folded into the attribute.
@@ -244,6 +263,18 @@ pub enum Op {
     GatherNd { batch_dims: i64 },
     /// `(table[vocab, hidden], ids)`: row lookup, `ids` any integer shape.
     Embedding,
+
+    // ---- scatter-adds: adjoints of the gathers (backward passes) -------------
+    /// `(grad, indices, shape)`: zeros of the constant `shape` with each
+    /// `grad` element added where `Gather { axis }` of a `shape` tensor at
+    /// `indices` read it; repeated indices accumulate. Backward of `Gather`
+    /// and `Embedding`.
+    GatherGrad { axis: i64 },
+    /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherElements { axis }`.
+    /// Backward of `GatherElements` and `TopK`.
+    GatherElementsGrad { axis: i64 },
+    /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherNd { batch_dims }`.
+    GatherNdGrad { batch_dims: i64 },
 
     // ---- generators ------------------------------------------------------------
     /// `(shape)` filled with `value` (a one-element tensor; f32 zero when absent).
@@ -324,7 +355,8 @@ impl Op {
             Op::Gelu { .. } | Op::Silu => OpClass::Activation,
             Op::Embedding => OpClass::Embedding,
             Op::TopK { .. } | Op::MoeRouter { .. } => OpClass::MoeRouting,
-            Op::MoeExperts { .. } => OpClass::Linear,
+            Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => OpClass::Linear,
+            Op::AttentionGrad { .. } => OpClass::Attention,
             Op::RotaryEmbedding { .. } => OpClass::Elementwise,
             Op::Softmax { .. } | Op::LogSoftmax { .. } => OpClass::Softmax,
             Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
@@ -342,6 +374,9 @@ impl Op {
             | Op::Slice
             | Op::Trilu { .. } => OpClass::DataMovement,
             Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => OpClass::Indexing,
+            Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
+                OpClass::Indexing
+            }
             Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => OpClass::Generator,
         }
     }
@@ -350,6 +385,8 @@ impl Op {
     pub fn num_outputs(&self) -> usize {
         match self {
             Op::TopK { .. } | Op::MoeRouter { .. } => 2,
+            Op::AttentionGrad { mask_grad, .. } => 3 + usize::from(*mask_grad),
+            Op::MoeExpertsGrad { gated, .. } => 4 + usize::from(*gated),
             Op::Split { outputs, .. } => *outputs,
             _ => 1,
         }

@@ -1,0 +1,99 @@
+//! Adjoints of the fused ops, which backward passes emit: `AttentionGrad`
+//! (of `Attention`) and `MoeExpertsGrad` (of `MoeExperts`). Composing these
+//! gradients from primitive ops would materialise the full score matrix or
+//! every token's expert activations; a fused adjoint recomputes them per
+//! head or per expert from the forward inputs, as the forward kernel does,
+//! and returns the gradients of every float input at once.
+//!
+//! The adjoints are not themselves differentiable (no second order), so
+//! their cost has no backward part.
+
+mod attention;
+mod moe;
+
+use super::kernel_util::{finish, invalid, EvalCtx, InferCtx};
+use super::{Op, OpError, TensorType};
+use crate::{Data, Dim, Value};
+
+/// Output types of an adjoint op.
+pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::AttentionGrad { mask_grad, .. } => attention::infer(cx, *mask_grad),
+        Op::MoeExpertsGrad { gated, .. } => moe::infer(cx, *gated),
+        _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
+    }
+}
+
+/// Reference kernel of an adjoint op.
+pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::AttentionGrad {
+            scale,
+            causal,
+            mask_grad,
+        } => float_outputs(
+            cx,
+            || attention::kernel::<f32>(cx, *scale, *causal, *mask_grad),
+            || attention::kernel::<f64>(cx, *scale, *causal, *mask_grad),
+        ),
+        Op::MoeExpertsGrad { activation, .. } => float_outputs(
+            cx,
+            || moe::kernel::<f32>(cx, *activation),
+            || moe::kernel::<f64>(cx, *activation),
+        ),
+        _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
+    }
+}
+
+/// FLOPs of an adjoint op (its forward; it has no backward).
+pub(super) fn flops(op: &Op, inputs: &[Option<&TensorType>]) -> (f64, f64) {
+    match op {
+        Op::AttentionGrad { .. } => (attention::flops(inputs), 0.0),
+        Op::MoeExpertsGrad { .. } => (moe::flops(inputs), 0.0),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// Checks that input `i` (an output gradient) has the type `want` of the
+/// forward output it is the gradient of.
+fn check_grad_like(cx: &InferCtx, i: usize, want: &TensorType) -> Result<(), OpError> {
+    let got = cx.float(i)?;
+    let differ = |a: &Dim, b: &Dim| matches!((a, b), (Dim::Fixed(p), Dim::Fixed(q)) if p != q);
+    if got.dtype != want.dtype
+        || got.shape.rank() != want.shape.rank()
+        || got.shape.0.iter().zip(&want.shape.0).any(|(a, b)| differ(a, b))
+    {
+        return Err(invalid(
+            cx.op,
+            format!(
+                "output gradient (input {i}) is {}{} but the forward output is {}{}",
+                got.dtype, got.shape, want.dtype, want.shape
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs a multi-output kernel at the storage class of input 0 and wraps its
+/// outputs with the inferred output types.
+fn float_outputs(
+    cx: &EvalCtx,
+    f32_kernel: impl FnOnce() -> Result<Vec<Vec<f32>>, OpError>,
+    f64_kernel: impl FnOnce() -> Result<Vec<Vec<f64>>, OpError>,
+) -> Result<Vec<Value>, OpError> {
+    let x = cx.input(0)?;
+    let data: Vec<Data> = match &x.data {
+        Data::F32(_) => f32_kernel()?.into_iter().map(Data::F32).collect(),
+        Data::F64(_) => f64_kernel()?.into_iter().map(Data::F64).collect(),
+        _ => {
+            return Err(invalid(
+                cx.op,
+                format!("expects a floating-point input, got {}", x.dtype),
+            ))
+        }
+    };
+    data.into_iter()
+        .enumerate()
+        .map(|(i, d)| Ok(finish(cx.out_dtype(i), cx.out_shape(i)?, d)))
+        .collect()
+}

@@ -1,0 +1,67 @@
+//! Backward rules, one file per op family. Each rule returns one entry per
+//! forward input: its gradient, or `None` where the input needs none
+//! (`wants[i]` false) or has no gradient (integer indices, shapes).
+
+mod attention;
+mod elementwise;
+mod indexing;
+mod linalg;
+mod moe;
+mod movement;
+mod norm;
+mod reduce;
+
+use super::{AutodiffError, Ctx};
+use autopar_ir::{Node, Op, TensorId};
+
+/// Input gradients of `node` from its output gradients (`None` where an
+/// output has none).
+pub fn input_grads(
+    ctx: &mut Ctx,
+    node: &Node,
+    grads: &[Option<TensorId>],
+    wants: &[bool],
+) -> Result<Vec<Option<TensorId>>, AutodiffError> {
+    match &node.op {
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Clip
+        | Op::Silu
+        | Op::Gelu { .. } => elementwise::backward(ctx, node, grads, wants),
+        Op::MatMul | Op::Gemm { .. } | Op::Linear => linalg::backward(ctx, node, grads, wants),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
+            norm::backward(ctx, node, grads, wants)
+        }
+        Op::Attention { .. } | Op::RotaryEmbedding { .. } | Op::AttentionGrad { .. } => {
+            attention::backward(ctx, node, grads, wants)
+        }
+        Op::MoeRouter { .. } | Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => {
+            moe::backward(ctx, node, grads, wants)
+        }
+        Op::Reduce { .. } | Op::CumSum { .. } => reduce::backward(ctx, node, grads, wants),
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Trilu { .. } => movement::backward(ctx, node, grads, wants),
+        Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Embedding
+        | Op::TopK { .. }
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. } => indexing::backward(ctx, node, grads, wants),
+        // Integer-valued or data-independent results carry no gradient.
+        Op::ArgMax { .. } | Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => {
+            Ok(vec![None; node.inputs.len()])
+        }
+    }
+}

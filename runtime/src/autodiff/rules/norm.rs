@@ -1,0 +1,205 @@
+//! Backward rules: softmax and normalisation, composed from reductions and
+//! elementwise ops.
+//!
+//! - `Softmax`: `dx = y · (g − Σ g·y)`; `LogSoftmax`: `dx = g − exp(y) · Σ g`
+//!   (sums over the axis, `y` the forward output).
+//! - `LayerNorm`/`RmsNorm`: the statistics are recomputed exactly as the
+//!   forward kernel does (mean, `var = mean((x − mean)²)` or `mean(x²)`,
+//!   `inv = 1/√(var + ε)`, `x̂ = (x − mean)·inv`), then with `ĝ = g · scale`:
+//!   `dx = inv · (ĝ − mean(ĝ) − x̂ · mean(ĝ · x̂))` (no `mean(ĝ)` term for RMS),
+//!   `dscale = Σ g · x̂` and `dbias = Σ g` over the dims they broadcast along.
+//!
+//! Like the forward kernels, `f16`/`bf16` inputs are computed in `f32` (the
+//! stash type) and the gradients rounded back.
+
+use super::elementwise::{binary, cast_to, input, output, unary};
+use super::reduce::reduce;
+use crate::autodiff::{AutodiffError, Ctx};
+use autopar_ir::{BinaryOp, DType, Node, Op, ReduceKind, TensorId, UnaryOp};
+
+/// Input gradients of a softmax or normalisation op.
+pub fn backward(
+    ctx: &mut Ctx,
+    node: &Node,
+    grads: &[Option<TensorId>],
+    wants: &[bool],
+) -> Result<Vec<Option<TensorId>>, AutodiffError> {
+    let mut out = vec![None; node.inputs.len()];
+    let Some(g) = grads.first().copied().flatten() else {
+        return Ok(out);
+    };
+    let want = |i: usize| wants.get(i).copied().unwrap_or(false);
+    match node.op {
+        Op::Softmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, false)?),
+        Op::LogSoftmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, true)?),
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => {}
+        Op::LayerNorm { axis, epsilon } => out = norm_grads(ctx, node, g, axis, epsilon, true, wants)?,
+        Op::RmsNorm { axis, epsilon } => out = norm_grads(ctx, node, g, axis, epsilon, false, wants)?,
+        ref other => return Err(ctx.unsupported(&format!("(not a normalisation: {})", other.name()))),
+    }
+    Ok(out)
+}
+
+/// The type the statistics are computed in: `f32` for low-precision floats.
+fn stash_type(dtype: DType) -> DType {
+    if dtype.is_lowp_float() {
+        DType::F32
+    } else {
+        dtype
+    }
+}
+
+/// `Softmax` (`log = false`) or `LogSoftmax` gradient along `axis`.
+fn softmax_grad(
+    ctx: &mut Ctx,
+    node: &Node,
+    g: TensorId,
+    axis: i64,
+    log: bool,
+) -> Result<TensorId, AutodiffError> {
+    let x_dtype = ctx.ty(input(node, 0)?).dtype;
+    let stash = stash_type(x_dtype);
+    let y = cast_to(ctx, output(node)?, stash)?;
+    let g = cast_to(ctx, g, stash)?;
+    let dx = if log {
+        let sum = reduce(ctx, ReduceKind::Sum, g, &[axis], true)?;
+        let p = unary(ctx, UnaryOp::Exp, y)?;
+        let ps = binary(ctx, BinaryOp::Mul, p, sum)?;
+        binary(ctx, BinaryOp::Sub, g, ps)?
+    } else {
+        let gy = binary(ctx, BinaryOp::Mul, g, y)?;
+        let sum = reduce(ctx, ReduceKind::Sum, gy, &[axis], true)?;
+        let centred = binary(ctx, BinaryOp::Sub, g, sum)?;
+        binary(ctx, BinaryOp::Mul, y, centred)?
+    };
+    cast_to(ctx, dx, x_dtype)
+}
+
+/// `LayerNorm` (`centre`) or `RmsNorm` gradients for `(x, scale, bias?)`.
+fn norm_grads(
+    ctx: &mut Ctx,
+    node: &Node,
+    g: TensorId,
+    axis: i64,
+    epsilon: f64,
+    centre: bool,
+    wants: &[bool],
+) -> Result<Vec<Option<TensorId>>, AutodiffError> {
+    let mut out = vec![None; node.inputs.len()];
+    let x = input(node, 0)?;
+    let scale = input(node, 1)?;
+    let want = |i: usize| wants.get(i).copied().unwrap_or(false);
+    let x_dtype = ctx.ty(x).dtype;
+    let stash = stash_type(x_dtype);
+    let rank = ctx.ty(x).shape.rank() as i64;
+    let first = if axis < 0 { axis + rank } else { axis };
+    if !(0..rank).contains(&first) {
+        return Err(ctx.unsupported(&format!("with axis {axis} out of range for rank {rank}")));
+    }
+    let axes: Vec<i64> = (first..rank).collect();
+    let g = cast_to(ctx, g, stash)?;
+    if let Some(bias) = node.inputs.get(2).copied().flatten().filter(|_| want(2)) {
+        out[2] = Some(param_grad(ctx, g, bias)?);
+    }
+    if !want(0) && !want(1) {
+        return Ok(out);
+    }
+    let xs = cast_to(ctx, x, stash)?;
+    let centred = if centre {
+        let mean = reduce(ctx, ReduceKind::Mean, xs, &axes, true)?;
+        binary(ctx, BinaryOp::Sub, xs, mean)?
+    } else {
+        xs
+    };
+    let sq = binary(ctx, BinaryOp::Mul, centred, centred)?;
+    let var = reduce(ctx, ReduceKind::Mean, sq, &axes, true)?;
+    let eps = ctx.scalar(stash, epsilon);
+    let var_eps = binary(ctx, BinaryOp::Add, var, eps)?;
+    let std = unary(ctx, UnaryOp::Sqrt, var_eps)?;
+    let inv = unary(ctx, UnaryOp::Reciprocal, std)?;
+    let xhat = binary(ctx, BinaryOp::Mul, centred, inv)?;
+    if want(1) {
+        let gx = binary(ctx, BinaryOp::Mul, g, xhat)?;
+        out[1] = Some(param_grad(ctx, gx, scale)?);
+    }
+    if want(0) {
+        let scale_s = cast_to(ctx, scale, stash)?;
+        let gh = binary(ctx, BinaryOp::Mul, g, scale_s)?;
+        let ghx = binary(ctx, BinaryOp::Mul, gh, xhat)?;
+        let proj = reduce(ctx, ReduceKind::Mean, ghx, &axes, true)?;
+        let along = binary(ctx, BinaryOp::Mul, xhat, proj)?;
+        let mut inner = binary(ctx, BinaryOp::Sub, gh, along)?;
+        if centre {
+            let mean_gh = reduce(ctx, ReduceKind::Mean, gh, &axes, true)?;
+            inner = binary(ctx, BinaryOp::Sub, inner, mean_gh)?;
+        }
+        let dx = binary(ctx, BinaryOp::Mul, inv, inner)?;
+        out[0] = Some(cast_to(ctx, dx, x_dtype)?);
+    }
+    Ok(out)
+}
+
+/// `t` (shaped like `x`, in the stash type) summed down to the shape of
+/// the broadcast parameter `param` and cast to its type.
+fn param_grad(ctx: &mut Ctx, t: TensorId, param: TensorId) -> Result<TensorId, AutodiffError> {
+    let target = ctx.ty(param).clone();
+    let summed = ctx.sum_to(t, &target)?;
+    cast_to(ctx, summed, target.dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::autodiff::testing::{check_op, random};
+    use autopar_ir::Op;
+
+    const TOL: f64 = 1e-6;
+
+    #[test]
+    fn softmax_and_log_softmax_over_any_axis() {
+        let x = random(&[2, 3, 4], 1);
+        for axis in [-1, 0, 1] {
+            check_op(&Op::Softmax { axis }, &[Some(x.clone())], TOL);
+            check_op(&Op::LogSoftmax { axis }, &[Some(x.clone())], TOL);
+        }
+    }
+
+    #[test]
+    fn layer_norm_over_the_last_dim_with_and_without_bias() {
+        let op = Op::LayerNorm {
+            axis: -1,
+            epsilon: 1e-5,
+        };
+        let (x, scale, bias) = (random(&[2, 3, 4], 2), random(&[4], 3), random(&[4], 4));
+        check_op(&op, &[Some(x.clone()), Some(scale.clone()), Some(bias)], TOL);
+        check_op(&op, &[Some(x), Some(scale)], TOL);
+    }
+
+    #[test]
+    fn layer_norm_over_the_last_two_dims_with_broadcast_parameters() {
+        let op = Op::LayerNorm {
+            axis: 1,
+            epsilon: 1e-3,
+        };
+        let x = random(&[2, 3, 4], 5);
+        check_op(
+            &op,
+            &[
+                Some(x.clone()),
+                Some(random(&[3, 4], 6)),
+                Some(random(&[3, 4], 7)),
+            ],
+            TOL,
+        );
+        // Scale along the last dim only, a one-element bias.
+        check_op(&op, &[Some(x), Some(random(&[4], 8)), Some(random(&[1], 9))], TOL);
+    }
+
+    #[test]
+    fn rms_norm_over_one_and_two_dims() {
+        let x = random(&[2, 3, 4], 10);
+        for (axis, scale) in [(-1, vec![4]), (-2, vec![3, 4]), (1, vec![4])] {
+            let op = Op::RmsNorm { axis, epsilon: 1e-6 };
+            check_op(&op, &[Some(x.clone()), Some(random(&scale, 11))], TOL);
+        }
+    }
+}
