@@ -10,4 +10,5 @@ pub mod model;
 pub mod output;
 pub mod plan;
 pub mod profile;
+pub mod run;
 pub mod units;

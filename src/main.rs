@@ -94,6 +94,54 @@ enum Command {
         #[arg(long)]
         quick: bool,
     },
+    /// Train a model under a parallel plan: lower it to per-rank programs
+    /// and run them, one thread per rank.
+    Run(RunArgs),
+}
+
+/// `autopar run` flags.
+#[derive(clap::Args)]
+struct RunArgs {
+    /// A plan file written by `autopar plan`, or a model with `--plan`.
+    target: String,
+    /// `auto`: plan for this host's ranks first; or a plan file for the model given as TARGET.
+    #[arg(long)]
+    plan: Option<String>,
+    /// Where to run: cpu (threads on this host) or cuda.
+    #[arg(long, default_value = "cpu")]
+    backend: String,
+    /// Ranks (one thread each); must equal the plan's.
+    #[arg(long)]
+    ranks: usize,
+    /// Training steps.
+    #[arg(long, default_value_t = 10)]
+    steps: usize,
+    /// `synthetic` (a learnable token pattern) or a tokens.bin file of little-endian uint16 tokens.
+    #[arg(long)]
+    data: Option<String>,
+    /// adamw or sgd.
+    #[arg(long, default_value = "adamw")]
+    optimizer: String,
+    /// Learning rate (default: 1e-3 for AdamW, 0.1 for SGD).
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed of the data and of the initial weights of weightless models.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Arithmetic precision.
+    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
+    precision: PrecisionArg,
+    /// With `--plan auto`: rows per step (default: 4 per rank × the model's batch).
+    #[arg(long)]
+    global_batch: Option<usize>,
+    /// Sequence length for models whose sequence is symbolic.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// With `--plan auto`: also write the plan to this file.
+    #[arg(long)]
+    save_plan: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
 }
 
 /// `autopar plan` flags.
@@ -266,6 +314,77 @@ fn progress_bar() -> Option<indicatif::ProgressBar> {
     Some(bar)
 }
 
+fn precision_of(p: PrecisionArg) -> Precision {
+    match p {
+        PrecisionArg::F32 => Precision::F32,
+        PrecisionArg::F64 => Precision::F64,
+    }
+}
+
+fn run_command(a: RunArgs) -> Result<()> {
+    use autopar::run;
+    let request = run::Request {
+        target: a.target,
+        plan: a.plan,
+        backend: a.backend,
+        ranks: a.ranks,
+        steps: a.steps,
+        data: a.data,
+        optimizer: a.optimizer,
+        lr: a.lr,
+        seed: a.seed,
+        precision: precision_of(a.precision),
+        global_batch: a.global_batch,
+        seq: a.seq,
+        save_plan: a.save_plan,
+    };
+    let json = a.json;
+    let bar = step_bar(a.steps);
+    let on_plan = |p: &run::PlanSummary, ranks: usize| {
+        if !json {
+            let _ = emit(&format!("{}\n", run::plan_line(p, ranks)));
+        }
+    };
+    let on_step = |s: &autopar_runtime::cpu::parallel::StepReport, tokens: usize| {
+        let line = run::step_line(s, tokens);
+        match (&bar, json) {
+            (Some(bar), false) => {
+                bar.println(line);
+                bar.inc(1);
+            }
+            (Some(bar), true) => bar.inc(1),
+            (None, false) => {
+                let _ = emit(&format!("{line}\n"));
+            }
+            (None, true) => {}
+        }
+    };
+    let result = run::run(&request, &on_plan, &on_step);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let report = result?;
+    if json {
+        print_json(&report)
+    } else {
+        emit(&run::render_summary(&report))
+    }
+}
+
+/// A bar over training steps, on terminals only.
+fn step_bar(steps: usize) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(steps as u64);
+    if let Ok(style) = indicatif::ProgressStyle::with_template("training {bar:40} step {pos}/{len} {elapsed}")
+    {
+        bar.set_style(style);
+    }
+    Some(bar)
+}
+
 fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     emit(&format!("{}\n", serde_json::to_string_pretty(value)?))
 }
@@ -294,10 +413,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             json,
             ..
         } => {
-            let precision = match precision {
-                PrecisionArg::F32 => Precision::F32,
-                PrecisionArg::F64 => Precision::F64,
-            };
+            let precision = precision_of(precision);
             let r = check::run(&model, &data, !no_rewrite, precision, grads.as_deref())?;
             if json {
                 print_json(&r)?;
@@ -328,6 +444,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 dropout: a.dropout,
                 calibration: a.calibration,
                 output: a.output.clone(),
+                limits: autopar_planner::DegreeLimits::NONE,
             };
             let bar = progress_bar();
             let report = |done: usize, total: usize| {
@@ -377,6 +494,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 emit(&estimate::render(&report))?;
             }
         }
+        Command::Run(a) => run_command(a)?,
         Command::Profile {
             backend,
             output,

@@ -7,7 +7,7 @@ use crate::{model, output};
 use anyhow::{Context, Result};
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
 use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel, PlanContext};
-use autopar_planner::{search, Plan, SearchOptions};
+use autopar_planner::{search, DegreeLimits, Plan, SearchOptions};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -25,10 +25,21 @@ pub struct Request {
     pub dropout: bool,
     pub calibration: Option<PathBuf>,
     pub output: PathBuf,
+    /// What the search may use.
+    pub limits: DegreeLimits,
 }
 
 /// Plans `r.model`, writes the plan file, and returns the plan.
 pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan> {
+    output::check_folder(&r.output)?;
+    let plan = make(r, progress)?;
+    let json = serde_json::to_string_pretty(&plan)?;
+    output::write_atomic(&r.output, format!("{json}\n").as_bytes())?;
+    Ok(plan)
+}
+
+/// Plans `r.model` (`r.output` is not written).
+pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan> {
     if !(r.max_memory_fraction > 0.0 && r.max_memory_fraction <= 1.0) {
         anyhow::bail!(
             "--max-memory-fraction {} must be in (0, 1]",
@@ -38,7 +49,6 @@ pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan
     if r.global_batch == 0 {
         anyhow::bail!("--global-batch must be at least 1");
     }
-    output::check_folder(&r.output)?;
     let cluster = Cluster::load(&r.cluster)?.with_gpus(r.gpus)?;
     let calibration = match &r.calibration {
         Some(path) => Calibration::load(path)?,
@@ -47,6 +57,7 @@ pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan
     let m = model::load(&r.model)?;
     let graph = model::canonical(&m)?;
     let opts = SearchOptions {
+        limits: r.limits,
         global_batch: r.global_batch,
         seq: r.seq,
         max_memory_fraction: r.max_memory_fraction,
@@ -71,14 +82,11 @@ pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan
         seconds: found.seconds,
         memory_limit_bytes: found.memory_limit_bytes,
     };
-    let plan = Plan::new(&cx, &found.ranked, sharding).context("the search returned no plan")?;
-    let json = serde_json::to_string_pretty(&plan)?;
-    output::write_atomic(&r.output, format!("{json}\n").as_bytes())?;
-    Ok(plan)
+    Plan::new(&cx, &found.ranked, sharding).context("the search returned no plan")
 }
 
 /// The model's identity: its file's bytes, or the spec text.
-fn model_hash(model: &str) -> Result<String> {
+pub fn model_hash(model: &str) -> Result<String> {
     let path = Path::new(model);
     Ok(if path.is_file() {
         fnv1a_hex(&std::fs::read(path).with_context(|| format!("{model}: cannot read"))?)

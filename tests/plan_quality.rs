@@ -28,6 +28,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             .unwrap()
             .step_time_s;
         let opts = SearchOptions {
+            limits: autopar_planner::search::DegreeLimits::NONE,
             global_batch: r.batch,
             seq: None,
             max_memory_fraction: 1.0,

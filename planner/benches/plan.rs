@@ -41,6 +41,7 @@ fn main() {
             .expect("estimate")
             .step_time_s;
         let opts = SearchOptions {
+            limits: autopar_planner::search::DegreeLimits::NONE,
             global_batch: r.batch,
             seq: None,
             max_memory_fraction: 1.0,

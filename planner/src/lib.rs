@@ -10,4 +10,4 @@ pub mod spec;
 pub mod stages;
 
 pub use plan::{Plan, PlanError};
-pub use search::{search, Candidate, SearchError, SearchOptions, SearchResult};
+pub use search::{search, Candidate, DegreeLimits, SearchError, SearchOptions, SearchResult};

@@ -56,6 +56,29 @@ pub struct SearchOptions {
     pub dropout: bool,
     /// How many of the fastest plans to keep.
     pub top: usize,
+    /// What the search may use (degrees, gradient compression).
+    pub limits: DegreeLimits,
+}
+
+/// Caps on the tensor, context and expert-parallel degrees, and whether
+/// gradients may be compressed: a backend that does not run some form of
+/// parallelism plans without it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DegreeLimits {
+    pub tp: usize,
+    pub cp: usize,
+    pub ep: usize,
+    pub grad_compression: bool,
+}
+
+impl DegreeLimits {
+    /// No caps.
+    pub const NONE: DegreeLimits = DegreeLimits {
+        tp: usize::MAX,
+        cp: usize::MAX,
+        ep: usize::MAX,
+        grad_compression: true,
+    };
 }
 
 /// One evaluated configuration.
@@ -158,11 +181,16 @@ fn divisors(n: usize) -> Vec<usize> {
 }
 
 /// The tensor × context × expert-parallel groups to search, one task each.
-fn sharding_groups(gpus: usize, per_node: usize, facts: &ModelFacts) -> Vec<(usize, usize, usize)> {
+fn sharding_groups(
+    gpus: usize,
+    per_node: usize,
+    facts: &ModelFacts,
+    limits: DegreeLimits,
+) -> Vec<(usize, usize, usize)> {
     let mut groups = Vec::new();
     for tp in divisors(gpus) {
         let heads_ok = facts.heads.iter().all(|&(q, kv)| q % tp == 0 && kv % tp == 0);
-        if tp > per_node || !heads_ok {
+        if tp > per_node || tp > limits.tp || !heads_ok {
             continue;
         }
         for cp in divisors(gpus / tp) {
@@ -171,13 +199,13 @@ fn sharding_groups(gpus: usize, per_node: usize, facts: &ModelFacts) -> Vec<(usi
                     && facts
                         .seq
                         .is_some_and(|s| s % (2 * cp) == 0 && s / cp >= MIN_CONTEXT_CHUNK));
-            if !cp_ok {
+            if !cp_ok || cp > limits.cp {
                 continue;
             }
             let eps = match facts.experts {
                 Some(e) => divisors(gpus / (tp * cp))
                     .into_iter()
-                    .filter(|ep| e % ep == 0)
+                    .filter(|&ep| e % ep == 0 && ep <= limits.ep)
                     .collect(),
                 None => vec![1],
             };
@@ -204,12 +232,12 @@ fn schedules(pp: usize, layers: usize) -> Vec<(Schedule, usize)> {
 }
 
 /// Gradient-reduction variants worth pricing.
-fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize) -> Vec<GradReduce> {
+fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool) -> Vec<GradReduce> {
     if zero > 0 || replicas == 1 {
         return vec![GradReduce::default()];
     }
     let mut out = Vec::new();
-    let compressions: &[Option<DType>] = if weight_bits > 16 {
+    let compressions: &[Option<DType>] = if weight_bits > 16 && compress {
         &[None, Some(DType::Bf16)]
     } else {
         &[None]
@@ -265,7 +293,7 @@ pub fn search(
     let facts = model_facts(graph, &layered, opts)?;
     let gpus = cluster.gpus();
     let limit = opts.max_memory_fraction * cluster.device.memory_bytes;
-    let groups = sharding_groups(gpus, cluster.gpus_per_node, &facts);
+    let groups = sharding_groups(gpus, cluster.gpus_per_node, &facts, opts.limits);
     if groups.is_empty() {
         return Err(SearchError::Empty(format!(
             "no tensor-parallel degree up to {} divides the attention heads {:?}",
@@ -462,7 +490,9 @@ fn search_mesh(
         let ev = Evaluator::new(w, cluster, calibration, &Mesh::of(&base), base.sp)?;
         for (schedule, virtual_stages) in schedules(pp, facts.layers) {
             for &zero in &zeros {
-                for grad_reduce in grad_reductions(zero, replicas, facts.weight_bits) {
+                for grad_reduce in
+                    grad_reductions(zero, replicas, facts.weight_bits, opts.limits.grad_compression)
+                {
                     let mut cfg = TrainingConfig {
                         schedule,
                         virtual_stages,
@@ -532,9 +562,9 @@ mod tests {
 
     #[test]
     fn grad_reduction_variants() {
-        assert_eq!(grad_reductions(1, 8, 32).len(), 1);
-        assert_eq!(grad_reductions(0, 1, 32).len(), 1);
-        assert_eq!(grad_reductions(0, 8, 16).len(), 2);
-        assert_eq!(grad_reductions(0, 8, 32).len(), 4);
+        assert_eq!(grad_reductions(1, 8, 32, true).len(), 1);
+        assert_eq!(grad_reductions(0, 1, 32, true).len(), 1);
+        assert_eq!(grad_reductions(0, 8, 16, true).len(), 2);
+        assert_eq!(grad_reductions(0, 8, 32, true).len(), 4);
     }
 }

@@ -197,6 +197,7 @@ fn check(
     let graph = spec.parse::<ModelSpec>().unwrap().build().unwrap();
     let cluster = Cluster::preset(preset).unwrap().with_gpus(gpus).unwrap();
     let opts = SearchOptions {
+        limits: autopar_planner::search::DegreeLimits::NONE,
         global_batch,
         seq: None,
         max_memory_fraction: fraction,

@@ -1,9 +1,13 @@
-//! Execution of autopar graphs. This milestone holds the CPU reference
-//! interpreter (`cpu`); lowering, the simulator and the CUDA backend come
-//! with later work.
+//! Execution of autopar graphs: the CPU reference interpreter (`cpu`),
+//! reverse-mode autodiff (`autodiff`), lowering of a plan to per-rank
+//! programs (`lower`), in-process collectives between rank threads
+//! (`collective`), and the training pieces they run (`train`).
 //!
 //! Architecture invariant: the runtime executes what it is given; it never
 //! re-plans or rewrites a graph.
 
 pub mod autodiff;
+pub mod collective;
 pub mod cpu;
+pub mod lower;
+pub mod train;

@@ -49,6 +49,7 @@ impl Op {
             Op::MoeRouter { top_k } => moe::infer_router(&cx, *top_k),
             Op::MoeExperts { .. } => moe::infer_experts(&cx),
             Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::infer(&cx, self),
+            Op::Comm { kind, axis, parts } => super::collective::infer(&cx, *kind, *axis, *parts),
             Op::Reduce {
                 kind,
                 axes,
@@ -130,6 +131,7 @@ impl Op {
             Op::MoeRouter { .. } => norm::flops(NormKind::Softmax, input(0)),
             Op::MoeExperts { .. } => moe::experts_flops(inputs),
             Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::flops(self, inputs),
+            Op::Comm { .. } => (0.0, 0.0),
             Op::Reduce { .. } | Op::CumSum { .. } => reduce::flops(input(0), true),
             Op::ArgMax { .. } | Op::TopK { .. } => reduce::flops(input(0), false),
             Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
@@ -216,6 +218,7 @@ impl Op {
             Op::MoeRouter { top_k } => moe::eval_router(&cx, *top_k),
             Op::MoeExperts { activation } => moe::eval_experts(&cx, *activation),
             Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::eval(&cx, self),
+            Op::Comm { kind, .. } => super::collective::eval(&cx, *kind),
             Op::Reduce {
                 kind,
                 axes,

@@ -17,6 +17,7 @@
 
 mod attention;
 mod broadcast;
+mod collective;
 mod dispatch;
 mod elementwise;
 mod generate;
@@ -203,6 +204,11 @@ pub enum Op {
     /// says whether `w_gate` is given, which fixes the output count.
     MoeExpertsGrad { activation: Activation, gated: bool },
 
+    // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
+    /// `(x)`: communication over a tensor-parallel group of `parts` ranks
+    /// (see [`CommKind`]); `axis` is the dim gathered, sliced or scattered.
+    Comm { kind: CommKind, axis: i64, parts: usize },
+
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
     /// older opset, already folded into the attribute.
@@ -292,6 +298,38 @@ pub struct ScalarValue {
 }
 
 /// What an op contributes to a model, for histograms and reports: the
+/// What a [`Op::Comm`] does forward; its backward is the conjugate kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum CommKind {
+    /// Sum of every rank's pending share; backward: `Copy`.
+    AllReduce,
+    /// Identity into a split computation; backward: `AllReduce` of the gradient's shares.
+    Copy,
+    /// Concatenation of every rank's slice, for a replicated computation; backward: `Slice`.
+    AllGather,
+    /// This rank's slice of a replicated tensor; backward: `AllGather`.
+    Slice,
+    /// Concatenation of slices feeding a split computation (sequence
+    /// parallelism's gather); backward: `ReduceScatter`.
+    GatherForCompute,
+    /// Sum of pending shares, keeping this rank's slice; backward: `GatherForCompute`.
+    ReduceScatter,
+}
+
+impl CommKind {
+    /// The kind the backward pass runs on the gradient.
+    pub fn conjugate(self) -> CommKind {
+        match self {
+            CommKind::AllReduce => CommKind::Copy,
+            CommKind::Copy => CommKind::AllReduce,
+            CommKind::AllGather => CommKind::Slice,
+            CommKind::Slice => CommKind::AllGather,
+            CommKind::GatherForCompute => CommKind::ReduceScatter,
+            CommKind::ReduceScatter => CommKind::GatherForCompute,
+        }
+    }
+}
+
 /// compute classes the planner cares about, and everything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum OpClass {
@@ -372,7 +410,8 @@ impl Op {
             | Op::Concat { .. }
             | Op::Split { .. }
             | Op::Slice
-            | Op::Trilu { .. } => OpClass::DataMovement,
+            | Op::Trilu { .. }
+            | Op::Comm { .. } => OpClass::DataMovement,
             Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => OpClass::Indexing,
             Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
                 OpClass::Indexing

@@ -38,6 +38,10 @@ pub struct Differentiated {
     /// graph's outputs after the forward ones; parameters the loss does not
     /// depend on are absent.
     pub gradients: Vec<(String, String)>,
+    /// Backward node name → the forward node whose rule emitted it, so
+    /// lowering can place each backward node with its forward node (on the
+    /// same pipeline stage). The per-parameter gradient identities are absent.
+    pub origins: HashMap<String, String>,
 }
 
 /// Why a graph could not be differentiated; names the node.
@@ -81,6 +85,7 @@ pub fn differentiate(forward: &Graph) -> Result<Differentiated, AutodiffError> {
     if cotangents.is_empty() {
         return Err(AutodiffError::NoLoss);
     }
+    let mut origins = HashMap::new();
     for &idx in order.iter().rev() {
         let node = graph.node(idx).clone();
         let out_grads: Vec<Option<TensorId>> = node.outputs.iter().map(|t| grads.get(t).copied()).collect();
@@ -99,6 +104,7 @@ pub fn differentiate(forward: &Graph) -> Result<Differentiated, AutodiffError> {
             graph: &mut graph,
             node: &node,
             count: 0,
+            emitted: Vec::new(),
         };
         let in_grads = rules::input_grads(&mut ctx, &node, &out_grads, &wants)?;
         for ((slot, input), g) in node.inputs.iter().enumerate().zip(in_grads) {
@@ -115,6 +121,9 @@ pub fn differentiate(forward: &Graph) -> Result<Differentiated, AutodiffError> {
                 None => g,
             };
             grads.insert(input, total);
+        }
+        for name in ctx.emitted {
+            origins.insert(name, node.name.clone());
         }
     }
     let mut gradients = Vec::new();
@@ -143,6 +152,7 @@ pub fn differentiate(forward: &Graph) -> Result<Differentiated, AutodiffError> {
         graph,
         cotangents,
         gradients,
+        origins,
     })
 }
 
@@ -193,6 +203,7 @@ pub struct Ctx<'a> {
     graph: &'a mut Graph,
     node: &'a Node,
     count: usize,
+    emitted: Vec<String>,
 }
 
 impl Ctx<'_> {
@@ -248,7 +259,9 @@ impl Ctx<'_> {
                     .add_tensor(format!("{base}.{i}"), ty, Role::Activation, None)
             })
             .collect();
-        self.graph.add_node(base, op, inputs.to_vec(), outputs.clone())?;
+        self.graph
+            .add_node(base.clone(), op, inputs.to_vec(), outputs.clone())?;
+        self.emitted.push(base);
         Ok(outputs)
     }
 

@@ -7,6 +7,7 @@
 //! and every result is checked against the shape and dtype the graph recorded.
 
 mod compare;
+pub mod parallel;
 pub mod profile;
 
 pub use compare::{compare, Comparison};
@@ -153,14 +154,14 @@ fn bind_inputs(
 }
 
 /// The dtype a tensor of `dtype` has in a run at `precision`.
-fn run_dtype(dtype: DType, precision: Precision) -> DType {
+pub(crate) fn run_dtype(dtype: DType, precision: Precision) -> DType {
     match (precision, dtype) {
         (Precision::F64, DType::F32) => DType::F64,
         _ => dtype,
     }
 }
 
-fn widen(v: Value, precision: Precision) -> Value {
+pub(crate) fn widen(v: Value, precision: Precision) -> Value {
     if run_dtype(v.dtype, precision) == v.dtype {
         return v;
     }
@@ -175,7 +176,7 @@ fn widen(v: Value, precision: Precision) -> Value {
     }
 }
 
-fn widen_shared(v: &Arc<Value>, precision: Precision) -> Arc<Value> {
+pub(crate) fn widen_shared(v: &Arc<Value>, precision: Precision) -> Arc<Value> {
     if run_dtype(v.dtype, precision) == v.dtype {
         v.clone()
     } else {
@@ -185,7 +186,7 @@ fn widen_shared(v: &Arc<Value>, precision: Precision) -> Arc<Value> {
 
 /// Ops whose attributes name an output float type produce `f64` in an
 /// `f64` run.
-fn widen_op(op: &Op, precision: Precision) -> std::borrow::Cow<'_, Op> {
+pub(crate) fn widen_op(op: &Op, precision: Precision) -> std::borrow::Cow<'_, Op> {
     match op {
         Op::Cast {
             to,

@@ -59,6 +59,18 @@ pub fn input_grads(
         | Op::GatherGrad { .. }
         | Op::GatherElementsGrad { .. }
         | Op::GatherNdGrad { .. } => indexing::backward(ctx, node, grads, wants),
+        // Communication: the conjugate communication of the gradient.
+        Op::Comm { kind, axis, parts } => match grads[0] {
+            Some(g) if wants[0] => {
+                let op = Op::Comm {
+                    kind: kind.conjugate(),
+                    axis: *axis,
+                    parts: *parts,
+                };
+                Ok(vec![Some(ctx.emit1(op, &[g])?)])
+            }
+            _ => Ok(vec![None]),
+        },
         // Integer-valued or data-independent results carry no gradient.
         Op::ArgMax { .. } | Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => {
             Ok(vec![None; node.inputs.len()])

@@ -1,0 +1,50 @@
+//! Communication inside a tensor-parallel group, as graph ops. Lowering
+//! puts them where a layout changes (a pending sum is reduced, a split
+//! tensor gathered, a replicated one sliced), so autodiff can pair each
+//! with its conjugate: the backward of an all-reduce is a copy, of a copy
+//! an all-reduce, of a gather a slice, and so on (Megatron-LM's f and g
+//! operators, generalised). Only a backend that knows the rank's group can
+//! run them; the reference interpreter refuses.
+
+use super::kernel_util::{invalid, norm_axis, unsupported, EvalCtx, InferCtx};
+use super::{CommKind, OpError, TensorType};
+use crate::{Dim, Value};
+
+/// Output type: the input's, with `axis` multiplied (gathers) or divided
+/// (slices, reduce-scatters) by `parts`.
+pub(super) fn infer(
+    cx: &InferCtx,
+    kind: CommKind,
+    axis: i64,
+    parts: usize,
+) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(1, 1)?;
+    let x = cx.ty(0)?;
+    if parts == 0 {
+        return Err(invalid(cx.op, "a group needs at least one part"));
+    }
+    let mut out = x.clone();
+    if matches!(kind, CommKind::AllReduce | CommKind::Copy) {
+        return Ok(vec![out]);
+    }
+    let a = norm_axis(cx.op, axis, x.shape.rank())?;
+    out.shape.0[a] = match (&x.shape.0[a], kind) {
+        (Dim::Fixed(n), CommKind::AllGather | CommKind::GatherForCompute) => Dim::Fixed(n * parts),
+        (Dim::Fixed(n), _) if n % parts == 0 => Dim::Fixed(n / parts),
+        (d, _) => {
+            return Err(invalid(
+                cx.op,
+                format!("dim {a} ({d}) must be fixed and divide into {parts} parts"),
+            ))
+        }
+    };
+    Ok(vec![out])
+}
+
+/// The reference interpreter has no group to talk to.
+pub(super) fn eval(cx: &EvalCtx, _kind: CommKind) -> Result<Vec<Value>, OpError> {
+    Err(unsupported(
+        cx.op,
+        "tensor-parallel communication runs only on a parallel backend (autopar run)",
+    ))
+}

@@ -1,0 +1,194 @@
+//! Shared mailboxes between rank threads: buffered point-to-point messages
+//! matched by (source, tag), with byte counting, timeouts and a fabric-wide
+//! abort.
+
+use super::{Buffer, CommError};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Messages waiting for one destination rank, by (source rank, tag).
+type Inbox = HashMap<(usize, String), VecDeque<Buffer>>;
+
+/// One rank's mailbox; its condition variable wakes the owner on arrival
+/// or abort.
+#[derive(Default)]
+struct Mailbox {
+    inbox: Mutex<Inbox>,
+    arrived: Condvar,
+}
+
+/// State every endpoint of one fabric shares.
+struct Shared {
+    mailboxes: Vec<Mailbox>,
+    sent: Vec<AtomicU64>,
+    timeout: Duration,
+    aborted: AtomicBool,
+    /// Who aborted first, and why (set before `aborted`).
+    abort_cause: Mutex<Option<(usize, String)>>,
+}
+
+/// Creates the endpoints of `world` ranks that talk through shared
+/// mailboxes; endpoint `i` is rank `i`. A wait for a message gives up with
+/// [`CommError::Timeout`] after `timeout`, so a dead or deadlocked rank
+/// turns into an error instead of a hang.
+pub fn fabric(world: usize, timeout: Duration) -> Vec<Endpoint> {
+    let shared = Arc::new(Shared {
+        mailboxes: (0..world).map(|_| Mailbox::default()).collect(),
+        sent: (0..world).map(|_| AtomicU64::new(0)).collect(),
+        timeout,
+        aborted: AtomicBool::new(false),
+        abort_cause: Mutex::new(None),
+    });
+    (0..world)
+        .map(|rank| Endpoint {
+            rank,
+            shared: Arc::clone(&shared),
+        })
+        .collect()
+}
+
+/// Locks a mutex, ignoring poisoning: a rank thread that panicked while
+/// holding it leaves the mailbox data intact (pushes and pops are atomic
+/// with respect to the guard), and the other ranks must still be able to
+/// report errors rather than panic in turn.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// One rank's handle on the fabric; moved into that rank's thread.
+pub struct Endpoint {
+    rank: usize,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("rank", &self.rank)
+            .field("world", &self.world())
+            .field("bytes_sent", &self.bytes_sent())
+            .finish()
+    }
+}
+
+impl Endpoint {
+    /// This endpoint's global rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks on the fabric.
+    pub fn world(&self) -> usize {
+        self.shared.mailboxes.len()
+    }
+
+    /// Total bytes this rank has sent so far (elements × element size), to
+    /// compare a run with the communication model.
+    pub fn bytes_sent(&self) -> u64 {
+        self.shared.sent[self.rank].load(Ordering::Relaxed)
+    }
+
+    /// Sends `data` to rank `to` under `tag`. Buffered: it never blocks, so
+    /// collectives can send before they receive without deadlocking. Fails
+    /// once the fabric is aborted.
+    pub fn send(&self, to: usize, tag: &str, data: Buffer, what: &str) -> Result<(), CommError> {
+        let mailbox = self
+            .shared
+            .mailboxes
+            .get(to)
+            .ok_or_else(|| CommError::NoSuchRank {
+                rank: self.rank,
+                what: what.to_string(),
+                peer: to,
+                world: self.world(),
+            })?;
+        self.check_abort(what)?;
+        self.shared.sent[self.rank].fetch_add(data.byte_len(), Ordering::Relaxed);
+        lock(&mailbox.inbox)
+            .entry((self.rank, tag.to_string()))
+            .or_default()
+            .push_back(data);
+        mailbox.arrived.notify_all();
+        Ok(())
+    }
+
+    /// Waits for the next message from rank `from` with exactly this `tag`
+    /// (messages under other tags stay queued). Gives up with
+    /// [`CommError::Timeout`] after the fabric's timeout, or with
+    /// [`CommError::Aborted`] as soon as any rank aborts.
+    pub fn recv(&self, from: usize, tag: &str, what: &str) -> Result<Buffer, CommError> {
+        if from >= self.world() {
+            return Err(CommError::NoSuchRank {
+                rank: self.rank,
+                what: what.to_string(),
+                peer: from,
+                world: self.world(),
+            });
+        }
+        let mailbox = &self.shared.mailboxes[self.rank];
+        let key = (from, tag.to_string());
+        let deadline = Instant::now() + self.shared.timeout;
+        let mut inbox = lock(&mailbox.inbox);
+        loop {
+            // Checked under the mailbox lock; `abort` notifies under the same
+            // lock, so a wake-up cannot slip between this check and the wait.
+            self.check_abort(what)?;
+            if let Some(queue) = inbox.get_mut(&key) {
+                if let Some(data) = queue.pop_front() {
+                    if queue.is_empty() {
+                        inbox.remove(&key);
+                    }
+                    return Ok(data);
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank,
+                    peer: from,
+                    what: what.to_string(),
+                    waited_s: self.shared.timeout.as_secs_f64(),
+                });
+            }
+            inbox = mailbox
+                .arrived
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Marks the whole fabric failed (a rank hit an error it cannot recover
+    /// from): every rank's pending or future wait and send returns
+    /// [`CommError::Aborted`] at once, naming this rank and `reason`, instead
+    /// of timing out. The first abort's cause is the one reported.
+    pub fn abort(&self, reason: &str) {
+        {
+            let mut cause = lock(&self.shared.abort_cause);
+            if cause.is_none() {
+                *cause = Some((self.rank, reason.to_string()));
+            }
+        }
+        self.shared.aborted.store(true, Ordering::SeqCst);
+        for mailbox in &self.shared.mailboxes {
+            let _inbox = lock(&mailbox.inbox);
+            mailbox.arrived.notify_all();
+        }
+    }
+
+    /// `Err(Aborted)` once any rank has aborted the fabric.
+    fn check_abort(&self, what: &str) -> Result<(), CommError> {
+        if !self.shared.aborted.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        let (by, reason) = lock(&self.shared.abort_cause).clone().unwrap_or_default();
+        Err(CommError::Aborted {
+            rank: self.rank,
+            by,
+            reason,
+            what: what.to_string(),
+        })
+    }
+}

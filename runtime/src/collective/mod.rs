@@ -1,0 +1,103 @@
+//! In-process collectives between rank threads.
+//!
+//! The CPU backend runs one OS thread per rank; ranks talk through a
+//! [`fabric`] of shared mailboxes. Collectives are the real algorithms
+//! (ring reduce-scatter / all-gather / all-reduce, pairwise all-to-all,
+//! chain broadcast, parameter-server all-reduce) built from point-to-point
+//! messages, and every rank counts the bytes it sends, so a run can be
+//! checked against the communication model
+//! ([`autopar_cost_models::comm::bytes_sent`]).
+//!
+//! Results are bitwise identical on all members of a group and from run to
+//! run: every reduced element is summed once, in a fixed order, by one rank,
+//! and then copied to the others.
+
+mod buffer;
+mod fabric;
+mod ops;
+#[cfg(test)]
+mod tests;
+
+pub use autopar_cost_models::comm::{Algorithm, Collective};
+pub use buffer::{Buffer, LayoutMismatch};
+pub use fabric::{fabric, Endpoint};
+
+/// Why a point-to-point message or a collective failed. Every variant names
+/// the rank that saw the failure and `what` it was executing, so a failed
+/// multi-rank run can be traced to one instruction.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CommError {
+    /// A message did not arrive in time: a peer is stuck, deadlocked or dead.
+    /// `waited_s` is the fabric's timeout (so messages are reproducible).
+    #[error("rank {rank}: {what} waited {waited_s:.1} s for rank {peer}; deadlock or a failed rank")]
+    Timeout {
+        rank: usize,
+        peer: usize,
+        what: String,
+        waited_s: f64,
+    },
+    /// Some rank called [`Endpoint::abort`]; everyone stops waiting.
+    #[error("rank {rank}: {what} aborted because rank {by} failed: {reason}")]
+    Aborted {
+        rank: usize,
+        by: usize,
+        reason: String,
+        what: String,
+    },
+    /// A buffer cannot be cut into equal chunks, one per group member.
+    #[error("rank {rank}: {what}: {len} elements do not split into {parts} equal chunks")]
+    Uneven {
+        rank: usize,
+        what: String,
+        len: usize,
+        parts: usize,
+    },
+    /// The calling rank is not a member of the group it asked to talk in.
+    #[error("rank {rank}: {what}: this rank is not in group {group:?}")]
+    NotInGroup {
+        rank: usize,
+        what: String,
+        group: Vec<usize>,
+    },
+    /// The group is empty, repeats a rank or names one outside the fabric.
+    #[error("rank {rank}: {what}: bad group {group:?}: {reason}")]
+    BadGroup {
+        rank: usize,
+        what: String,
+        group: Vec<usize>,
+        reason: String,
+    },
+    /// A point-to-point peer outside the fabric.
+    #[error("rank {rank}: {what}: no rank {peer} in a world of {world}")]
+    NoSuchRank {
+        rank: usize,
+        what: String,
+        peer: usize,
+        world: usize,
+    },
+    /// A broadcast root position outside the group.
+    #[error("rank {rank}: {what}: root position {root} is outside a group of {size}")]
+    BadRoot {
+        rank: usize,
+        what: String,
+        root: usize,
+        size: usize,
+    },
+    /// A peer's buffer differs in element type or length from this rank's:
+    /// the ranks disagree about the instruction.
+    #[error("rank {rank}: {what}: buffer from rank {peer} does not match: {mismatch}")]
+    Mismatch {
+        rank: usize,
+        what: String,
+        peer: usize,
+        mismatch: LayoutMismatch,
+    },
+    /// The algorithm does not implement this collective here.
+    #[error("rank {rank}: {what}: {algorithm:?} {collective:?} is not implemented")]
+    Unsupported {
+        rank: usize,
+        what: String,
+        collective: Collective,
+        algorithm: Algorithm,
+    },
+}

@@ -1,0 +1,412 @@
+//! Collectives on real rank threads, checked against direct computation and
+//! against the communication model's bytes per rank.
+
+use super::*;
+use autopar_cost_models::comm::bytes_sent;
+use std::time::{Duration, Instant};
+
+/// The groups every collective is tried on (world of 4): sizes 1 to 4, one
+/// of them non-contiguous and one not starting at rank 0.
+const GROUPS: [&[usize]; 6] = [&[0], &[2], &[0, 1], &[1, 3], &[0, 2, 3], &[0, 1, 2, 3]];
+const WORLD: usize = 4;
+
+/// Runs `f` on every rank of a fresh fabric, one thread each; ranks outside
+/// `group` do nothing. Returns each member's result and bytes sent, in group
+/// order.
+fn run<T: Send>(
+    group: &[usize],
+    timeout: Duration,
+    f: impl Fn(&Endpoint, usize) -> T + Sync,
+) -> Vec<(T, u64)> {
+    let endpoints = fabric(WORLD, timeout);
+    let mut out: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = endpoints
+            .iter()
+            .filter_map(|ep| {
+                let pos = group.iter().position(|&r| r == ep.rank())?;
+                let f = &f;
+                Some((pos, s.spawn(move || (f(ep, pos), ep.bytes_sent()))))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|(pos, h)| (pos, h.join().unwrap()))
+            .collect()
+    });
+    out.sort_by_key(|(pos, _)| *pos);
+    out.into_iter().map(|(_, r)| r).collect()
+}
+
+fn long() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// Rank `r`'s input of `len` elements: small multiples of 1/4, so every
+/// sum is exact whatever the order and can be compared with `==`.
+fn exact_input(r: usize, len: usize, f64: bool) -> Buffer {
+    let v = (0..len).map(|i| ((r * 7 + i * 3) % 11) as f64 * 0.25 - 1.0);
+    if f64 {
+        Buffer::F64(v.collect())
+    } else {
+        Buffer::F32(v.map(|x| x as f32).collect())
+    }
+}
+
+/// Rank `r`'s input with rounding in every sum, to see that the ranks
+/// agree on the bits.
+fn rounding_input(r: usize, len: usize) -> Buffer {
+    Buffer::F32(
+        (0..len)
+            .map(|i| 0.1 * (r + 1) as f32 + (i as f32).sin() / 3.0)
+            .collect(),
+    )
+}
+
+fn direct_sum(group: &[usize], len: usize, f64: bool) -> Buffer {
+    let mut sum = exact_input(group[0], len, f64);
+    for &r in &group[1..] {
+        sum.add_assign(&exact_input(r, len, f64)).unwrap();
+    }
+    sum
+}
+
+/// The model's bytes per group position, as integers.
+fn model(c: Collective, a: Algorithm, n: usize, bytes: u64) -> Vec<u64> {
+    bytes_sent(c, a, n, bytes as f64)
+        .unwrap()
+        .into_iter()
+        .map(|b| b as u64)
+        .collect()
+}
+
+fn split(results: Vec<(Buffer, u64)>) -> (Vec<Buffer>, Vec<u64>) {
+    results.into_iter().unzip()
+}
+
+#[test]
+fn all_reduce_sums_and_sends_the_model_bytes() {
+    for algorithm in [Algorithm::Ring, Algorithm::ParameterServer] {
+        for group in GROUPS {
+            for f64 in [false, true] {
+                let len = 12; // divisible by 1, 2, 3, 4
+                let (got, bytes) = split(run(group, long(), |ep, _| {
+                    let mut data = exact_input(ep.rank(), len, f64);
+                    ep.all_reduce(group, &mut data, algorithm, "t0", "all-reduce test")
+                        .unwrap();
+                    data
+                }));
+                let want = direct_sum(group, len, f64);
+                assert!(got.iter().all(|g| *g == want), "{algorithm:?} {group:?}");
+                let full = want.byte_len();
+                assert_eq!(bytes, model(Collective::AllReduce, algorithm, group.len(), full));
+            }
+        }
+    }
+}
+
+#[test]
+fn ring_all_reduce_handles_lengths_that_do_not_divide() {
+    for (group, len) in [(&[0, 1, 2, 3][..], 5), (&[0, 2, 3][..], 2), (&[1, 3][..], 0)] {
+        let (got, _) = split(run(group, long(), |ep, _| {
+            let mut data = exact_input(ep.rank(), len, false);
+            ep.all_reduce(group, &mut data, Algorithm::Ring, "t", "odd all-reduce")
+                .unwrap();
+            data
+        }));
+        let want = direct_sum(group, len, false);
+        assert!(got.iter().all(|g| *g == want), "{group:?} len {len}");
+    }
+}
+
+#[test]
+fn results_are_bitwise_equal_across_ranks_and_runs() {
+    let group = [0, 1, 2, 3];
+    let reduce = |algorithm| {
+        run(&group, long(), |ep, _| {
+            let mut data = rounding_input(ep.rank(), 37);
+            ep.all_reduce(&group, &mut data, algorithm, "t", "bits").unwrap();
+            match data {
+                Buffer::F32(v) => v.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                Buffer::F64(_) => unreachable!("f32 input"),
+            }
+        })
+    };
+    for algorithm in [Algorithm::Ring, Algorithm::ParameterServer] {
+        let first: Vec<_> = reduce(algorithm).into_iter().map(|(b, _)| b).collect();
+        assert!(first.iter().all(|b| *b == first[0]), "{algorithm:?} ranks differ");
+        let again: Vec<_> = reduce(algorithm).into_iter().map(|(b, _)| b).collect();
+        assert_eq!(first, again, "{algorithm:?} differs between runs");
+        // Close to the plain sum, whatever the order.
+        let direct = (0..4).fold(vec![0.0f64; 37], |mut acc, r| {
+            if let Buffer::F32(v) = rounding_input(r, 37) {
+                acc.iter_mut().zip(v).for_each(|(a, x)| *a += x as f64);
+            }
+            acc
+        });
+        for (bits, want) in first[0].iter().zip(direct) {
+            assert!((f32::from_bits(*bits) as f64 - want).abs() < 1e-5);
+        }
+    }
+}
+
+#[test]
+fn reduce_scatter_gives_position_p_chunk_p_of_the_sum() {
+    for group in GROUPS {
+        for f64 in [false, true] {
+            let len = 12;
+            let (got, bytes) = split(run(group, long(), |ep, _| {
+                let data = exact_input(ep.rank(), len, f64);
+                ep.reduce_scatter(group, &data, "t", "reduce-scatter test")
+                    .unwrap()
+            }));
+            let want = direct_sum(group, len, f64).split_even(group.len()).unwrap();
+            assert_eq!(got, want, "{group:?}");
+            let full = exact_input(0, len, f64).byte_len();
+            assert_eq!(
+                bytes,
+                model(Collective::ReduceScatter, Algorithm::Ring, group.len(), full)
+            );
+        }
+    }
+}
+
+#[test]
+fn all_gather_concatenates_in_group_order() {
+    for group in GROUPS {
+        for f64 in [false, true] {
+            let (got, bytes) = split(run(group, long(), |ep, _| {
+                ep.all_gather(group, &exact_input(ep.rank(), 3, f64), "t", "all-gather test")
+                    .unwrap()
+            }));
+            let parts: Vec<_> = group.iter().map(|&r| exact_input(r, 3, f64)).collect();
+            let want = Buffer::concat(&parts).unwrap();
+            assert!(got.iter().all(|g| *g == want), "{group:?}");
+            assert_eq!(
+                bytes,
+                model(
+                    Collective::AllGather,
+                    Algorithm::Ring,
+                    group.len(),
+                    want.byte_len()
+                )
+            );
+        }
+    }
+}
+
+#[test]
+fn all_to_all_transposes_chunks() {
+    for group in GROUPS {
+        for f64 in [false, true] {
+            let n = group.len();
+            let len = 2 * n;
+            let (got, bytes) = split(run(group, long(), |ep, _| {
+                ep.all_to_all(group, &exact_input(ep.rank(), len, f64), "t", "all-to-all test")
+                    .unwrap()
+            }));
+            for (i, result) in got.iter().enumerate() {
+                // Chunk j of position i's result is chunk i of position j's input.
+                let want: Vec<_> = group
+                    .iter()
+                    .map(|&r| exact_input(r, len, f64).split_even(n).unwrap().swap_remove(i))
+                    .collect();
+                assert_eq!(*result, Buffer::concat(&want).unwrap(), "{group:?} position {i}");
+            }
+            let full = exact_input(0, len, f64).byte_len();
+            assert_eq!(bytes, model(Collective::AllToAll, Algorithm::Ring, n, full));
+        }
+    }
+}
+
+#[test]
+fn broadcast_copies_the_root_along_a_chain() {
+    for group in GROUPS {
+        for root in 0..group.len() {
+            let (got, bytes) = split(run(group, long(), |ep, _| {
+                let mut data = exact_input(ep.rank(), 6, true);
+                ep.broadcast(group, root, &mut data, "t", "broadcast test")
+                    .unwrap();
+                data
+            }));
+            let want = exact_input(group[root], 6, true);
+            assert!(got.iter().all(|g| *g == want), "{group:?} root {root}");
+            // The model's chain starts at position 0; rotate it to the root.
+            let mut chain = model(
+                Collective::Broadcast,
+                Algorithm::Ring,
+                group.len(),
+                want.byte_len(),
+            );
+            chain.rotate_right(root);
+            assert_eq!(bytes, chain, "{group:?} root {root}");
+        }
+    }
+}
+
+#[test]
+fn point_to_point_matches_by_tag_and_counts_bytes() {
+    let got = run(&[0, 1], long(), |ep, pos| {
+        if pos == 0 {
+            ep.send(1, "a", Buffer::F32(vec![1.0; 3]), "send a").unwrap();
+            ep.send(1, "b", Buffer::F64(vec![2.0; 5]), "send b").unwrap();
+            None
+        } else {
+            // Taken out of arrival order: tags, not order, decide.
+            let b = ep.recv(0, "b", "recv b").unwrap();
+            let a = ep.recv(0, "a", "recv a").unwrap();
+            Some((a, b))
+        }
+    });
+    let expected = (Buffer::F32(vec![1.0; 3]), Buffer::F64(vec![2.0; 5]));
+    assert_eq!(got[1].0, Some(expected));
+    let model_bytes: f64 = [12.0, 40.0]
+        .iter()
+        .map(|&b| bytes_sent(Collective::SendRecv, Algorithm::Ring, 2, b).unwrap()[0])
+        .sum();
+    assert_eq!(got[0].1 as f64, model_bytes);
+    assert_eq!(got[1].1, 0);
+}
+
+#[test]
+fn a_rank_that_never_arrives_times_out_the_others() {
+    let timeout = Duration::from_millis(200);
+    let start = Instant::now();
+    // Rank 2 is in the group but never calls the collective.
+    let group = [0, 1, 2];
+    let got = run(&[0, 1], timeout, |ep, _| {
+        let mut data = exact_input(ep.rank(), 6, false);
+        ep.all_reduce(
+            &group,
+            &mut data,
+            Algorithm::Ring,
+            "t",
+            "instruction 57 (all-reduce of grads)",
+        )
+        .unwrap_err()
+    });
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    // Rank 0 waits on its ring predecessor, rank 2.
+    match &got[0].0 {
+        CommError::Timeout {
+            rank,
+            peer,
+            what,
+            waited_s,
+        } => {
+            assert_eq!((*rank, *peer), (0, 2));
+            assert_eq!(what, "instruction 57 (all-reduce of grads)");
+            assert_eq!(*waited_s, 0.2);
+        }
+        other => panic!("{other}"),
+    }
+    assert_eq!(
+        got[0].0.to_string(),
+        "rank 0: instruction 57 (all-reduce of grads) waited 0.2 s for rank 2; deadlock or a failed rank"
+    );
+    // Rank 1 then starves waiting on rank 0.
+    assert!(
+        matches!(got[1].0, CommError::Timeout { rank: 1, peer: 0, .. }),
+        "{}",
+        got[1].0
+    );
+}
+
+#[test]
+fn abort_wakes_a_blocked_rank_at_once() {
+    let got = run(&[0, 1], long(), |ep, pos| {
+        if pos == 0 {
+            std::thread::sleep(Duration::from_millis(50));
+            ep.abort("kernel failed on node 3");
+            (Instant::now(), None)
+        } else {
+            let err = ep.recv(0, "never", "instruction 9 (recv)").unwrap_err();
+            let woke = Instant::now();
+            (
+                woke,
+                Some((err, ep.send(0, "x", Buffer::F32(vec![]), "late send"))),
+            )
+        }
+    });
+    let (aborted_at, woke_at) = (got[0].0 .0, got[1].0 .0);
+    assert!(woke_at.saturating_duration_since(aborted_at) < Duration::from_millis(200));
+    let (err, late) = got[1].0 .1.clone().unwrap();
+    assert_eq!(
+        err,
+        CommError::Aborted {
+            rank: 1,
+            by: 0,
+            reason: "kernel failed on node 3".into(),
+            what: "instruction 9 (recv)".into()
+        }
+    );
+    assert!(matches!(late, Err(CommError::Aborted { by: 0, .. })));
+}
+
+#[test]
+fn uneven_and_mismatched_buffers_are_errors() {
+    let group = [0, 1, 2];
+    let got = run(&group, long(), |ep, _| {
+        let data = exact_input(ep.rank(), 4, false);
+        (
+            ep.reduce_scatter(&group, &data, "rs", "rs").unwrap_err(),
+            ep.all_to_all(&group, &data, "a2a", "a2a").unwrap_err(),
+        )
+    });
+    for ((rs, a2a), _) in &got {
+        assert!(matches!(rs, CommError::Uneven { len: 4, parts: 3, .. }), "{rs}");
+        assert!(matches!(a2a, CommError::Uneven { len: 4, parts: 3, .. }), "{a2a}");
+    }
+    // Rank 1 holds f64 where rank 0 holds f32: both see the other's chunk.
+    let got = run(&[0, 1], long(), |ep, pos| {
+        let mut data = exact_input(ep.rank(), 4, pos == 1);
+        ep.all_reduce(&[0, 1], &mut data, Algorithm::Ring, "t", "mixed")
+            .unwrap_err()
+    });
+    assert_eq!(
+        got[0].0.to_string(),
+        "rank 0: mixed: buffer from rank 1 does not match: expected f32[2], got f64[2]"
+    );
+    assert!(matches!(got[1].0, CommError::Mismatch { rank: 1, peer: 0, .. }));
+    // All-gather chunks of different lengths.
+    let got = run(&[0, 1], long(), |ep, pos| {
+        ep.all_gather(&[0, 1], &exact_input(0, 2 + pos, false), "t", "ag")
+            .unwrap_err()
+    });
+    assert!(got.iter().all(|(e, _)| matches!(e, CommError::Mismatch { .. })));
+}
+
+#[test]
+fn bad_groups_roots_and_algorithms_are_refused_before_any_message() {
+    let ep = fabric(3, long()).swap_remove(1);
+    let mut data = Buffer::F32(vec![1.0; 4]);
+    let errs = [
+        ep.all_reduce(&[0, 2], &mut data, Algorithm::Ring, "t", "w")
+            .unwrap_err(),
+        ep.all_reduce(&[], &mut data, Algorithm::Ring, "t", "w")
+            .unwrap_err(),
+        ep.all_reduce(&[1, 1], &mut data, Algorithm::Ring, "t", "w")
+            .unwrap_err(),
+        ep.all_reduce(&[1, 5], &mut data, Algorithm::Ring, "t", "w")
+            .unwrap_err(),
+        ep.all_reduce(&[1], &mut data, Algorithm::Tree, "t", "w")
+            .unwrap_err(),
+        ep.broadcast(&[0, 1], 2, &mut data, "t", "w").unwrap_err(),
+        ep.send(3, "t", data.clone(), "w").unwrap_err(),
+        ep.recv(7, "t", "w").unwrap_err(),
+    ];
+    let messages: Vec<_> = errs.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        messages,
+        [
+            "rank 1: w: this rank is not in group [0, 2]",
+            "rank 1: w: bad group []: it is empty",
+            "rank 1: w: bad group [1, 1]: rank 1 appears twice",
+            "rank 1: w: bad group [1, 5]: rank 5 is outside a world of 3",
+            "rank 1: w: Tree AllReduce is not implemented",
+            "rank 1: w: root position 2 is outside a group of 2",
+            "rank 1: w: no rank 3 in a world of 3",
+            "rank 1: w: no rank 7 in a world of 3",
+        ]
+    );
+    assert_eq!(ep.bytes_sent(), 0);
+}

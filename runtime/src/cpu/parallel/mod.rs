@@ -1,0 +1,264 @@
+//! The CPU backend for per-rank programs: one thread per rank, each
+//! interpreting its [`Program`] with the reference kernels, talking to the
+//! others through in-process collectives that run the real algorithms and
+//! count bytes. A rank that fails or waits too long aborts every rank, so a
+//! broken plan ends with an error naming the rank and instruction, never a
+//! hang.
+
+mod rank;
+mod slices;
+
+use crate::collective::{fabric, CommError};
+use crate::cpu::Precision;
+use crate::lower::{Instr, Program, TrainingGraph};
+use crate::train::{Optimizer, TokenSource};
+use autopar_ir::Value;
+use rank::{RankRun, StepDone};
+use std::collections::BTreeMap;
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// How to train.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    pub precision: Precision,
+    pub optimizer: Optimizer,
+    pub steps: usize,
+    /// How long a rank waits for a peer before declaring a deadlock.
+    pub timeout: Duration,
+    /// Keep every parameter's gradient of the first step (for checks).
+    pub record_grads: bool,
+    /// Test hook: make one rank fail at one instruction.
+    pub fault: Option<Fault>,
+}
+
+impl TrainOptions {
+    /// `steps` steps of `optimizer` in `precision`, 60 s deadlock timeout.
+    pub fn new(precision: Precision, optimizer: Optimizer, steps: usize) -> TrainOptions {
+        TrainOptions {
+            precision,
+            optimizer,
+            steps,
+            timeout: Duration::from_secs(60),
+            record_grads: false,
+            fault: None,
+        }
+    }
+}
+
+/// An injected failure: `rank` fails when it reaches `instruction` of step `step`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub rank: usize,
+    pub step: usize,
+    pub instruction: usize,
+}
+
+/// One finished step, summed over ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepReport {
+    pub step: usize,
+    /// Mean token cross-entropy over the global batch.
+    pub loss: f64,
+    /// Wall time of the slowest rank.
+    pub seconds: f64,
+}
+
+/// What one rank did over the run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankReport {
+    pub rank: usize,
+    pub bytes_sent: u64,
+    /// Largest total size of micro-batch buffers alive at once.
+    pub peak_activation_bytes: u64,
+    /// Most micro-batches with live buffers at once (pipeline depth in use).
+    pub peak_micro_batches: usize,
+}
+
+/// The result of a run.
+#[derive(Debug, Clone)]
+pub struct TrainReport {
+    pub steps: Vec<StepReport>,
+    pub ranks: Vec<RankReport>,
+    /// First step's summed gradient of each parameter (when recorded).
+    pub gradients: BTreeMap<String, Value>,
+}
+
+/// Why a run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("rank {rank}, step {step}, instruction {index} ({what}): {message}")]
+    Rank {
+        rank: usize,
+        step: usize,
+        index: usize,
+        what: String,
+        message: String,
+    },
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    #[error("{0} programs for {1} ranks")]
+    Ranks(usize, usize),
+}
+
+/// Runs `programs` (one per rank) for `opts.steps` steps from the training
+/// graph's initial weights, calling `progress` after each step.
+pub fn train(
+    t: &TrainingGraph,
+    programs: &[Program],
+    data: &TokenSource,
+    opts: &TrainOptions,
+    progress: &(dyn Fn(&StepReport) + Sync),
+) -> Result<TrainReport, ExecError> {
+    let world = programs.len();
+    if programs.iter().enumerate().any(|(i, p)| p.rank != i) {
+        return Err(ExecError::Ranks(world, world));
+    }
+    let endpoints = fabric(world, opts.timeout);
+    let reporters = programs
+        .iter()
+        .filter(|p| {
+            p.instructions
+                .iter()
+                .any(|i| matches!(i, Instr::ReportLoss { .. }))
+        })
+        .count();
+    let (tx, rx) = mpsc::channel::<StepDone>();
+    let shared = Arc::new(t.clone());
+    let results: Vec<Result<rank::RankOutcome, (ExecError, Instant)>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = programs
+            .iter()
+            .zip(endpoints)
+            .map(|(program, endpoint)| {
+                let tx = tx.clone();
+                let t = shared.clone();
+                scope.spawn(move || {
+                    let mut run = RankRun::new(&t, program, endpoint, data, opts);
+                    run.run(&tx).map_err(|e| {
+                        run.abort(&e.to_string());
+                        (e, Instant::now())
+                    })
+                })
+            })
+            .collect();
+        drop(tx);
+        collect_steps(&rx, reporters, opts.steps, progress);
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| panic!("a rank thread panicked")))
+            .collect()
+    });
+    let mut outcomes = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        match r {
+            Ok(o) => outcomes.push(o),
+            Err(e) => errors.push(e),
+        }
+    }
+    // The rank that failed first explains the failure; the others were
+    // aborted by it, or timed out later waiting for it.
+    let aborted = |e: &ExecError| matches!(e, ExecError::Comm(CommError::Aborted { .. }));
+    errors.sort_by_key(|(e, at)| (aborted(e), *at));
+    if let Some((e, _)) = errors.into_iter().next() {
+        return Err(e);
+    }
+    Ok(summarise(t, outcomes, opts.steps))
+}
+
+/// Sums each step's losses as ranks finish it and reports finished steps in order.
+fn collect_steps(
+    rx: &mpsc::Receiver<StepDone>,
+    reporters: usize,
+    steps: usize,
+    progress: &(dyn Fn(&StepReport) + Sync),
+) {
+    // Step → (ranks that reported a loss, loss sum, slowest rank's seconds).
+    let mut pending: BTreeMap<usize, (usize, f64, f64)> = BTreeMap::new();
+    let mut next = 0;
+    while let Ok(done) = rx.recv() {
+        let e = pending.entry(done.step).or_insert((0, 0.0, 0.0));
+        if done.reported_loss {
+            e.0 += 1;
+            e.1 += done.loss;
+        }
+        e.2 = e.2.max(done.seconds);
+        while next < steps && reporters > 0 && pending.get(&next).is_some_and(|e| e.0 == reporters) {
+            let (_, loss, seconds) = pending[&next];
+            progress(&StepReport {
+                step: next,
+                loss,
+                seconds,
+            });
+            next += 1;
+        }
+    }
+}
+
+fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) -> TrainReport {
+    let mut reports: Vec<StepReport> = (0..steps)
+        .map(|step| StepReport {
+            step,
+            loss: 0.0,
+            seconds: 0.0,
+        })
+        .collect();
+    // Parameter → tensor-parallel index → that slice's ZeRO pieces.
+    type Pieces = Vec<(Option<crate::lower::Shard>, Value)>;
+    let mut gradients: BTreeMap<String, BTreeMap<usize, Pieces>> = BTreeMap::new();
+    let mut ranks = Vec::new();
+    for o in outcomes {
+        for (step, (loss, seconds)) in o.steps.iter().enumerate() {
+            reports[step].loss += loss;
+            reports[step].seconds = reports[step].seconds.max(*seconds);
+        }
+        for piece in o.gradients {
+            gradients
+                .entry(piece.param)
+                .or_default()
+                .entry(piece.tp)
+                .or_default()
+                .push((piece.shard, piece.value));
+        }
+        ranks.push(o.report);
+    }
+    TrainReport {
+        steps: reports,
+        ranks,
+        gradients: gradients
+            .into_iter()
+            .filter_map(|(p, by_tp)| whole_gradient(t, &p, &by_tp).map(|v| (p, v)))
+            .collect(),
+    }
+}
+
+/// A parameter's whole gradient, flattened, from its recorded pieces.
+fn whole_gradient(
+    t: &TrainingGraph,
+    param: &str,
+    by_tp: &BTreeMap<usize, Vec<(Option<crate::lower::Shard>, Value)>>,
+) -> Option<Value> {
+    let Some(slice) = t.slices.get(param) else {
+        return rank::assemble(by_tp.values().next()?);
+    };
+    let local = t
+        .graph
+        .tensors()
+        .find(|(_, x)| x.name == param)?
+        .1
+        .ty
+        .shape
+        .clone();
+    let dims: Vec<usize> = local.0.iter().map(|d| d.fixed().unwrap_or(1)).collect();
+    let pieces = by_tp
+        .values()
+        .map(|p| {
+            let mut v = rank::assemble(p)?;
+            v.shape = dims.clone();
+            Some(v)
+        })
+        .collect::<Option<Vec<_>>>()?;
+    let mut whole = slices::join(&pieces, slice.axis, slice.blocks);
+    whole.shape = vec![whole.numel()];
+    Some(whole)
+}

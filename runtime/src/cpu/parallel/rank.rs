@@ -1,0 +1,698 @@
+//! One rank's interpreter: buffers by name and micro-batch, weights (whole
+//! or a ZeRO shard), optimizer state, and the instruction loop.
+
+use super::slices;
+use super::{ExecError, TrainOptions};
+use crate::collective::{Buffer, Endpoint};
+use crate::cpu::{run_dtype, widen, widen_op};
+use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
+use crate::train::{decays, State, TokenSource};
+use autopar_cost_models::comm::Algorithm;
+use autopar_ir::CommKind;
+use autopar_ir::{DType, Data, Graph, NodeIndex, Role, TensorId, Value};
+use std::collections::HashMap;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+/// Sent to the driver when a rank finishes a step.
+pub(super) struct StepDone {
+    pub step: usize,
+    pub loss: f64,
+    pub reported_loss: bool,
+    pub seconds: f64,
+}
+
+/// What a rank hands back at the end.
+pub(super) struct RankOutcome {
+    pub steps: Vec<(f64, f64)>,
+    pub report: super::RankReport,
+    pub gradients: Vec<GradPiece>,
+}
+
+/// A recorded gradient: of this rank's tensor-parallel slice (`tp`) and
+/// ZeRO shard (`shard`) of a parameter, flattened.
+pub(super) struct GradPiece {
+    pub param: String,
+    pub tp: usize,
+    pub shard: Option<Shard>,
+    pub value: Value,
+}
+
+pub(super) struct RankRun<'a> {
+    t: &'a TrainingGraph,
+    program: &'a Program,
+    ep: Endpoint,
+    data: &'a TokenSource,
+    opts: &'a TrainOptions,
+    nodes: HashMap<&'a str, NodeIndex>,
+    tensors: HashMap<&'a str, TensorId>,
+    grad_tensor: HashMap<&'a str, &'a str>,
+    weights: HashMap<String, Arc<Value>>,
+    shards: HashMap<String, Shard>,
+    states: HashMap<String, State>,
+    constants: HashMap<TensorId, Arc<Value>>,
+    bufs: HashMap<Buf, Arc<Value>>,
+    grads: HashMap<String, Value>,
+    live_bytes: u64,
+    peak_bytes: u64,
+    peak_micro_batches: usize,
+    gathers: HashMap<String, usize>,
+}
+
+fn bytes_of(v: &Value) -> u64 {
+    let per = match v.data {
+        Data::F64(_) | Data::I64(_) => 8,
+        Data::F32(_) => 4,
+        _ => 1,
+    };
+    (v.numel() * per) as u64
+}
+
+impl<'a> RankRun<'a> {
+    pub fn new(
+        t: &'a TrainingGraph,
+        program: &'a Program,
+        ep: Endpoint,
+        data: &'a TokenSource,
+        opts: &'a TrainOptions,
+    ) -> RankRun<'a> {
+        let g = &t.graph;
+        let tensors: HashMap<&str, TensorId> = g.tensors().map(|(id, t)| (t.name.as_str(), id)).collect();
+        let mut weights = HashMap::new();
+        let mut shards = HashMap::new();
+        for slot in &program.params {
+            let Some(data) = tensors
+                .get(slot.name.as_str())
+                .and_then(|&id| g.tensor(id).data.as_ref())
+            else {
+                continue;
+            };
+            let mut full = widen((**data).clone(), opts.precision);
+            if let Some(slice) = t.slices.get(&slot.name) {
+                full = slices::take(&full, slice.axis, slice.blocks, program.coord.tp, t.tp);
+            }
+            let stored = match slot.stored_shard {
+                Some(shard) => {
+                    shards.insert(slot.name.clone(), shard);
+                    shard_of(&full, shard)
+                }
+                None => full,
+            };
+            weights.insert(slot.name.clone(), Arc::new(stored));
+        }
+        RankRun {
+            t,
+            program,
+            ep,
+            data,
+            opts,
+            nodes: g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect(),
+            tensors,
+            grad_tensor: t
+                .gradients
+                .iter()
+                .map(|(p, gr)| (p.as_str(), gr.as_str()))
+                .collect(),
+            weights,
+            shards,
+            states: HashMap::new(),
+            constants: HashMap::new(),
+            bufs: HashMap::new(),
+            grads: HashMap::new(),
+            live_bytes: 0,
+            peak_bytes: 0,
+            peak_micro_batches: 0,
+            gathers: HashMap::new(),
+        }
+    }
+
+    pub fn abort(&self, reason: &str) {
+        self.ep.abort(reason);
+    }
+
+    pub fn run(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
+        let mut steps = Vec::new();
+        let mut gradients = Vec::new();
+        for step in 0..self.opts.steps {
+            let start = Instant::now();
+            let mut loss = 0.0;
+            let mut reported = false;
+            self.gathers.clear();
+            for (index, instr) in self.program.instructions.iter().enumerate() {
+                let fail = |message: String| ExecError::Rank {
+                    rank: self.program.rank,
+                    step,
+                    index,
+                    what: instr.describe(),
+                    message,
+                };
+                if self
+                    .opts
+                    .fault
+                    .is_some_and(|f| f.rank == self.program.rank && f.step == step && f.instruction == index)
+                {
+                    return Err(fail("injected failure (test hook)".into()));
+                }
+                let what = format!("step {step} instruction {index} ({})", instr.describe());
+                match self.execute(instr, step, &what, &mut gradients) {
+                    Ok(Some(l)) => {
+                        loss += l;
+                        reported = true;
+                    }
+                    Ok(None) => {}
+                    Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
+                    Err(Failure::Other(m)) => return Err(fail(m)),
+                }
+            }
+            let seconds = start.elapsed().as_secs_f64();
+            steps.push((loss, seconds));
+            let _ = tx.send(StepDone {
+                step,
+                loss,
+                reported_loss: reported,
+                seconds,
+            });
+        }
+        Ok(RankOutcome {
+            steps,
+            report: super::RankReport {
+                rank: self.program.rank,
+                bytes_sent: self.ep.bytes_sent(),
+                peak_activation_bytes: self.peak_bytes,
+                peak_micro_batches: self.peak_micro_batches,
+            },
+            gradients,
+        })
+    }
+
+    fn execute(
+        &mut self,
+        instr: &Instr,
+        step: usize,
+        what: &str,
+        grads_out: &mut Vec<GradPiece>,
+    ) -> Result<Option<f64>, Failure> {
+        let tag = |s: &str| format!("s{step}/{s}");
+        match instr {
+            Instr::Load { buf, feed, rows } => {
+                let v = self.load(&buf.tensor, *feed, *rows, step)?;
+                self.put(buf.clone(), v);
+            }
+            Instr::Compute { node, micro_batch } => self.compute(node, *micro_batch)?,
+            Instr::Collective {
+                node,
+                micro_batch,
+                kind,
+                axis,
+                group,
+            } => {
+                let t = tag(&format!("tp/{node}/{micro_batch}"));
+                self.collective(node, *micro_batch, *kind, *axis, group, &t, what)?;
+            }
+            Instr::Send { buf, to } => {
+                let v = self.get(buf)?;
+                self.ep.send(*to, &tag(&buf.to_string()), to_buffer(&v), what)?;
+            }
+            Instr::Recv { buf, from } => {
+                let got = self.ep.recv(*from, &tag(&buf.to_string()), what)?;
+                let ty = self.ty(&buf.tensor)?;
+                let v = from_buffer(got, ty.0, ty.1)?;
+                self.put(buf.clone(), v);
+            }
+            Instr::Free { buf } => {
+                if let Some(v) = self.bufs.remove(buf) {
+                    if buf.micro_batch.is_some() {
+                        self.live_bytes -= bytes_of(&v);
+                    }
+                }
+            }
+            Instr::AccumulateGrad { param, micro_batch } => {
+                let name = self.grad_tensor.get(param.as_str()).copied().unwrap_or_default();
+                let g = self.get(&Buf::of(name, *micro_batch))?;
+                match self.grads.get_mut(param) {
+                    Some(acc) => add_into(acc, &g)?,
+                    None => {
+                        self.grads.insert(param.clone(), (*g).clone());
+                    }
+                }
+            }
+            Instr::AllReduceGrad {
+                param,
+                group,
+                reduction,
+            } => {
+                let grad = self.grad(param)?;
+                let mut b = to_buffer(grad);
+                let algorithm = match reduction {
+                    Reduction::Ring => Algorithm::Ring,
+                    Reduction::ParameterServer => Algorithm::ParameterServer,
+                };
+                self.ep
+                    .all_reduce(group, &mut b, algorithm, &tag(&format!("ar/{param}")), what)?;
+                let (dtype, shape) = (grad.dtype, grad.shape.clone());
+                self.grads.insert(param.clone(), from_buffer(b, dtype, shape)?);
+            }
+            Instr::ReduceScatterGrad { param, group } => {
+                let grad = self.grad(param)?;
+                let padded = padded(grad, group.len());
+                let mine = self
+                    .ep
+                    .reduce_scatter(group, &padded, &tag(&format!("rs/{param}")), what)?;
+                let dtype = grad.dtype;
+                let len = mine.len();
+                self.grads
+                    .insert(param.clone(), from_buffer(mine, dtype, vec![len])?);
+            }
+            Instr::OptimizerStep { param, shard } => self.step(param, *shard, step, grads_out)?,
+            Instr::AllGatherParam { param, group } => {
+                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let shard = Shard {
+                    index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
+                    parts: group.len(),
+                };
+                let mine = shard_of(w, shard);
+                let all = self
+                    .ep
+                    .all_gather(group, &to_buffer(&mine), &tag(&format!("ag/{param}")), what)?;
+                let full = unpad(all, w.dtype, w.shape.clone())?;
+                self.weights.insert(param.clone(), Arc::new(full));
+            }
+            Instr::GatherParam { param, group } => {
+                let k = self.gathers.entry(param.clone()).or_insert(0);
+                *k += 1;
+                let t = tag(&format!("gather/{param}/{k}"));
+                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let all = self.ep.all_gather(group, &to_buffer(w), &t, what)?;
+                let (dtype, shape) = self.ty(param)?;
+                let full = unpad(all, run_dtype(dtype, self.opts.precision), shape)?;
+                self.bufs.insert(Buf::step(param), Arc::new(full));
+            }
+            Instr::SendParam { param, to } => {
+                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                self.ep
+                    .send(*to, &tag(&format!("param/{param}")), to_buffer(w), what)?;
+            }
+            Instr::RecvParam { param, from } => {
+                let got = self.ep.recv(*from, &tag(&format!("param/{param}")), what)?;
+                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let v = from_buffer(got, w.dtype, w.shape.clone())?;
+                self.weights.insert(param.clone(), Arc::new(v));
+            }
+            Instr::ReportLoss { buf } => {
+                let v = self.get(buf)?;
+                return Ok(Some(v.to_f64_vec().first().copied().unwrap_or(0.0)));
+            }
+        }
+        Ok(None)
+    }
+
+    fn ty(&self, tensor: &str) -> Result<(DType, Vec<usize>), Failure> {
+        let id = self
+            .tensors
+            .get(tensor)
+            .ok_or_else(|| Failure::Other(format!("no tensor '{tensor}' in the training graph")))?;
+        let t = self.t.graph.tensor(*id);
+        let dims =
+            t.ty.shape
+                .resolve(&self.t.graph.bindings)
+                .ok_or_else(|| Failure::Other(format!("tensor '{tensor}' has unbound dims")))?;
+        Ok((run_dtype(t.ty.dtype, self.opts.precision), dims))
+    }
+
+    fn put(&mut self, buf: Buf, v: Value) {
+        if buf.micro_batch.is_some() {
+            self.live_bytes += bytes_of(&v);
+            self.peak_bytes = self.peak_bytes.max(self.live_bytes);
+        }
+        self.bufs.insert(buf, Arc::new(v));
+        let mbs: std::collections::BTreeSet<usize> = self.bufs.keys().filter_map(|b| b.micro_batch).collect();
+        self.peak_micro_batches = self.peak_micro_batches.max(mbs.len());
+    }
+
+    fn get(&self, buf: &Buf) -> Result<Arc<Value>, Failure> {
+        self.bufs.get(buf).cloned().ok_or_else(|| {
+            Failure::Other(format!(
+                "buffer {buf} is not here (freed, never received or never computed)"
+            ))
+        })
+    }
+
+    fn grad(&self, param: &str) -> Result<&Value, Failure> {
+        self.grads
+            .get(param)
+            .ok_or_else(|| Failure::Other(format!("no gradient of '{param}' was accumulated")))
+    }
+
+    fn compute(&mut self, node: &str, mb: usize) -> Result<(), Failure> {
+        let g: &Graph = &self.t.graph;
+        let idx = *self
+            .nodes
+            .get(node)
+            .ok_or_else(|| Failure::Other(format!("no node '{node}'")))?;
+        let n = g.node(idx);
+        let mut args: Vec<Option<Arc<Value>>> = Vec::with_capacity(n.inputs.len());
+        for input in &n.inputs {
+            let Some(x) = *input else {
+                args.push(None);
+                continue;
+            };
+            args.push(Some(self.input(x, mb)?));
+        }
+        let refs: Vec<Option<&Value>> = args.iter().map(|a| a.as_deref()).collect();
+        let op = widen_op(&n.op, self.opts.precision);
+        let outs = op
+            .eval(&refs)
+            .map_err(|e| Failure::Other(format!("node '{node}': {e}")))?;
+        let names: Vec<String> = n.outputs.iter().map(|&o| g.tensor(o).name.clone()).collect();
+        for (name, v) in names.iter().zip(outs) {
+            self.put(Buf::of(name, mb), v);
+        }
+        Ok(())
+    }
+
+    /// The value node input `x` reads for micro-batch `mb`.
+    fn input(&mut self, x: TensorId, mb: usize) -> Result<Arc<Value>, Failure> {
+        let g: &Graph = &self.t.graph;
+        let tensor = g.tensor(x);
+        Ok(match tensor.role {
+            Role::Constant => match self.constants.get(&x) {
+                Some(v) => v.clone(),
+                None => {
+                    let data = tensor
+                        .data
+                        .as_ref()
+                        .ok_or_else(|| Failure::Other(format!("constant '{}' has no data", tensor.name)))?;
+                    let v = Arc::new(widen((**data).clone(), self.opts.precision));
+                    self.constants.insert(x, v.clone());
+                    v
+                }
+            },
+            Role::Parameter => match self.bufs.get(&Buf::step(&tensor.name)) {
+                Some(v) => v.clone(),
+                None => match self.weights.get(&tensor.name) {
+                    Some(w) if !self.shards.contains_key(&tensor.name) => w.clone(),
+                    _ => {
+                        return Err(Failure::Other(format!(
+                            "parameter '{}' is not held whole here",
+                            tensor.name
+                        )))
+                    }
+                },
+            },
+            _ => self.get(&Buf::of(&tensor.name, mb))?,
+        })
+    }
+
+    /// A tensor-parallel communication node.
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &mut self,
+        node: &str,
+        mb: usize,
+        kind: CommKind,
+        axis: usize,
+        group: &[usize],
+        tag: &str,
+        what: &str,
+    ) -> Result<(), Failure> {
+        let g: &Graph = &self.t.graph;
+        let idx = *self
+            .nodes
+            .get(node)
+            .ok_or_else(|| Failure::Other(format!("no node '{node}'")))?;
+        let (input, output) = (g.node(idx).inputs[0], g.node(idx).outputs[0]);
+        let out_name = g.tensor(output).name.clone();
+        let input = input.ok_or_else(|| Failure::Other(format!("'{node}' has no input")))?;
+        let x = self.input(input, mb)?;
+        let parts = group.len();
+        let pos = group.iter().position(|&r| r == self.program.rank).unwrap_or(0);
+        let y = match kind {
+            CommKind::Copy => (*x).clone(),
+            CommKind::Slice => slices::take(&x, axis, 1, pos, parts),
+            CommKind::AllReduce => {
+                let mut b = to_buffer(&x);
+                self.ep.all_reduce(group, &mut b, Algorithm::Ring, tag, what)?;
+                from_buffer(b, x.dtype, x.shape.clone())?
+            }
+            CommKind::AllGather | CommKind::GatherForCompute => {
+                let all = self.ep.all_gather(group, &to_buffer(&x), tag, what)?;
+                let pieces = all
+                    .split_even(parts)
+                    .ok_or_else(|| Failure::Other("gathered pieces differ in size".into()))?
+                    .into_iter()
+                    .map(|b| from_buffer(b, x.dtype, x.shape.clone()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                slices::join(&pieces, axis, 1)
+            }
+            CommKind::ReduceScatter => {
+                let pieces: Vec<Buffer> = (0..parts)
+                    .map(|r| to_buffer(&slices::take(&x, axis, 1, r, parts)))
+                    .collect();
+                let flat = Buffer::concat(&pieces)
+                    .ok_or_else(|| Failure::Other("nothing to reduce-scatter".into()))?;
+                let mine = self.ep.reduce_scatter(group, &flat, tag, what)?;
+                let mut shape = x.shape.clone();
+                shape[axis] /= parts;
+                from_buffer(mine, x.dtype, shape)?
+            }
+        };
+        self.put(Buf::of(&out_name, mb), y);
+        Ok(())
+    }
+
+    fn load(&self, tensor: &str, feed: Feed, rows: (usize, usize), step: usize) -> Result<Value, Failure> {
+        let (dtype, shape) = self.ty(tensor)?;
+        let seq = self.t.seq;
+        let count: usize = shape.iter().product();
+        let tokens = |shift: usize| -> Result<Vec<i64>, Failure> {
+            let mut out = Vec::with_capacity(count);
+            for row in rows.0..rows.1 {
+                let s = self
+                    .data
+                    .sequence(step as u64, row, seq)
+                    .map_err(|e| Failure::Other(e.to_string()))?;
+                out.extend_from_slice(&s[shift..shift + seq]);
+            }
+            Ok(out)
+        };
+        let ints =
+            |v: Vec<i64>| Value::ints(dtype, shape.clone(), v).map_err(|e| Failure::Other(e.to_string()));
+        match feed {
+            Feed::Tokens => ints(tokens(0)?),
+            Feed::Targets => ints(tokens(1)?),
+            Feed::Ones => ints(vec![1; count]),
+            Feed::Zeros => ints(vec![0; count]),
+            Feed::Positions => ints((0..count).map(|i| (i % seq) as i64).collect()),
+            Feed::Seed => {
+                let v =
+                    Value::f32(shape.clone(), vec![1.0; count]).map_err(|e| Failure::Other(e.to_string()))?;
+                Ok(widen(v, self.opts.precision))
+            }
+        }
+    }
+
+    /// The optimizer update of `param` (or of this rank's shard of it).
+    fn step(
+        &mut self,
+        param: &str,
+        shard: Option<Shard>,
+        step: usize,
+        grads_out: &mut Vec<GradPiece>,
+    ) -> Result<(), Failure> {
+        let grad = self
+            .grads
+            .remove(param)
+            .ok_or_else(|| Failure::Other(format!("no gradient of '{param}'")))?;
+        let weight = Arc::make_mut(self.weights.get_mut(param).ok_or_else(|| missing(param))?);
+        let rank = self.t.graph.tensor(self.tensors[param]).ty.shape.rank();
+        let numel = if self.shards.contains_key(param) {
+            grad_numel(&self.t.graph, self.tensors[param])
+        } else {
+            weight.numel()
+        };
+        let full_grad = grad.numel() == numel && shard.is_some();
+        let (start, len) = match shard {
+            None => (0, numel),
+            Some(s) => {
+                let chunk = numel.div_ceil(s.parts);
+                let start = (s.index * chunk).min(numel);
+                (start, (numel - start).min(chunk))
+            }
+        };
+        let optimizer = if decays(rank) {
+            self.opts.optimizer
+        } else {
+            self.opts.optimizer.without_decay()
+        };
+        let state = self
+            .states
+            .entry(param.to_string())
+            .or_insert_with(|| State::new(&optimizer, len, self.opts.precision));
+        let gstart = if full_grad { start } else { 0 };
+        let wstart = if self.shards.contains_key(param) { 0 } else { start };
+        let n = (step + 1) as u64;
+        let result = match (&mut weight.data, &grad.data) {
+            (Data::F32(w), Data::F32(gr)) => {
+                optimizer.step_f32(state, n, &mut w[wstart..wstart + len], &gr[gstart..gstart + len])
+            }
+            (Data::F64(w), Data::F64(gr)) => {
+                optimizer.step_f64(state, n, &mut w[wstart..wstart + len], &gr[gstart..gstart + len])
+            }
+            _ => {
+                return Err(Failure::Other(format!(
+                    "'{param}': weight and gradient types differ"
+                )))
+            }
+        };
+        result.map_err(|e| Failure::Other(e.to_string()))?;
+        if self.opts.record_grads && step == 0 {
+            let recorded = if full_grad {
+                slice(&grad, start, len)
+            } else {
+                slice(&grad, 0, len)
+            };
+            grads_out.push(GradPiece {
+                param: param.to_string(),
+                tp: self.program.coord.tp,
+                shard,
+                value: recorded,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A failure inside one instruction: a communication error (already names
+/// rank and instruction) or anything else (named by the caller).
+pub(super) enum Failure {
+    Comm(crate::collective::CommError),
+    Other(String),
+}
+
+impl From<crate::collective::CommError> for Failure {
+    fn from(e: crate::collective::CommError) -> Failure {
+        Failure::Comm(e)
+    }
+}
+
+fn missing(param: &str) -> Failure {
+    Failure::Other(format!("parameter '{param}' is not held by this rank"))
+}
+
+fn grad_numel(g: &Graph, id: TensorId) -> usize {
+    g.tensor(id)
+        .ty
+        .shape
+        .0
+        .iter()
+        .map(|d| d.fixed().unwrap_or(1))
+        .product()
+}
+
+fn to_buffer(v: &Value) -> Buffer {
+    match &v.data {
+        Data::F32(x) => Buffer::F32(x.clone()),
+        Data::F64(x) => Buffer::F64(x.clone()),
+        // Integer and boolean tensors (masks, ids) travel as f64: exact below 2^53.
+        Data::I64(x) => Buffer::F64(x.iter().map(|&i| i as f64).collect()),
+        Data::Bool(x) => Buffer::F64(x.iter().map(|&b| f64::from(u8::from(b))).collect()),
+        Data::Str(_) => Buffer::F64(Vec::new()),
+    }
+}
+
+fn from_buffer(b: Buffer, dtype: DType, shape: Vec<usize>) -> Result<Value, Failure> {
+    let data = match (b, dtype) {
+        (Buffer::F32(x), DType::F32) => Data::F32(x),
+        (Buffer::F64(x), DType::F64) => Data::F64(x),
+        (Buffer::F64(x), DType::Bool) => Data::Bool(x.iter().map(|&v| v != 0.0).collect()),
+        (Buffer::F64(x), d) if !d.is_float() => Data::I64(x.iter().map(|&v| v as i64).collect()),
+        (b, d) => {
+            return Err(Failure::Other(format!(
+                "received {} data for a {d} tensor",
+                b.dtype_name()
+            )))
+        }
+    };
+    Value::new(dtype, shape, data).map_err(|e| Failure::Other(e.to_string()))
+}
+
+/// The flattened value padded with zeros to a multiple of `parts`.
+fn padded(v: &Value, parts: usize) -> Buffer {
+    let mut b = to_buffer(v);
+    let target = v.numel().div_ceil(parts) * parts;
+    let zeros = match &b {
+        Buffer::F32(_) => Buffer::F32(vec![0.0; target - v.numel()]),
+        Buffer::F64(_) => Buffer::F64(vec![0.0; target - v.numel()]),
+    };
+    b.append(&zeros).expect("same type");
+    b
+}
+
+/// Part `shard.index` of the flattened, padded value.
+fn shard_of(v: &Value, shard: Shard) -> Value {
+    let chunk = v.numel().div_ceil(shard.parts);
+    let b = padded(v, shard.parts);
+    let piece = b.split_even(shard.parts).expect("padded to a multiple")[shard.index].clone();
+    from_buffer(piece, v.dtype, vec![chunk]).unwrap_or_else(|_| v.clone())
+}
+
+/// The first `numel(shape)` elements of a gathered, padded buffer.
+fn unpad(b: Buffer, dtype: DType, shape: Vec<usize>) -> Result<Value, Failure> {
+    let n: usize = shape.iter().product();
+    let b = match b {
+        Buffer::F32(mut x) => {
+            x.truncate(n);
+            Buffer::F32(x)
+        }
+        Buffer::F64(mut x) => {
+            x.truncate(n);
+            Buffer::F64(x)
+        }
+    };
+    from_buffer(b, dtype, shape)
+}
+
+fn slice(v: &Value, start: usize, len: usize) -> Value {
+    let data = match &v.data {
+        Data::F32(x) => Data::F32(x[start..start + len].to_vec()),
+        Data::F64(x) => Data::F64(x[start..start + len].to_vec()),
+        other => other.clone(),
+    };
+    Value {
+        dtype: v.dtype,
+        shape: vec![len],
+        data,
+    }
+}
+
+fn add_into(acc: &mut Value, g: &Value) -> Result<(), Failure> {
+    match (&mut acc.data, &g.data) {
+        (Data::F32(a), Data::F32(b)) if a.len() == b.len() => a.iter_mut().zip(b).for_each(|(a, b)| *a += b),
+        (Data::F64(a), Data::F64(b)) if a.len() == b.len() => a.iter_mut().zip(b).for_each(|(a, b)| *a += b),
+        _ => {
+            return Err(Failure::Other(
+                "gradient shapes differ between micro-batches".into(),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// Rebuilds a full gradient from one rank's whole copy or from every rank's shard.
+pub(super) fn assemble(pieces: &[(Option<Shard>, Value)]) -> Option<Value> {
+    if let Some((_, whole)) = pieces.iter().find(|(s, _)| s.is_none()) {
+        return Some(whole.clone());
+    }
+    let mut sorted: Vec<&(Option<Shard>, Value)> = pieces.iter().collect();
+    sorted.sort_by_key(|(s, _)| s.map(|s| s.index));
+    let parts = sorted.first()?.0?.parts;
+    // Several replicas (pipeline copies) may report the same shard: keep one per index.
+    sorted.dedup_by_key(|(s, _)| s.map(|s| s.index));
+    if sorted.len() != parts {
+        return None;
+    }
+    let buffers: Vec<Buffer> = sorted.iter().map(|(_, v)| to_buffer(v)).collect();
+    let b = Buffer::concat(&buffers)?;
+    let n = b.len();
+    from_buffer(b, sorted[0].1.dtype, vec![n]).ok()
+}

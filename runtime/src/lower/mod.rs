@@ -1,0 +1,43 @@
+//! Lowering: a plan and a model become one [`Program`] per rank. The
+//! model's training graph (forward, loss, backward) is split into pipeline
+//! stages and phases ([`partition`]), each stage's tasks are ordered by the
+//! schedule ([`schedule`]), and each rank's instruction list is emitted with
+//! the point-to-point transfers, gradient reductions, optimizer steps and
+//! ZeRO parameter traffic the plan implies ([`emit`](self)).
+
+mod emit;
+pub mod partition;
+pub mod program;
+pub mod schedule;
+pub mod strategy;
+pub mod tensor_parallel;
+pub mod training;
+
+pub use program::{Buf, Coord, Instr, ParamSlot, Program, Reduction, Shard};
+pub use strategy::{Strategy, StrategyError};
+pub use tensor_parallel::WeightSlice;
+pub use training::{for_strategy, training_graph, Feed, TrainingError, TrainingGraph};
+
+/// Why a plan could not be lowered.
+#[derive(Debug, thiserror::Error)]
+pub enum LowerError {
+    #[error(transparent)]
+    Strategy(#[from] StrategyError),
+    #[error(transparent)]
+    Partition(#[from] partition::PartitionError),
+    #[error("pipeline schedule: {0}")]
+    Schedule(#[from] schedule::ScheduleError),
+    #[error("{0} is not supported yet")]
+    Unsupported(String),
+    #[error("internal lowering error: {0}")]
+    Internal(String),
+}
+
+/// Every rank's program for one training step of `t` under `s`.
+pub fn lower(t: &TrainingGraph, s: &Strategy) -> Result<Vec<Program>, LowerError> {
+    s.check()?;
+    let layer_vs = s.layer_virtual_stages();
+    let part = partition::partition(t, &layer_vs, s.pp * s.chunks)?;
+    let layout = emit::Layout::new(t, s, &part);
+    (0..s.world()).map(|rank| layout.program(rank)).collect()
+}

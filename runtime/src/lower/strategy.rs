@@ -1,0 +1,339 @@
+//! The part of a plan that lowering executes: degrees, schedule, ZeRO
+//! stage, micro-batching, stage splits and where each rank sits on the
+//! mesh. Tests build one directly; `autopar run` reads it from a plan file.
+
+use super::program::{Coord, Reduction};
+use autopar_cost_models::{Recompute, Schedule};
+use autopar_planner::Plan;
+
+/// What lowering needs to know about a plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Strategy {
+    pub dp: usize,
+    pub tp: usize,
+    pub cp: usize,
+    pub ep: usize,
+    pub pp: usize,
+    /// Sequence parallelism between tensor-parallel regions.
+    pub sp: bool,
+    /// Model chunks per stage (interleaved schedule), else 1.
+    pub chunks: usize,
+    pub schedule: Schedule,
+    pub zero: u8,
+    pub micro_batch: usize,
+    pub micro_batches: usize,
+    pub reduction: Reduction,
+    /// Repeated layers per stage (over all of its chunks).
+    pub stage_layers: Vec<usize>,
+    pub recompute: Vec<Recompute>,
+    /// Every rank's mesh coordinate, by rank.
+    pub ranks: Vec<Coord>,
+}
+
+/// Why a plan cannot be lowered.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum StrategyError {
+    #[error("plan field '{field}': {message}")]
+    Field { field: &'static str, message: String },
+    #[error("{0} is planned but the CPU runtime does not lower it yet; plan without it (e.g. `autopar run MODEL --plan auto` restricts the search to what runs)")]
+    NotLowered(String),
+}
+
+fn field(field: &'static str, message: impl Into<String>) -> StrategyError {
+    StrategyError::Field {
+        field,
+        message: message.into(),
+    }
+}
+
+impl Strategy {
+    /// Data parallelism over `dp` ranks and pipelining over `pp` stages of
+    /// equal layer counts (`layers` in all), ranks laid out dp-inner; the
+    /// rest at its simplest. A starting point for tests and examples.
+    pub fn new(dp: usize, pp: usize, layers: usize, micro_batch: usize, micro_batches: usize) -> Strategy {
+        let stage_layers = (0..pp)
+            .map(|s| layers / pp + usize::from(s < layers % pp))
+            .collect();
+        Strategy {
+            dp,
+            tp: 1,
+            cp: 1,
+            ep: 1,
+            pp,
+            sp: false,
+            chunks: 1,
+            schedule: Schedule::OneFOneB,
+            zero: 0,
+            micro_batch,
+            micro_batches,
+            reduction: Reduction::Ring,
+            stage_layers,
+            recompute: vec![Recompute::None; pp],
+            ranks: (0..pp)
+                .flat_map(|p| {
+                    (0..dp).map(move |d| Coord {
+                        tp: 0,
+                        cp: 0,
+                        dp: d,
+                        pp: p,
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    /// The same strategy with a `tp`-way tensor-parallel group inside each
+    /// rank of it (sequence-parallel when `sp`): ranks tp-fastest, then dp, then pp.
+    pub fn with_tp(mut self, tp: usize, sp: bool) -> Strategy {
+        self.tp = tp;
+        self.sp = sp && tp > 1;
+        self.ranks = (0..self.pp)
+            .flat_map(|p| {
+                (0..self.dp).flat_map(move |d| {
+                    (0..tp).map(move |t| Coord {
+                        tp: t,
+                        cp: 0,
+                        dp: d,
+                        pp: p,
+                    })
+                })
+            })
+            .collect();
+        self
+    }
+
+    /// The same strategy with each rank's sequences split over a `cp`-way
+    /// context-parallel group: ranks cp-fastest, then dp, then pp.
+    pub fn with_cp(mut self, cp: usize) -> Strategy {
+        self.cp = cp;
+        self.ranks = (0..self.pp)
+            .flat_map(|p| {
+                (0..self.dp).flat_map(move |d| {
+                    (0..cp).map(move |c| Coord {
+                        tp: 0,
+                        cp: c,
+                        dp: d,
+                        pp: p,
+                    })
+                })
+            })
+            .collect();
+        self
+    }
+
+    /// The plan's strategy, checked for what lowering supports.
+    pub fn from_plan(plan: &Plan) -> Result<Strategy, StrategyError> {
+        let p = &plan.parallel;
+        let schedule: Schedule = p
+            .schedule
+            .parse()
+            .map_err(|e: String| field("parallel.schedule", e))?;
+        let reduction = match p.grad_reduce.as_str() {
+            "ring" => Reduction::Ring,
+            "parameter-server" => Reduction::ParameterServer,
+            other => {
+                return Err(field(
+                    "parallel.grad_reduce",
+                    format!("unknown reduction '{other}'"),
+                ))
+            }
+        };
+        if p.grad_compression.is_some() {
+            return Err(StrategyError::NotLowered("gradient compression".into()));
+        }
+        let recompute = plan
+            .stages
+            .iter()
+            .map(|s| s.recompute.parse::<Recompute>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| field("stages[].recompute", e))?;
+        let ranks = plan
+            .mesh
+            .ranks
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                if r.rank == i {
+                    Ok(Coord {
+                        tp: r.tp,
+                        cp: r.cp,
+                        dp: r.dp,
+                        pp: r.pp,
+                    })
+                } else {
+                    Err(field("mesh.ranks", format!("entry {i} is rank {}", r.rank)))
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let s = Strategy {
+            dp: p.dp,
+            tp: p.tp,
+            cp: p.cp,
+            ep: p.ep,
+            pp: p.pp,
+            sp: p.sp,
+            chunks: if schedule == Schedule::Interleaved {
+                p.virtual_stages
+            } else {
+                1
+            },
+            schedule,
+            zero: p.zero,
+            micro_batch: p.micro_batch,
+            micro_batches: p.micro_batches,
+            reduction,
+            stage_layers: plan.stages.iter().map(|s| s.layers[1] - s.layers[0]).collect(),
+            recompute,
+            ranks,
+        };
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Ranks in all.
+    pub fn world(&self) -> usize {
+        self.dp * self.tp * self.cp * self.pp
+    }
+
+    /// Rows of the global batch per step.
+    pub fn global_batch(&self) -> usize {
+        self.dp * self.micro_batch * self.micro_batches
+    }
+
+    /// The rank at `coord`.
+    pub fn rank_of(&self, coord: Coord) -> usize {
+        self.ranks
+            .iter()
+            .position(|&c| c == coord)
+            .expect("coordinates come from the mesh")
+    }
+
+    /// Consistency, and the strategies lowering does not implement yet.
+    pub fn check(&self) -> Result<(), StrategyError> {
+        for (name, degree) in [
+            ("dp", self.dp),
+            ("tp", self.tp),
+            ("cp", self.cp),
+            ("ep", self.ep),
+            ("pp", self.pp),
+        ] {
+            if degree == 0 {
+                return Err(field("parallel", format!("{name} must be at least 1")));
+            }
+        }
+        if self.cp > 1 && self.tp > 1 {
+            return Err(StrategyError::NotLowered(format!(
+                "context parallelism (cp = {}) together with tensor parallelism",
+                self.cp
+            )));
+        }
+        if self.ep > 1 {
+            return Err(StrategyError::NotLowered(format!(
+                "expert parallelism (ep = {})",
+                self.ep
+            )));
+        }
+        if self.zero > 3 {
+            return Err(field(
+                "parallel.zero",
+                format!("ZeRO stage {} does not exist", self.zero),
+            ));
+        }
+        if self.zero > 0 && self.reduction == Reduction::ParameterServer {
+            return Err(field(
+                "parallel.zero",
+                "ZeRO shards gradients with reduce-scatter; it cannot use a parameter server",
+            ));
+        }
+        if self.micro_batch == 0 || self.micro_batches == 0 {
+            return Err(field(
+                "parallel.micro_batches",
+                "micro-batch size and count must be at least 1",
+            ));
+        }
+        if self.chunks == 0 || (self.chunks > 1 && self.schedule != Schedule::Interleaved) {
+            return Err(field(
+                "parallel.virtual_stages",
+                "more than one chunk per stage needs the interleaved schedule",
+            ));
+        }
+        if self.stage_layers.len() != self.pp || self.recompute.len() != self.pp {
+            return Err(field(
+                "stages",
+                format!("{} stages for pp = {}", self.stage_layers.len(), self.pp),
+            ));
+        }
+        if self.ranks.len() != self.world() {
+            return Err(field(
+                "mesh.ranks",
+                format!("{} ranks for a mesh of {}", self.ranks.len(), self.world()),
+            ));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for c in &self.ranks {
+            if c.dp >= self.dp || c.pp >= self.pp || c.tp >= self.tp || c.cp >= self.cp || !seen.insert(*c) {
+                return Err(field(
+                    "mesh.ranks",
+                    format!("coordinate {c:?} is outside the mesh or repeated"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The virtual stage (`chunk · pp + stage`) of each repeated layer.
+    pub fn layer_virtual_stages(&self) -> Vec<usize> {
+        let v = self.chunks;
+        let mut counts = vec![0; self.pp * v];
+        for (s, &layers) in self.stage_layers.iter().enumerate() {
+            for c in 0..v {
+                counts[c * self.pp + s] = layers / v + usize::from(c < layers % v);
+            }
+        }
+        counts
+            .iter()
+            .enumerate()
+            .flat_map(|(vs, &n)| std::iter::repeat_n(vs, n))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interleaved_layers_go_round_the_stages() {
+        let mut s = Strategy::new(1, 2, 8, 1, 4);
+        s.schedule = Schedule::Interleaved;
+        s.chunks = 2;
+        assert_eq!(s.layer_virtual_stages(), vec![0, 0, 1, 1, 2, 2, 3, 3]);
+        let plain = Strategy::new(1, 3, 7, 1, 4);
+        assert_eq!(plain.layer_virtual_stages(), vec![0, 0, 0, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn unsupported_strategies_say_what() {
+        let mut s = Strategy::new(2, 1, 2, 1, 1).with_tp(2, false);
+        assert!(s.check().is_ok());
+        assert_eq!(
+            s.rank_of(Coord {
+                tp: 1,
+                cp: 0,
+                dp: 1,
+                pp: 0
+            }),
+            3
+        );
+        s.cp = 2;
+        assert!(s
+            .check()
+            .unwrap_err()
+            .to_string()
+            .contains("context parallelism (cp = 2) together"));
+        let mut s = Strategy::new(2, 1, 2, 1, 1);
+        s.zero = 2;
+        s.reduction = Reduction::ParameterServer;
+        assert!(s.check().unwrap_err().to_string().contains("parameter server"));
+    }
+}

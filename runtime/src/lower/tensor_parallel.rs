@@ -1,0 +1,922 @@
+//! Tensor parallelism as a graph rewrite: the model's forward graph becomes
+//! the graph one rank of a tensor-parallel group runs, with sliced weights
+//! and [`Op::Comm`] nodes where layouts change. Autodiff then derives the
+//! backward communication from each comm op's conjugate, so forward and
+//! backward stay consistent by construction.
+//!
+//! Layouts are propagated op by op with Megatron-LM's rules, the ones the
+//! cost model prices (`autopar_cost_models::workload::layout`): a linear
+//! layer on a replicated input is split by output columns (its input is
+//! copied in, so the input's gradient is all-reduced); on a column-split
+//! input it is split by input rows and its output all-reduced — or, under
+//! sequence parallelism, reduce-scattered along the sequence, so norms and
+//! residuals run on sequence slices and the next column split gathers them.
+//! Attention runs on the heads its inputs carry; reshapes and transposes
+//! move the split dim; row-wise ops keep it; anything else gathers. A column
+//! split feeding an equal `Split` (a fused QKV projection) is cut per block,
+//! so every rank gets matching query, key and value heads. Embeddings stay
+//! replicated (the cost model assumes a vocabulary-parallel one).
+
+use autopar_ir::{BinaryOp, CommKind, Graph, NodeIndex, Op, Role, Shape, TensorId, Value};
+use std::collections::{BTreeMap, HashMap};
+
+/// How a stored weight is cut: dim `axis` into `parts` slices, or, with
+/// `blocks > 1`, each of `blocks` equal blocks along `axis` into slices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WeightSlice {
+    pub axis: usize,
+    pub blocks: usize,
+}
+
+/// The per-rank graph and how its stored weights relate to the model's.
+#[derive(Debug, Clone)]
+pub struct TensorParallel {
+    pub graph: Graph,
+    pub parts: usize,
+    /// Weights stored as slices, by name (the others are stored whole).
+    pub slices: BTreeMap<String, WeightSlice>,
+}
+
+/// Why a graph cannot be split.
+#[derive(Debug, thiserror::Error)]
+pub enum TpError {
+    #[error("tensor '{0}' has a symbolic shape; bind batch and sequence first")]
+    Unbound(String),
+    #[error("node '{node}': {message}")]
+    Node { node: String, message: String },
+    #[error(transparent)]
+    Graph(#[from] autopar_ir::GraphError),
+}
+
+/// Where an activation lives across the group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Layout {
+    Replicated,
+    /// Each rank holds `1/parts` of dim `axis` (of each block when `blocks > 1`).
+    Split {
+        axis: usize,
+        blocks: usize,
+    },
+}
+
+const WHOLE: usize = 1;
+
+/// The graph one rank of a `parts`-way tensor-parallel group runs
+/// (sequence-parallel between the split regions when `sp`). Dims must be bound.
+pub fn shard(model: &Graph, parts: usize, sp: bool) -> Result<TensorParallel, TpError> {
+    rewrite(model, parts, sp, None)
+}
+
+/// The training graph one rank of a `parts`-way context-parallel group
+/// runs: the inputs named in `per_token` are cut along the sequence (dim
+/// 1), every token-wise op runs on the rank's tokens, attention gathers the
+/// keys and values of the whole sequence (their gradients are
+/// reduce-scattered back) under its slice of the causal mask, and sums over
+/// the sequence (the loss) are all-reduced. Weights stay whole: their
+/// gradients are summed over the context-parallel ranks with the
+/// data-parallel ones.
+pub fn shard_context(graph: &Graph, parts: usize, per_token: &[String]) -> Result<Graph, TpError> {
+    Ok(rewrite(graph, parts, false, Some(per_token))?.graph)
+}
+
+fn rewrite(
+    model: &Graph,
+    parts: usize,
+    sp: bool,
+    per_token: Option<&[String]>,
+) -> Result<TensorParallel, TpError> {
+    let mut src = model.clone();
+    let ids: Vec<TensorId> = src.tensors().map(|(id, _)| id).collect();
+    for id in ids {
+        let t = src.tensor(id);
+        let dims =
+            t.ty.shape
+                .resolve(&src.bindings)
+                .ok_or_else(|| TpError::Unbound(t.name.clone()))?;
+        src.tensor_mut(id).ty.shape = Shape::fixed(&dims);
+    }
+    let mut g = Graph::new(src.name.clone());
+    g.bindings = src.bindings.clone();
+    g.blocks = src.blocks.clone();
+    let block_of: HashMap<String, usize> = src
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(b, block)| block.nodes.iter().map(move |n| (n.clone(), b)))
+        .collect();
+    let mut r = Rewriter {
+        src: &src,
+        g,
+        parts,
+        sp,
+        context: per_token.is_some(),
+        map: HashMap::new(),
+        layouts: HashMap::new(),
+        slices: BTreeMap::new(),
+        cache: HashMap::new(),
+        block: None,
+        count: 0,
+    };
+    for &input in &src.inputs {
+        let t = r.tensor(input);
+        r.g.inputs.push(t);
+        r.layouts.insert(t, Layout::Replicated);
+        let name = &src.tensor(input).name;
+        if per_token.is_some_and(|names| names.contains(name)) {
+            let sliced = r.comm(
+                t,
+                CommKind::Slice,
+                1,
+                Layout::Split {
+                    axis: 1,
+                    blocks: WHOLE,
+                },
+            )?;
+            r.map.insert(input, sliced);
+        }
+    }
+    for idx in src.topo_order()? {
+        r.block = block_of.get(&src.node(idx).name).copied();
+        r.node(idx)?;
+    }
+    r.block = None;
+    for &out in &src.outputs {
+        let t = r.map[&out];
+        let whole = r.replicated(t, "outputs")?;
+        r.g.outputs.push(whole);
+    }
+    r.g.validate()?;
+    Ok(TensorParallel {
+        graph: r.g,
+        parts,
+        slices: r.slices,
+    })
+}
+
+struct Rewriter<'a> {
+    src: &'a Graph,
+    g: Graph,
+    parts: usize,
+    sp: bool,
+    /// Splitting sequences (context parallelism) instead of weights.
+    context: bool,
+    /// Source tensor → rewritten tensor.
+    map: HashMap<TensorId, TensorId>,
+    /// Layouts of activations; weights and constants have none.
+    layouts: HashMap<TensorId, Layout>,
+    slices: BTreeMap<String, WeightSlice>,
+    /// One comm node per (tensor, kind, axis), shared by all consumers.
+    cache: HashMap<(TensorId, CommKind, usize), TensorId>,
+    /// The layer of the node being rewritten: nodes added for it join it.
+    block: Option<usize>,
+    count: usize,
+}
+
+impl Rewriter<'_> {
+    /// The rewritten tensor of a source tensor (copying leaves on first use).
+    fn tensor(&mut self, t: TensorId) -> TensorId {
+        if let Some(&n) = self.map.get(&t) {
+            return n;
+        }
+        let s = self.src.tensor(t);
+        let n = self
+            .g
+            .add_tensor(s.name.clone(), s.ty.clone(), s.role, s.data.clone());
+        self.map.insert(t, n);
+        n
+    }
+
+    fn dims(&self, t: TensorId) -> Vec<usize> {
+        self.g
+            .tensor(t)
+            .ty
+            .shape
+            .0
+            .iter()
+            .map(|d| d.fixed().unwrap_or(0))
+            .collect()
+    }
+
+    fn layout(&self, t: TensorId) -> Option<Layout> {
+        self.layouts.get(&t).copied()
+    }
+
+    fn err(&self, at: &str, message: impl Into<String>) -> TpError {
+        TpError::Node {
+            node: at.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Adds `op` on `inputs` with outputs typed by inference; the node
+    /// joins the current layer.
+    fn add(
+        &mut self,
+        name: String,
+        op: Op,
+        inputs: Vec<Option<TensorId>>,
+        out_names: &[String],
+    ) -> Result<Vec<TensorId>, TpError> {
+        let types = {
+            let infer: Vec<Option<autopar_ir::InferInput>> = inputs
+                .iter()
+                .map(|t| {
+                    t.map(|t| autopar_ir::InferInput {
+                        ty: &self.g.tensor(t).ty,
+                        value: self.g.tensor(t).data.as_deref(),
+                    })
+                })
+                .collect();
+            op.infer(&infer).map_err(|e| self.err(&name, e.to_string()))?
+        };
+        let outs: Vec<TensorId> = types
+            .into_iter()
+            .zip(out_names)
+            .map(|(ty, n)| self.g.add_tensor(n.clone(), ty, Role::Activation, None))
+            .collect();
+        self.g.add_node(name.clone(), op, inputs, outs.clone())?;
+        if let Some(b) = self.block {
+            self.g.blocks[b].nodes.push(name);
+        }
+        Ok(outs)
+    }
+
+    /// A new node of our own on `inputs`, one output.
+    fn helper(&mut self, what: &str, op: Op, inputs: Vec<Option<TensorId>>) -> Result<TensorId, TpError> {
+        self.count += 1;
+        let name = format!("tp/{what}{}", self.count);
+        Ok(self.add(name.clone(), op, inputs, &[name])?[0])
+    }
+
+    /// `x` through a comm node (one per tensor, kind and axis).
+    fn comm(&mut self, x: TensorId, kind: CommKind, axis: usize, out: Layout) -> Result<TensorId, TpError> {
+        if let Some(&y) = self.cache.get(&(x, kind, axis)) {
+            return Ok(y);
+        }
+        let op = Op::Comm {
+            kind,
+            axis: axis as i64,
+            parts: self.parts,
+        };
+        let what = format!("{kind:?}").to_lowercase();
+        let y = self.helper(&what, op, vec![Some(x)])?;
+        self.layouts.insert(y, out);
+        self.cache.insert((x, kind, axis), y);
+        Ok(y)
+    }
+
+    /// `x` whole on every rank.
+    fn replicated(&mut self, x: TensorId, at: &str) -> Result<TensorId, TpError> {
+        match self.layout(x) {
+            Some(Layout::Split { axis, blocks: WHOLE }) => {
+                self.comm(x, CommKind::AllGather, axis, Layout::Replicated)
+            }
+            Some(Layout::Split { .. }) => {
+                Err(self.err(at, "gathering a block-split tensor is not supported"))
+            }
+            _ => Ok(x),
+        }
+    }
+
+    /// `x` as the input of a split computation: float tensors that are
+    /// whole on every rank (activations and weights) are copied in, so their
+    /// gradient — a share on each rank — is all-reduced.
+    fn copied_in(&mut self, x: TensorId) -> Result<TensorId, TpError> {
+        if self.context {
+            // Weight gradients are summed over context ranks with the data-parallel reduction.
+            return Ok(x);
+        }
+        let t = self.g.tensor(x);
+        let whole = self.layout(x).is_none_or(|l| l == Layout::Replicated);
+        if whole && t.ty.dtype.is_float() && t.role != Role::Constant {
+            return self.comm(x, CommKind::Copy, 0, Layout::Replicated);
+        }
+        Ok(x)
+    }
+
+    /// Copies source node `idx` with `inputs` and `op`, mapping its outputs
+    /// with `layout`.
+    fn emit(
+        &mut self,
+        idx: NodeIndex,
+        op: Op,
+        inputs: Vec<Option<TensorId>>,
+        layout: Option<Layout>,
+    ) -> Result<Vec<TensorId>, TpError> {
+        let n = self.src.node(idx);
+        let names: Vec<String> = n
+            .outputs
+            .iter()
+            .map(|&o| self.src.tensor(o).name.clone())
+            .collect();
+        let outs = self.add(n.name.clone(), op, inputs, &names)?;
+        for (&o, &new) in n.outputs.iter().zip(&outs) {
+            self.map.insert(o, new);
+            if let Some(l) = layout {
+                self.layouts.insert(new, l);
+            }
+        }
+        Ok(outs)
+    }
+
+    /// Runs the node on whole tensors.
+    fn whole(&mut self, idx: NodeIndex, ins: Vec<Option<TensorId>>) -> Result<(), TpError> {
+        let name = self.src.node(idx).name.clone();
+        let ins = ins
+            .into_iter()
+            .map(|t| t.map(|t| self.replicated(t, &name)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        self.emit(idx, self.src.node(idx).op.clone(), ins, Some(Layout::Replicated))?;
+        Ok(())
+    }
+
+    fn node(&mut self, idx: NodeIndex) -> Result<(), TpError> {
+        let n = self.src.node(idx).clone();
+        let ins: Vec<Option<TensorId>> = n.inputs.iter().map(|t| t.map(|t| self.tensor(t))).collect();
+        let acts: Vec<(usize, Layout)> = ins
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| t.and_then(|t| self.layout(t)).map(|l| (i, l)))
+            .collect();
+        if acts.is_empty() {
+            // Weights and constants computed from weights: unchanged.
+            self.emit(idx, n.op.clone(), ins, None)?;
+            return Ok(());
+        }
+        let first = acts[0].1;
+        let splits: Vec<Layout> = acts
+            .iter()
+            .map(|&(_, l)| l)
+            .filter(|&l| l != Layout::Replicated)
+            .collect();
+        let one_split = splits
+            .first()
+            .copied()
+            .filter(|&l| splits.iter().all(|&m| m == l));
+        if self.context {
+            if let Some(done) = self.context_node(idx, &ins, first)? {
+                return Ok(done);
+            }
+        }
+        match &n.op {
+            Op::Linear if self.layout_of_slot(&ins, 1).is_none() => self.linear(idx, ins),
+            Op::Attention { .. } => {
+                let heads = Layout::Split {
+                    axis: 1,
+                    blocks: WHOLE,
+                };
+                let qkv_split = (0..3).all(|i| self.layout_of_slot(&ins, i) == Some(heads));
+                let mask_ok = match ins.get(3).copied().flatten() {
+                    None => true,
+                    Some(m) => {
+                        let d = self.dims(m);
+                        d.len() < 3 || d[d.len() - 3] == 1
+                    }
+                };
+                if qkv_split && mask_ok {
+                    let mut ins = ins;
+                    if let Some(Some(m)) = ins.get(3).copied() {
+                        ins[3] = Some(self.copied_in(m)?);
+                    }
+                    self.emit(idx, n.op.clone(), ins, Some(heads))?;
+                    Ok(())
+                } else {
+                    self.whole(idx, ins)
+                }
+            }
+            Op::Reshape { allowzero } => match first {
+                Layout::Split { axis, blocks: WHOLE } if acts.len() == 1 => {
+                    let x = ins[0].expect("reshape input");
+                    let in_dims = self.dims(x);
+                    let out_dims = self.source_dims(self.src.node(idx).outputs[0]);
+                    match reshape_axis(&in_dims, axis, &out_dims, self.parts) {
+                        Some(j) => {
+                            let mut local: Vec<i64> = out_dims.iter().map(|&d| d as i64).collect();
+                            local[j] /= self.parts as i64;
+                            self.count += 1;
+                            let c = self.g.add_constant(
+                                format!("tp/shape{}", self.count),
+                                Value::i64(vec![local.len()], local).expect("1-D shape"),
+                            );
+                            let op = Op::Reshape {
+                                allowzero: *allowzero,
+                            };
+                            self.emit(
+                                idx,
+                                op,
+                                vec![Some(x), Some(c)],
+                                Some(Layout::Split {
+                                    axis: j,
+                                    blocks: WHOLE,
+                                }),
+                            )?;
+                            Ok(())
+                        }
+                        None => self.whole(idx, ins),
+                    }
+                }
+                _ => self.whole(idx, ins),
+            },
+            Op::Transpose { perm } => match first {
+                Layout::Split { axis, blocks } => {
+                    let rank = self.dims(ins[0].expect("transpose input")).len();
+                    let perm: Vec<usize> = perm.clone().unwrap_or_else(|| (0..rank).rev().collect());
+                    let to = perm.iter().position(|&p| p == axis).unwrap_or(axis);
+                    self.emit(idx, n.op.clone(), ins, Some(Layout::Split { axis: to, blocks }))?;
+                    Ok(())
+                }
+                Layout::Replicated => self.whole(idx, ins),
+            },
+            Op::Split {
+                axis,
+                split: None,
+                outputs,
+            } if acts.len() == 1 => {
+                let rank = self.dims(ins[0].expect("split input")).len();
+                let along = norm(*axis, rank);
+                match first {
+                    Layout::Split { axis: a, blocks } if a != along => {
+                        self.emit(idx, n.op.clone(), ins, Some(Layout::Split { axis: a, blocks }))?;
+                        Ok(())
+                    }
+                    Layout::Split { axis: a, blocks } if blocks == *outputs => {
+                        self.emit(
+                            idx,
+                            n.op.clone(),
+                            ins,
+                            Some(Layout::Split {
+                                axis: a,
+                                blocks: WHOLE,
+                            }),
+                        )?;
+                        Ok(())
+                    }
+                    _ => self.whole(idx, ins),
+                }
+            }
+            Op::Unary { .. } | Op::Gelu { .. } | Op::Silu | Op::Cast { .. } if acts.len() == 1 => {
+                self.emit(idx, n.op.clone(), ins, Some(first))?;
+                Ok(())
+            }
+            Op::Binary { .. } | Op::Where if one_split.is_some() => {
+                self.broadcast_split(idx, ins, one_split.expect("checked"))
+            }
+            Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } if acts.len() == 1 => {
+                let rank = self.dims(ins[0].expect("norm input")).len();
+                match first {
+                    Layout::Split {
+                        axis: a,
+                        blocks: WHOLE,
+                    } if a < norm(*axis, rank) => {
+                        let mut ins = ins;
+                        for slot in ins.iter_mut().skip(1) {
+                            if let Some(w) = *slot {
+                                *slot = Some(self.copied_in(w)?);
+                            }
+                        }
+                        self.emit(idx, n.op.clone(), ins, Some(first))?;
+                        Ok(())
+                    }
+                    _ => self.whole(idx, ins),
+                }
+            }
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
+                let rank = self.dims(ins[0].expect("softmax input")).len();
+                match first {
+                    Layout::Split { axis: a, .. } if a != norm(*axis, rank) => {
+                        self.emit(idx, n.op.clone(), ins, Some(first))?;
+                        Ok(())
+                    }
+                    _ => self.whole(idx, ins),
+                }
+            }
+            _ => self.whole(idx, ins),
+        }
+    }
+
+    /// The ops context parallelism treats differently from tensor
+    /// parallelism; `None` for the shared rules.
+    fn context_node(
+        &mut self,
+        idx: NodeIndex,
+        ins: &[Option<TensorId>],
+        first: Layout,
+    ) -> Result<Option<()>, TpError> {
+        let n = self.src.node(idx).clone();
+        let tokens = Layout::Split {
+            axis: 1,
+            blocks: WHOLE,
+        };
+        let is = |r: &Self, slot: usize, l: Layout| r.layout_of_slot(ins, slot) == Some(l);
+        match &n.op {
+            // Token-wise products and lookups: each rank its tokens.
+            Op::Linear | Op::MatMul if is(self, 0, tokens) && self.layout_of_slot(ins, 1).is_none() => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
+            }
+            Op::Embedding if is(self, 1, tokens) => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
+            }
+            Op::GatherElements { axis } if (0..2).all(|i| is(self, i, tokens)) && *axis != 1 => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
+            }
+            Op::Attention { scale, causal } => {
+                let seq = Layout::Split {
+                    axis: 2,
+                    blocks: WHOLE,
+                };
+                if !(0..3).all(|i| is(self, i, seq)) {
+                    return Ok(None);
+                }
+                let k = self.comm(
+                    ins[1].expect("k"),
+                    CommKind::GatherForCompute,
+                    2,
+                    Layout::Replicated,
+                )?;
+                let v = self.comm(
+                    ins[2].expect("v"),
+                    CommKind::GatherForCompute,
+                    2,
+                    Layout::Replicated,
+                )?;
+                let keys = self.dims(k)[2];
+                let mut mask = None;
+                if *causal {
+                    let lower: Vec<bool> = (0..keys * keys).map(|i| i % keys <= i / keys).collect();
+                    self.count += 1;
+                    let c = self.g.add_constant(
+                        format!("tp/causal{}", self.count),
+                        Value::new(
+                            autopar_ir::DType::Bool,
+                            vec![keys, keys],
+                            autopar_ir::Data::Bool(lower),
+                        )
+                        .expect("square mask"),
+                    );
+                    mask = Some(self.comm(
+                        c,
+                        CommKind::Slice,
+                        0,
+                        Layout::Split {
+                            axis: 0,
+                            blocks: WHOLE,
+                        },
+                    )?);
+                }
+                if let Some(Some(m)) = ins.get(3).copied() {
+                    let d = self.dims(m);
+                    let rows = d.len().checked_sub(2).map(|i| (i, d[i]));
+                    let own = match (self.layout(m), rows) {
+                        (None | Some(Layout::Replicated), Some((_, 1))) => m,
+                        (None | Some(Layout::Replicated), Some((i, r))) if r == keys => self.comm(
+                            m,
+                            CommKind::Slice,
+                            i,
+                            Layout::Split {
+                                axis: i,
+                                blocks: WHOLE,
+                            },
+                        )?,
+                        _ => return Ok(None),
+                    };
+                    let is_bool = self.g.tensor(own).ty.dtype == autopar_ir::DType::Bool;
+                    mask = match mask {
+                        None => Some(own),
+                        Some(c) if is_bool => Some(self.helper(
+                            "mask_and",
+                            Op::Binary { func: BinaryOp::And },
+                            vec![Some(c), Some(own)],
+                        )?),
+                        Some(_) => return Ok(None),
+                    };
+                }
+                let op = Op::Attention {
+                    scale: *scale,
+                    causal: false,
+                };
+                self.emit(idx, op, vec![ins[0], Some(k), Some(v), mask], Some(seq))?;
+            }
+            // Sums over the sequence (the loss): each rank's share, then all-reduced.
+            Op::Reduce {
+                axes: None,
+                keepdims: false,
+                ..
+            } if ins.len() == 1 && first == tokens => {
+                let out = self.src.node(idx).outputs[0];
+                let share = self.emit(idx, n.op.clone(), ins.to_vec(), None)?[0];
+                let sum = self.comm(share, CommKind::AllReduce, 0, Layout::Replicated)?;
+                self.map.insert(out, sum);
+            }
+            _ => return Ok(None),
+        }
+        Ok(Some(()))
+    }
+
+    fn layout_of_slot(&self, ins: &[Option<TensorId>], slot: usize) -> Option<Layout> {
+        ins.get(slot).copied().flatten().and_then(|t| self.layout(t))
+    }
+
+    /// Dims of a source tensor (bound).
+    fn source_dims(&self, t: TensorId) -> Vec<usize> {
+        self.src
+            .tensor(t)
+            .ty
+            .shape
+            .0
+            .iter()
+            .map(|d| d.fixed().unwrap_or(0))
+            .collect()
+    }
+
+    /// An elementwise op on activations split alike: whole operands must
+    /// broadcast along the split dim (else they are sliced).
+    fn broadcast_split(
+        &mut self,
+        idx: NodeIndex,
+        ins: Vec<Option<TensorId>>,
+        split: Layout,
+    ) -> Result<(), TpError> {
+        let Layout::Split { axis, blocks } = split else {
+            return self.whole(idx, ins);
+        };
+        let out_rank = self.src.tensor(self.src.node(idx).outputs[0]).ty.shape.rank();
+        let mut new = Vec::with_capacity(ins.len());
+        for &t in &ins {
+            let Some(t) = t else {
+                new.push(None);
+                continue;
+            };
+            if self.layout(t) == Some(split) {
+                new.push(Some(t));
+                continue;
+            }
+            let d = self.dims(t);
+            let aligned = (axis + d.len()).checked_sub(out_rank);
+            let broadcasts = aligned.is_none_or(|i| d[i] == 1);
+            if broadcasts {
+                new.push(Some(self.copied_in(t)?));
+            } else if blocks == WHOLE && self.layout(t).is_none_or(|l| l == Layout::Replicated) {
+                let i = aligned.expect("checked");
+                new.push(Some(self.comm(
+                    t,
+                    CommKind::Slice,
+                    i,
+                    Layout::Split { axis: i, blocks },
+                )?));
+            } else {
+                return self.whole(idx, ins);
+            }
+        }
+        self.emit(idx, self.src.node(idx).op.clone(), new, Some(split))?;
+        Ok(())
+    }
+
+    /// A linear layer: column-split on a whole input, row-split on a
+    /// column-split one, whole when its dims do not divide.
+    fn linear(&mut self, idx: NodeIndex, ins: Vec<Option<TensorId>>) -> Result<(), TpError> {
+        let name = self.src.node(idx).name.clone();
+        let x = ins[0].ok_or_else(|| self.err(&name, "no input"))?;
+        let w = ins[1].ok_or_else(|| self.err(&name, "no weight"))?;
+        let bias = ins.get(2).copied().flatten();
+        let wd = self.dims(w);
+        let xd = self.dims(x);
+        let last = xd.len() - 1;
+        let p = self.parts;
+        if self.layout(x)
+            == Some(Layout::Split {
+                axis: last,
+                blocks: WHOLE,
+            })
+            && wd[0] % p == 0
+        {
+            // Row-split: each rank multiplies its rows; the shares are summed.
+            let w = self.slice_weight(w, 0, WHOLE, &name)?;
+            let out = self.src.node(idx).outputs[0];
+            let share_name = format!("{}.share", self.src.tensor(out).name);
+            let share = self.add(
+                format!("{name}.share"),
+                Op::Linear,
+                vec![Some(x), Some(w), None],
+                &[share_name],
+            )?[0];
+            let seq_split = self.sp && xd.len() >= 3 && xd[1] % p == 0;
+            let (summed, layout) = if seq_split {
+                let l = Layout::Split {
+                    axis: 1,
+                    blocks: WHOLE,
+                };
+                (self.comm(share, CommKind::ReduceScatter, 1, l)?, l)
+            } else {
+                (
+                    self.comm(share, CommKind::AllReduce, 0, Layout::Replicated)?,
+                    Layout::Replicated,
+                )
+            };
+            let result = match bias {
+                Some(b) => {
+                    let b = if seq_split { self.copied_in(b)? } else { b };
+                    let names = [self.src.tensor(out).name.clone()];
+                    self.add(
+                        name.clone(),
+                        Op::Binary { func: BinaryOp::Add },
+                        vec![Some(summed), Some(b)],
+                        &names,
+                    )?[0]
+                }
+                None => summed,
+            };
+            self.map.insert(out, result);
+            self.layouts.insert(result, layout);
+            return Ok(());
+        }
+        if wd[1] % p != 0 {
+            return self.whole(idx, ins);
+        }
+        let blocks = self.qkv_blocks(idx, wd[1]);
+        let stored = self.stores_sliced(idx, 1) && bias.is_none_or(|_| self.stores_sliced(idx, 2));
+        if blocks > 1 && !stored {
+            return self.whole(idx, ins);
+        }
+        // Column-split: the input whole on every rank, copied in.
+        let x = match self.layout(x) {
+            Some(Layout::Split { axis, blocks: WHOLE }) if self.sp && axis != last => {
+                self.comm(x, CommKind::GatherForCompute, axis, Layout::Replicated)?
+            }
+            _ => {
+                let whole = self.replicated(x, &name)?;
+                self.copied_in(whole)?
+            }
+        };
+        let w = self.slice_weight(w, 1, blocks, &name)?;
+        let b = bias.map(|b| self.slice_weight(b, 0, blocks, &name)).transpose()?;
+        self.emit(
+            idx,
+            Op::Linear,
+            vec![Some(x), Some(w), b],
+            Some(Layout::Split { axis: last, blocks }),
+        )?;
+        Ok(())
+    }
+
+    /// Blocks of a column split: `k` when the output's only consumer splits
+    /// it into `k` equal parts along the last dim (a fused projection).
+    fn qkv_blocks(&self, idx: NodeIndex, cols: usize) -> usize {
+        let out = self.src.node(idx).outputs[0];
+        let consumers = self.src.consumers(out);
+        if let [c] = consumers.as_slice() {
+            if let Op::Split {
+                axis,
+                split: None,
+                outputs,
+            } = &self.src.node(*c).op
+            {
+                let rank = self.src.tensor(out).ty.shape.rank();
+                if norm(*axis, rank) == rank - 1 && cols % (outputs * self.parts) == 0 {
+                    return *outputs;
+                }
+            }
+        }
+        WHOLE
+    }
+
+    /// True when input `slot` of `idx` is a parameter used by this node alone
+    /// (so it can be stored sliced).
+    fn stores_sliced(&self, idx: NodeIndex, slot: usize) -> bool {
+        let Some(Some(t)) = self.src.node(idx).inputs.get(slot).copied() else {
+            return false;
+        };
+        self.src.tensor(t).role == Role::Parameter && self.src.consumers(t).len() == 1
+    }
+
+    /// The rank's slice of weight `w` along `axis`: stored sliced when only
+    /// this node uses it, else sliced from the whole weight by a comm op
+    /// (whose backward gathers the gradient).
+    fn slice_weight(
+        &mut self,
+        w: TensorId,
+        axis: usize,
+        blocks: usize,
+        at: &str,
+    ) -> Result<TensorId, TpError> {
+        let t = self.g.tensor(w);
+        let name = t.name.clone();
+        let sole_user = t.role == Role::Parameter
+            && self
+                .src
+                .tensors()
+                .find(|(_, s)| s.name == name)
+                .is_some_and(|(id, _)| self.src.consumers(id).len() == 1);
+        if sole_user {
+            let mut dims = self.dims(w);
+            if dims[axis] % (self.parts * blocks) != 0 {
+                return Err(self.err(
+                    at,
+                    format!("weight '{name}' dim {axis} does not split {}-way", self.parts),
+                ));
+            }
+            dims[axis] /= self.parts;
+            self.g.tensor_mut(w).ty.shape = Shape::fixed(&dims);
+            self.slices.insert(name, WeightSlice { axis, blocks });
+            return Ok(w);
+        }
+        if blocks != WHOLE {
+            return Err(self.err(at, format!("shared weight '{name}' cannot be block-split")));
+        }
+        self.comm(w, CommKind::Slice, axis, Layout::Split { axis, blocks })
+    }
+}
+
+fn norm(axis: i64, rank: usize) -> usize {
+    if axis < 0 {
+        (axis + rank as i64).max(0) as usize
+    } else {
+        axis as usize
+    }
+}
+
+/// The output dim a reshape carries split input dim `a` to: the one that
+/// starts at the same element offset, when both divide into `parts`.
+fn reshape_axis(input: &[usize], a: usize, output: &[usize], parts: usize) -> Option<usize> {
+    let before: usize = input[..a].iter().product();
+    let mut prefix = 1;
+    for (j, &d) in output.iter().enumerate() {
+        if prefix == before && d > 1 {
+            return (d % parts == 0 && input[a] % parts == 0).then_some(j);
+        }
+        prefix *= d;
+        if prefix > before {
+            return None;
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reshape_carries_the_split_dim() {
+        // [b, s, h] split on h → [b, s, heads, dim]: split on heads.
+        assert_eq!(reshape_axis(&[2, 8, 32], 2, &[2, 8, 4, 8], 2), Some(2));
+        // And back.
+        assert_eq!(reshape_axis(&[2, 8, 4, 8], 2, &[2, 8, 32], 2), Some(2));
+        // Flattening batch and sequence keeps a split hidden dim last.
+        assert_eq!(reshape_axis(&[2, 8, 32], 2, &[16, 32], 2), Some(1));
+        // Heads that do not divide: no.
+        assert_eq!(reshape_axis(&[2, 8, 3, 8], 2, &[2, 8, 24], 2), None);
+    }
+}
+
+#[cfg(test)]
+mod layer_tests {
+    use super::*;
+
+    fn comm_counts(g: &Graph) -> BTreeMap<String, usize> {
+        let mut counts = BTreeMap::new();
+        for i in g.node_indices() {
+            if let Op::Comm { kind, .. } = g.node(i).op {
+                *counts.entry(format!("{kind:?}")).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
+    fn gpt(layers: usize) -> Graph {
+        let mut g =
+            autopar_ir::zoo::build(&format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8")).unwrap();
+        g.bindings.insert("batch".into(), 2);
+        g.bindings.insert("seq".into(), 8);
+        g
+    }
+
+    #[test]
+    fn a_gpt_layer_is_split_like_megatron() {
+        let one = shard(&gpt(1), 2, false).unwrap();
+        let two = shard(&gpt(2), 2, false).unwrap();
+        let per_layer = |kind: &str| comm_counts(&two.graph)[kind] - comm_counts(&one.graph)[kind];
+        // Two all-reduces forward (attention and MLP outputs) and two copies
+        // (their backward all-reduces) per layer.
+        assert_eq!(per_layer("AllReduce"), 2);
+        assert_eq!(per_layer("Copy"), 2);
+        let s = &one.slices;
+        assert_eq!(s["h.0.attn.qkv.weight"], WeightSlice { axis: 1, blocks: 3 });
+        assert_eq!(s["h.0.attn.proj.weight"], WeightSlice { axis: 0, blocks: 1 });
+        assert_eq!(s["h.0.mlp.fc.weight"], WeightSlice { axis: 1, blocks: 1 });
+        assert_eq!(s["h.0.mlp.proj.weight"], WeightSlice { axis: 0, blocks: 1 });
+        assert!(!s.contains_key("h.0.ln_1.weight"));
+    }
+
+    #[test]
+    fn sequence_parallelism_swaps_all_reduces_for_scatter_and_gather() {
+        let one = shard(&gpt(1), 2, true).unwrap();
+        let two = shard(&gpt(2), 2, true).unwrap();
+        let per_layer = |kind: &str| {
+            comm_counts(&two.graph).get(kind).copied().unwrap_or(0)
+                - comm_counts(&one.graph).get(kind).copied().unwrap_or(0)
+        };
+        assert_eq!(per_layer("ReduceScatter"), 2);
+        assert_eq!(per_layer("GatherForCompute"), 2);
+        assert_eq!(per_layer("AllReduce"), 0);
+    }
+}

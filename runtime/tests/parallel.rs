@@ -1,0 +1,181 @@
+//! Parallel = single: every strategy the runtime lowers computes the same
+//! losses and gradients as one rank running the whole batch.
+
+use autopar_cost_models::{Recompute, Schedule};
+use autopar_ir::Graph;
+use autopar_runtime::cpu::parallel::{train, TrainOptions, TrainReport};
+use autopar_runtime::cpu::Precision;
+use autopar_runtime::lower::{for_strategy, lower, Reduction, Strategy};
+use autopar_runtime::train::{initialize, Optimizer, TokenSource};
+
+const SEQ: usize = 8;
+const LAYERS: usize = 4;
+
+fn model() -> Graph {
+    let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
+    let mut g = autopar_ir::zoo::build(&spec).unwrap();
+    initialize(&mut g, 7).unwrap();
+    g
+}
+
+fn run(s: &Strategy, precision: Precision, optimizer: Optimizer, steps: usize) -> TrainReport {
+    let g = model();
+    let t = for_strategy(&g, s, SEQ).unwrap();
+    let programs = lower(&t, s).unwrap();
+    let mut opts = TrainOptions::new(precision, optimizer, steps);
+    opts.record_grads = true;
+    opts.timeout = std::time::Duration::from_secs(30);
+    train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap()
+}
+
+fn rel(a: &[f64], b: &[f64]) -> f64 {
+    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+    let scale = b.iter().map(|y| y.abs()).fold(0.0, f64::max);
+    if scale == 0.0 {
+        diff
+    } else {
+        diff / scale
+    }
+}
+
+/// One step's loss and gradients, then five steps' losses, against one rank.
+fn check(s: Strategy, precision: Precision) {
+    let tol = match precision {
+        Precision::F64 => 1e-9,
+        Precision::F32 => 1e-5,
+    };
+    let single = Strategy::new(1, 1, LAYERS, s.micro_batch, s.global_batch() / s.micro_batch);
+    let a = run(&single, precision, Optimizer::sgd(0.1), 1);
+    let b = run(&s, precision, Optimizer::sgd(0.1), 1);
+    let (la, lb) = (a.steps[0].loss, b.steps[0].loss);
+    assert!(((la - lb) / la).abs() <= tol, "loss {la} vs {lb}");
+    assert_eq!(
+        a.gradients.len(),
+        b.gradients.len(),
+        "{:?}",
+        b.gradients.keys().collect::<Vec<_>>()
+    );
+    for (p, ga) in &a.gradients {
+        let gb = &b.gradients[p];
+        let e = rel(&gb.to_f64_vec(), &ga.to_f64_vec());
+        assert!(e <= tol, "gradient of {p}: rel {e}");
+    }
+    if precision == Precision::F64 {
+        let a = run(&single, precision, Optimizer::adamw(1e-2), 5);
+        let b = run(&s, precision, Optimizer::adamw(1e-2), 5);
+        for (x, y) in a.steps.iter().zip(&b.steps) {
+            assert!(
+                ((x.loss - y.loss) / x.loss).abs() <= tol,
+                "step {}: {} vs {}",
+                x.step,
+                x.loss,
+                y.loss
+            );
+        }
+        assert!(a.steps[4].loss < a.steps[0].loss);
+    }
+}
+
+#[test]
+fn data_parallel_ring() {
+    check(Strategy::new(2, 1, LAYERS, 2, 2), Precision::F64);
+}
+
+fn with(mut s: Strategy, f: impl FnOnce(&mut Strategy)) -> Strategy {
+    f(&mut s);
+    s
+}
+
+#[test]
+fn data_parallel_parameter_server() {
+    check(
+        with(Strategy::new(4, 1, LAYERS, 1, 2), |s| {
+            s.reduction = Reduction::ParameterServer
+        }),
+        Precision::F64,
+    );
+}
+
+#[test]
+fn data_parallel_f32() {
+    check(Strategy::new(2, 1, LAYERS, 2, 2), Precision::F32);
+}
+
+#[test]
+fn zero_stages() {
+    for zero in 1..=3 {
+        check(
+            with(Strategy::new(2, 1, LAYERS, 2, 2), |s| s.zero = zero),
+            Precision::F64,
+        );
+    }
+}
+
+#[test]
+fn pipeline_gpipe() {
+    check(
+        with(Strategy::new(1, 2, LAYERS, 2, 4), |s| {
+            s.schedule = Schedule::Gpipe
+        }),
+        Precision::F64,
+    );
+}
+
+#[test]
+fn pipeline_1f1b() {
+    check(Strategy::new(1, 4, LAYERS, 1, 4), Precision::F64);
+}
+
+#[test]
+fn pipeline_interleaved() {
+    let s = with(Strategy::new(1, 2, LAYERS, 1, 4), |s| {
+        s.schedule = Schedule::Interleaved;
+        s.chunks = 2;
+    });
+    check(s, Precision::F64);
+}
+
+#[test]
+fn recomputation() {
+    let s = with(Strategy::new(1, 2, LAYERS, 2, 2), |s| {
+        s.recompute = vec![Recompute::Full, Recompute::Selective]
+    });
+    check(s, Precision::F64);
+}
+
+#[test]
+fn hybrid_data_and_pipeline_on_8_ranks() {
+    let s = with(Strategy::new(4, 2, LAYERS, 1, 2), |s| s.zero = 1);
+    check(s, Precision::F64);
+    check(Strategy::new(2, 2, LAYERS, 1, 2), Precision::F32);
+}
+
+#[test]
+fn tensor_parallel() {
+    check(
+        Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, false),
+        Precision::F64,
+    );
+    check(
+        Strategy::new(1, 1, LAYERS, 2, 1).with_tp(4, false),
+        Precision::F32,
+    );
+}
+
+#[test]
+fn tensor_and_sequence_parallel() {
+    check(Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, true), Precision::F64);
+}
+
+#[test]
+fn hybrid_dp2_tp2_pp2_on_8_ranks() {
+    let s = with(Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, true), |s| s.zero = 1);
+    check(s, Precision::F64);
+}
+
+#[test]
+fn context_parallel() {
+    check(Strategy::new(1, 1, LAYERS, 2, 2).with_cp(2), Precision::F64);
+    let s = with(Strategy::new(2, 2, LAYERS, 1, 2).with_cp(2), |s| s.zero = 2);
+    check(s, Precision::F64);
+}

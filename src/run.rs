@@ -1,0 +1,307 @@
+//! `autopar run`: train a model under a plan — a plan file, or one planned
+//! on the spot for this host (`--plan auto`) — by lowering it to per-rank
+//! programs and executing them on the CPU backend, one thread per rank.
+
+use crate::units::{binary, seconds};
+use crate::{model, plan};
+use anyhow::{bail, Context, Result};
+use autopar_cost_models::AttentionKernel;
+use autopar_ir::Graph;
+use autopar_planner::{DegreeLimits, Plan};
+use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions};
+use autopar_runtime::cpu::Precision;
+use autopar_runtime::lower::{lower, training_graph, Strategy};
+use autopar_runtime::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::{Path, PathBuf};
+
+/// What the user asked for (the CLI's flags).
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// A plan file, or a model when `plan` is given.
+    pub target: String,
+    /// `auto` (plan for this host) or a plan file for the model in `target`.
+    pub plan: Option<String>,
+    pub backend: String,
+    pub ranks: usize,
+    pub steps: usize,
+    /// `synthetic` (default) or a tokens.bin file (little-endian uint16).
+    pub data: Option<String>,
+    pub optimizer: String,
+    pub lr: Option<f64>,
+    pub seed: u64,
+    pub precision: Precision,
+    /// For `--plan auto`: rows per step (default 4 per rank × the model's batch).
+    pub global_batch: Option<usize>,
+    pub seq: Option<usize>,
+    /// For `--plan auto`: also write the plan here.
+    pub save_plan: Option<PathBuf>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub model: String,
+    pub ranks: usize,
+    pub plan: PlanSummary,
+    /// Mean token cross-entropy of each step.
+    pub losses: Vec<f64>,
+    pub step_times_s: Vec<f64>,
+    pub tokens_per_step: usize,
+    pub tokens_per_s: Vec<f64>,
+    pub per_rank: Vec<RankSummary>,
+}
+
+/// The plan's degrees and knobs, in short.
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanSummary {
+    pub dp: usize,
+    pub tp: usize,
+    pub pp: usize,
+    pub schedule: String,
+    pub virtual_stages: usize,
+    pub zero: u8,
+    pub micro_batch: usize,
+    pub micro_batches: usize,
+    pub global_batch: usize,
+    pub recompute: String,
+    pub grad_reduce: String,
+    pub predicted_step_time_s: f64,
+}
+
+/// One rank's traffic and memory.
+#[derive(Debug, Clone, Serialize)]
+pub struct RankSummary {
+    pub rank: usize,
+    pub bytes_sent: u64,
+    pub peak_activation_bytes: u64,
+    pub instructions: usize,
+}
+
+/// The plan to run and the model it belongs to.
+fn resolve(r: &Request) -> Result<(Plan, String)> {
+    match r.plan.as_deref() {
+        Some("auto") => {
+            let m = model::load(&r.target)?;
+            let batch = fixed_batch(&m.graph).unwrap_or(1);
+            let request = plan::Request {
+                model: r.target.clone(),
+                cluster: "cpu".into(),
+                gpus: r.ranks,
+                global_batch: r.global_batch.unwrap_or(4 * r.ranks * batch),
+                seq: r.seq,
+                max_memory_fraction: 0.9,
+                top: 5,
+                attention: AttentionKernel::Fused,
+                dropout: false,
+                calibration: None,
+                output: r.save_plan.clone().unwrap_or_default(),
+                // What the CPU runtime lowers: no expert parallelism or
+                // gradient compression yet.
+                limits: DegreeLimits {
+                    ep: 1,
+                    grad_compression: false,
+                    ..DegreeLimits::NONE
+                },
+            };
+            let p = match &r.save_plan {
+                Some(_) => plan::run(&request, &|_, _| {})?,
+                None => plan::make(&request, &|_, _| {})?,
+            };
+            Ok((p, r.target.clone()))
+        }
+        Some(file) => {
+            let p = plan::load(Path::new(file))?;
+            check_model(&p, file, &r.target)?;
+            Ok((p, r.target.clone()))
+        }
+        None => {
+            let p = plan::load(Path::new(&r.target))?;
+            let model = p.inputs.model.clone();
+            check_model(&p, &r.target, &model)?;
+            Ok((p, model))
+        }
+    }
+}
+
+/// A plan runs only the model it was made for.
+fn check_model(p: &Plan, plan_file: &str, model: &str) -> Result<()> {
+    let hash = plan::model_hash(model).with_context(|| format!("{plan_file}: the plan's model"))?;
+    if hash != p.inputs.model_hash {
+        bail!(
+            "{plan_file}: the plan was made for a different model (model hash {}, but {model} hashes to {hash}); plan it again with `autopar plan {model}`",
+            p.inputs.model_hash
+        );
+    }
+    Ok(())
+}
+
+/// The batch size of a model whose token input has a fixed batch dim.
+fn fixed_batch(g: &Graph) -> Option<usize> {
+    let t = g.inputs.first()?;
+    g.tensor(*t).ty.shape.0.first()?.fixed()
+}
+
+/// The sequence length to train at: the model's fixed one, the plan's, or the model's default.
+fn seq_of(g: &Graph, p: &Plan) -> Result<usize> {
+    if let Some(fixed) = g
+        .inputs
+        .first()
+        .and_then(|&t| g.tensor(t).ty.shape.0.get(1)?.fixed())
+    {
+        return Ok(fixed);
+    }
+    p.inputs
+        .seq
+        .or_else(|| g.bindings.get("seq").copied())
+        .context("the model's sequence length is symbolic; give --seq")
+}
+
+/// Runs `r`, calling `on_plan` with the plan before training and
+/// `on_step` (with the tokens per step) after each step.
+pub fn run(
+    r: &Request,
+    on_plan: &dyn Fn(&PlanSummary, usize),
+    on_step: &(dyn Fn(&StepReport, usize) + Sync),
+) -> Result<Report> {
+    match r.backend.as_str() {
+        "cpu" => {}
+        "cuda" => bail!("--backend cuda: this binary was built without CUDA support"),
+        other => bail!("--backend {other}: unknown backend (expected cpu)"),
+    }
+    if r.steps == 0 || r.ranks == 0 {
+        bail!("--steps and --ranks must be at least 1");
+    }
+    let (p, model_arg) = resolve(r)?;
+    let world = p.mesh.ranks.len();
+    if world != r.ranks {
+        bail!(
+            "the plan has {world} ranks but --ranks is {}; run it with --ranks {world} or plan for {} ranks",
+            r.ranks,
+            r.ranks
+        );
+    }
+    let strategy = Strategy::from_plan(&p).context("lowering the plan")?;
+    let m = model::load(&model_arg)?;
+    let mut graph = model::canonical(&m)?;
+    initialize(&mut graph, r.seed).context("initialising weights")?;
+    let seq = seq_of(&graph, &p)?;
+    let tokens_per_step = strategy.global_batch() * seq;
+    let t = training_graph(&graph, strategy.micro_batch, seq, tokens_per_step)
+        .with_context(|| model_arg.clone())?;
+    let programs = lower(&t, &strategy).context("lowering the plan")?;
+    let vocab = vocab_of(&t.graph)?;
+    let data = match r.data.as_deref() {
+        None | Some("synthetic") => TokenSource::synthetic(vocab, r.seed),
+        Some(path) => TokenSource::open(Path::new(path), vocab, seq, r.seed)?,
+    };
+    let optimizer = match r.optimizer.as_str() {
+        "adamw" => Optimizer::adamw(r.lr.unwrap_or(DEFAULT_ADAMW_LR)),
+        "sgd" => Optimizer::sgd(r.lr.unwrap_or(DEFAULT_SGD_LR)),
+        other => bail!("--optimizer {other}: expected adamw or sgd"),
+    };
+    let opts = TrainOptions::new(r.precision, optimizer, r.steps);
+    let par = &p.parallel;
+    let summary = PlanSummary {
+        dp: par.dp,
+        tp: par.tp,
+        pp: par.pp,
+        schedule: par.schedule.clone(),
+        virtual_stages: par.virtual_stages,
+        zero: par.zero,
+        micro_batch: par.micro_batch,
+        micro_batches: par.micro_batches,
+        global_batch: par.global_batch,
+        recompute: par.recompute.clone(),
+        grad_reduce: par.grad_reduce.clone(),
+        predicted_step_time_s: p.predicted.step_time_s,
+    };
+    on_plan(&summary, world);
+    let result = train(&t, &programs, &data, &opts, &|s| on_step(s, tokens_per_step))?;
+    Ok(Report {
+        model: model_arg,
+        ranks: world,
+        plan: summary,
+        losses: result.steps.iter().map(|s| s.loss).collect(),
+        step_times_s: result.steps.iter().map(|s| s.seconds).collect(),
+        tokens_per_step,
+        tokens_per_s: result
+            .steps
+            .iter()
+            .map(|s| tokens_per_step as f64 / s.seconds)
+            .collect(),
+        per_rank: result
+            .ranks
+            .iter()
+            .zip(&programs)
+            .map(|(rr, prog)| RankSummary {
+                rank: rr.rank,
+                bytes_sent: rr.bytes_sent,
+                peak_activation_bytes: rr.peak_activation_bytes,
+                instructions: prog.instructions.len(),
+            })
+            .collect(),
+    })
+}
+
+/// The vocabulary: the last dim of the logits the loss reads.
+fn vocab_of(g: &Graph) -> Result<usize> {
+    g.tensors()
+        .find(|(_, t)| t.name == "loss/log_softmax")
+        .and_then(|(_, t)| t.ty.shape.0.last()?.fixed())
+        .context("the training graph has no loss over fixed-size logits")
+}
+
+/// The plan in one line, printed before training.
+pub fn plan_line(p: &PlanSummary, ranks: usize) -> String {
+    let mut s = format!(
+        "plan: dp {} · tp {} · pp {}, {} schedule",
+        p.dp, p.tp, p.pp, p.schedule
+    );
+    if p.virtual_stages > 1 {
+        let _ = write!(s, " ({} chunks per stage)", p.virtual_stages);
+    }
+    let _ = write!(
+        s,
+        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step",
+        p.zero,
+        p.micro_batch,
+        p.micro_batches,
+        p.recompute,
+        p.grad_reduce,
+        ranks,
+        seconds(p.predicted_step_time_s)
+    );
+    s
+}
+
+/// One step's line.
+pub fn step_line(s: &StepReport, tokens_per_step: usize) -> String {
+    format!(
+        "step {:>4}  loss {:.4}  {}  {:.0} tokens/s",
+        s.step + 1,
+        s.loss,
+        seconds(s.seconds),
+        tokens_per_step as f64 / s.seconds
+    )
+}
+
+/// The summary after training.
+pub fn render_summary(r: &Report) -> String {
+    let mut out = String::new();
+    if let (Some(first), Some(last)) = (r.losses.first(), r.losses.last()) {
+        let _ = writeln!(out, "loss {first:.4} → {last:.4} over {} steps", r.losses.len());
+    }
+    for rank in &r.per_rank {
+        let _ = writeln!(
+            out,
+            "  rank {:>2}: sent {}, peak activations {}, {} instructions per step",
+            rank.rank,
+            binary(rank.bytes_sent as f64),
+            binary(rank.peak_activation_bytes as f64),
+            rank.instructions
+        );
+    }
+    out
+}

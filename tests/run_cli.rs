@@ -1,0 +1,189 @@
+//! `autopar run` through the real binary: a planned run reports finite
+//! losses per step, more ranks train to the same losses as one, and bad
+//! input (a plan for another model or rank count, a corrupt plan, an
+//! unavailable backend, a missing data file) is one clear error line.
+
+use std::path::Path;
+use std::process::Command;
+
+const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
+/// A zoo model small enough to plan and lower in milliseconds.
+const ZOO: &str = "gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8";
+
+fn autopar(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `autopar run` with `args`, which must succeed with `--json`.
+fn run_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (code, stdout, err) = autopar(&all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+fn numbers(v: &serde_json::Value, key: &str) -> Vec<f64> {
+    v[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("no '{key}' in {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+/// Runs `autopar run args…`, expecting a clean failure: non-zero exit, no
+/// panic, one `error:` line on stderr that contains every one of `needles`.
+fn assert_run_fails(args: &[&str], needles: &[&str]) -> String {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    let (code, _, err) = autopar(&all);
+    assert_ne!(code, 0, "{args:?} succeeded");
+    assert!(!err.contains("panicked"), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "one line expected:\n{err}");
+    assert!(lines[0].starts_with("error: "), "{err}");
+    for needle in needles {
+        assert!(err.contains(needle), "expected '{needle}' in: {err}");
+    }
+    err
+}
+
+#[test]
+fn a_planned_run_reports_every_step() {
+    let v = run_json(&[
+        GPT2_TINY,
+        "--plan",
+        "auto",
+        "--backend",
+        "cpu",
+        "--ranks",
+        "2",
+        "--steps",
+        "3",
+        "--global-batch",
+        "4",
+    ]);
+    assert_eq!(v["ranks"], 2);
+    let losses = numbers(&v, "losses");
+    assert_eq!(losses.len(), 3);
+    assert!(losses.iter().all(|l| l.is_finite() && *l > 0.0), "{losses:?}");
+    let times = numbers(&v, "step_times_s");
+    assert_eq!(times.len(), 3);
+    assert!(times.iter().all(|t| t.is_finite() && *t > 0.0), "{times:?}");
+    assert_eq!(v["per_rank"].as_array().unwrap().len(), 2);
+}
+
+/// The losses of two steps on `ranks` ranks at `precision`, same seed and batch.
+fn losses(ranks: &str, precision: &str) -> Vec<f64> {
+    let v = run_json(&[
+        GPT2_TINY,
+        "--plan",
+        "auto",
+        "--ranks",
+        ranks,
+        "--steps",
+        "2",
+        "--global-batch",
+        "8",
+        "--seed",
+        "11",
+        "--precision",
+        precision,
+    ]);
+    numbers(&v, "losses")
+}
+
+#[test]
+fn two_ranks_train_like_one() {
+    for (precision, tol) in [("f32", 1e-4), ("f64", 1e-9)] {
+        let (one, two) = (losses("1", precision), losses("2", precision));
+        assert_eq!(one.len(), 2);
+        for (a, b) in one.iter().zip(&two) {
+            assert!(((a - b) / a).abs() <= tol, "{precision}: {one:?} vs {two:?}");
+        }
+    }
+}
+
+/// A plan for [`ZOO`] on two host cores, written into `dir`.
+fn zoo_plan(dir: &Path) -> String {
+    let out = dir.join("zoo-plan.json");
+    let out = out.to_str().unwrap();
+    let (code, _, err) = autopar(&[
+        "plan",
+        ZOO,
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "4",
+        "-o",
+        out,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    out.to_string()
+}
+
+#[test]
+fn a_plan_runs_only_its_own_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    assert_run_fails(
+        &[GPT2_TINY, "--plan", &plan, "--ranks", "2", "--steps", "1"],
+        &["different model", &plan],
+    );
+}
+
+#[test]
+fn a_plan_runs_only_on_its_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    assert_run_fails(
+        &[&plan, "--ranks", "3", "--steps", "1"],
+        &["the plan has 2 ranks", "--ranks is 3"],
+    );
+}
+
+#[test]
+fn a_truncated_plan_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let text = std::fs::read_to_string(&plan).unwrap();
+    let broken = dir.path().join("broken-plan.json");
+    std::fs::write(&broken, &text[..text.len() / 3]).unwrap();
+    assert_run_fails(
+        &[broken.to_str().unwrap(), "--ranks", "2", "--steps", "1"],
+        &["broken-plan.json"],
+    );
+}
+
+#[test]
+fn cuda_is_refused_in_one_line() {
+    assert_run_fails(
+        &[ZOO, "--plan", "auto", "--ranks", "1", "--backend", "cuda"],
+        &["--backend cuda", "without CUDA"],
+    );
+}
+
+#[test]
+fn a_missing_data_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.bin");
+    let missing = missing.to_str().unwrap();
+    assert_run_fails(
+        &[
+            ZOO, "--plan", "auto", "--ranks", "2", "--steps", "1", "--data", missing,
+        ],
+        &[missing],
+    );
+}
