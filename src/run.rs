@@ -85,6 +85,11 @@ fn resolve(r: &Request) -> Result<(Plan, String)> {
         Some("auto") => {
             let m = model::load(&r.target)?;
             let batch = fixed_batch(&m.graph).unwrap_or(1);
+            // Expert parallelism splits fused MoeExperts ops; without them it cannot run.
+            let canonical = model::canonical(&m)?;
+            let fused_experts = canonical
+                .node_indices()
+                .any(|i| matches!(canonical.node(i).op, autopar_ir::Op::MoeExperts { .. }));
             let request = plan::Request {
                 model: r.target.clone(),
                 cluster: "cpu".into(),
@@ -97,10 +102,9 @@ fn resolve(r: &Request) -> Result<(Plan, String)> {
                 dropout: false,
                 calibration: None,
                 output: r.save_plan.clone().unwrap_or_default(),
-                // What the CPU runtime lowers: no expert parallelism or
-                // gradient compression yet.
+                // What the CPU runtime lowers: no gradient compression yet.
                 limits: DegreeLimits {
-                    ep: 1,
+                    ep: if fused_experts { usize::MAX } else { 1 },
                     grad_compression: false,
                     ..DegreeLimits::NONE
                 },

@@ -23,8 +23,8 @@ pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
 pub use layers::detect_blocks;
 pub use lowp::RoundMode;
 pub use op::{
-    Activation, BinaryOp, CommKind, Cost, GeluApprox, InferInput, Op, OpClass, OpError, ReduceKind,
-    ScalarValue, TensorType, UnaryOp,
+    Activation, BinaryOp, CommGroup, CommKind, Cost, GeluApprox, InferInput, Op, OpClass, OpError,
+    ReduceKind, ScalarValue, TensorType, UnaryOp,
 };
 pub use petgraph::stable_graph::NodeIndex;
 pub use rewrite::{canonicalize, compute_histogram, RewriteError, RewriteReport};

@@ -49,7 +49,9 @@ impl Op {
             Op::MoeRouter { top_k } => moe::infer_router(&cx, *top_k),
             Op::MoeExperts { .. } => moe::infer_experts(&cx),
             Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } => super::grad::infer(&cx, self),
-            Op::Comm { kind, axis, parts } => super::collective::infer(&cx, *kind, *axis, *parts),
+            Op::Comm {
+                kind, axis, parts, ..
+            } => super::collective::infer(&cx, *kind, *axis, *parts),
             Op::Reduce {
                 kind,
                 axes,

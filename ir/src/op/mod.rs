@@ -205,9 +205,14 @@ pub enum Op {
     MoeExpertsGrad { activation: Activation, gated: bool },
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
-    /// `(x)`: communication over a tensor-parallel group of `parts` ranks
-    /// (see [`CommKind`]); `axis` is the dim gathered, sliced or scattered.
-    Comm { kind: CommKind, axis: i64, parts: usize },
+    /// `(x)`: communication over a `group` of `parts` ranks (see
+    /// [`CommKind`]); `axis` is the dim gathered, sliced or scattered.
+    Comm {
+        kind: CommKind,
+        axis: i64,
+        parts: usize,
+        group: CommGroup,
+    },
 
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
@@ -298,6 +303,17 @@ pub struct ScalarValue {
 }
 
 /// What an op contributes to a model, for histograms and reports: the
+/// Which of a rank's groups an [`Op::Comm`] talks in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum CommGroup {
+    /// The tensor-parallel group.
+    Tensor,
+    /// The context-parallel group.
+    Context,
+    /// The expert-parallel group.
+    Expert,
+}
+
 /// What a [`Op::Comm`] does forward; its backward is the conjugate kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum CommKind {

@@ -10,7 +10,7 @@ use super::strategy::Strategy;
 use super::training::{Feed, TrainingGraph};
 use super::LowerError;
 use autopar_cost_models::Recompute;
-use autopar_ir::{NodeIndex, Op, OpClass, Role, TensorId};
+use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// Facts about the training graph shared by every rank's emission.
@@ -82,26 +82,33 @@ impl<'a> Layout<'a> {
         })
     }
 
-    /// The group the graph's communication nodes run over: the
-    /// tensor-parallel group, or the context-parallel one.
-    fn comm_group(&self, coord: Coord) -> Vec<usize> {
-        if self.t.cp > 1 {
-            (0..self.s.cp)
-                .map(|cp| self.s.rank_of(Coord { cp, ..coord }))
-                .collect()
-        } else {
-            (0..self.s.tp)
-                .map(|tp| self.s.rank_of(Coord { tp, ..coord }))
-                .collect()
+    /// The ranks of `coord`'s `group`, in order.
+    fn comm_group(&self, group: CommGroup, coord: Coord) -> Vec<usize> {
+        let s = self.s;
+        match group {
+            CommGroup::Context => (0..s.cp).map(|cp| s.rank_of(Coord { cp, ..coord })).collect(),
+            CommGroup::Tensor => (0..s.tp).map(|tp| s.rank_of(Coord { tp, ..coord })).collect(),
+            // Expert-parallel groups are runs of `ep` consecutive data-parallel ranks.
+            CommGroup::Expert => {
+                let first = coord.dp / s.ep * s.ep;
+                (first..first + s.ep)
+                    .map(|dp| s.rank_of(Coord { dp, ..coord }))
+                    .collect()
+            }
         }
     }
 
     /// The ranks that hold copies of `coord`'s weights and sum their
     /// gradients: data-parallel replicas and context-parallel ranks, in (dp, cp) order.
-    fn dp_group(&self, coord: Coord) -> Vec<usize> {
-        (0..self.s.dp)
-            .flat_map(|dp| (0..self.s.cp).map(move |cp| Coord { dp, cp, ..coord }))
-            .map(|c| self.s.rank_of(c))
+    /// Expert weights (split over an expert-parallel group) have copies only
+    /// on the data-parallel ranks at the same place in their own groups.
+    fn dp_group(&self, param: &str, coord: Coord) -> Vec<usize> {
+        let s = self.s;
+        let expert = self.t.expert_slices.contains_key(param);
+        (0..s.dp)
+            .filter(|dp| !expert || dp % s.ep == coord.dp % s.ep)
+            .flat_map(|dp| (0..s.cp).map(move |cp| Coord { dp, cp, ..coord }))
+            .map(|c| s.rank_of(c))
             .collect()
     }
 
@@ -207,7 +214,7 @@ impl Emitter<'_, '_> {
                 Role::Constant => {}
                 Role::Parameter => {
                     if self.zero3() && gathered.insert(tensor.name.clone()) {
-                        let group = self.l.dp_group(self.coord);
+                        let group = self.l.dp_group(&tensor.name, self.coord);
                         self.out.push(Instr::GatherParam {
                             param: tensor.name.clone(),
                             group,
@@ -218,7 +225,9 @@ impl Emitter<'_, '_> {
             }
         }
         self.out.push(match &n.op {
-            Op::Comm { kind, axis, .. } => {
+            Op::Comm {
+                kind, axis, group, ..
+            } => {
                 let rank = g.tensor(n.inputs[0].expect("comm input")).ty.shape.rank() as i64;
                 Instr::Collective {
                     node: n.name.clone(),
@@ -229,7 +238,7 @@ impl Emitter<'_, '_> {
                     } else {
                         *axis as usize
                     },
-                    group: self.l.comm_group(self.coord),
+                    group: self.l.comm_group(*group, self.coord),
                 }
             }
             _ => Instr::Compute {
@@ -311,17 +320,17 @@ impl Emitter<'_, '_> {
     fn optimizer(&mut self) -> Result<Vec<ParamSlot>, LowerError> {
         let s = self.l.s;
         let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();
-        let group = self.l.dp_group(self.coord);
-        let shard = (s.zero > 0).then_some(Shard {
-            index: self.coord.dp * s.cp + self.coord.cp,
-            parts: s.dp * s.cp,
-        });
         let mut slots = Vec::new();
         let mut receives = Vec::new();
         for (param, users) in &self.l.param_users {
             if users.is_disjoint(&my_vs) {
                 continue;
             }
+            let group = self.l.dp_group(param, self.coord);
+            let shard = (s.zero > 0).then(|| Shard {
+                index: group.iter().position(|&r| r == self.rank).unwrap_or(0),
+                parts: group.len(),
+            });
             slots.push(ParamSlot {
                 name: param.clone(),
                 stored_shard: if s.zero == 3 { shard } else { None },
@@ -347,7 +356,7 @@ impl Emitter<'_, '_> {
                 continue;
             }
             let p = param.clone();
-            match (s.zero, s.dp * s.cp) {
+            match (s.zero, group.len()) {
                 (_, 1) => self.out.push(Instr::OptimizerStep {
                     param: p.clone(),
                     shard: None,

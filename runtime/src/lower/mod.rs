@@ -6,6 +6,7 @@
 //! ZeRO parameter traffic the plan implies ([`emit`](self)).
 
 mod emit;
+pub mod expert_parallel;
 pub mod partition;
 pub mod program;
 pub mod schedule;

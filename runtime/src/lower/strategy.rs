@@ -227,11 +227,14 @@ impl Strategy {
                 self.cp
             )));
         }
-        if self.ep > 1 {
-            return Err(StrategyError::NotLowered(format!(
-                "expert parallelism (ep = {})",
-                self.ep
-            )));
+        if self.dp % self.ep != 0 {
+            return Err(field(
+                "parallel.ep",
+                format!(
+                    "expert-parallel groups of {} must divide dp = {}",
+                    self.ep, self.dp
+                ),
+            ));
         }
         if self.zero > 3 {
             return Err(field(

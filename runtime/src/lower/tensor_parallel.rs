@@ -17,7 +17,7 @@
 //! so every rank gets matching query, key and value heads. Embeddings stay
 //! replicated (the cost model assumes a vocabulary-parallel one).
 
-use autopar_ir::{BinaryOp, CommKind, Graph, NodeIndex, Op, Role, Shape, TensorId, Value};
+use autopar_ir::{BinaryOp, CommGroup, CommKind, Graph, NodeIndex, Op, Role, Shape, TensorId, Value};
 use std::collections::{BTreeMap, HashMap};
 
 /// How a stored weight is cut: dim `axis` into `parts` slices, or, with
@@ -86,15 +86,7 @@ fn rewrite(
     per_token: Option<&[String]>,
 ) -> Result<TensorParallel, TpError> {
     let mut src = model.clone();
-    let ids: Vec<TensorId> = src.tensors().map(|(id, _)| id).collect();
-    for id in ids {
-        let t = src.tensor(id);
-        let dims =
-            t.ty.shape
-                .resolve(&src.bindings)
-                .ok_or_else(|| TpError::Unbound(t.name.clone()))?;
-        src.tensor_mut(id).ty.shape = Shape::fixed(&dims);
-    }
+    bind(&mut src)?;
     let mut g = Graph::new(src.name.clone());
     g.bindings = src.bindings.clone();
     g.blocks = src.blocks.clone();
@@ -257,6 +249,11 @@ impl Rewriter<'_> {
             kind,
             axis: axis as i64,
             parts: self.parts,
+            group: if self.context {
+                CommGroup::Context
+            } else {
+                CommGroup::Tensor
+            },
         };
         let what = format!("{kind:?}").to_lowercase();
         let y = self.helper(&what, op, vec![Some(x)])?;
@@ -427,11 +424,7 @@ impl Rewriter<'_> {
                 }
                 Layout::Replicated => self.whole(idx, ins),
             },
-            Op::Split {
-                axis,
-                split: None,
-                outputs,
-            } if acts.len() == 1 => {
+            Op::Split { axis, outputs, .. } if acts.len() == 1 => {
                 let rank = self.dims(ins[0].expect("split input")).len();
                 let along = norm(*axis, rank);
                 match first {
@@ -439,11 +432,17 @@ impl Rewriter<'_> {
                         self.emit(idx, n.op.clone(), ins, Some(Layout::Split { axis: a, blocks }))?;
                         Ok(())
                     }
-                    Layout::Split { axis: a, blocks } if blocks == *outputs => {
+                    // A block-split tensor cut into its blocks: every piece is split alike.
+                    Layout::Split { axis: a, blocks } if blocks == *outputs && self.equal_split(idx) => {
+                        let op = Op::Split {
+                            axis: *axis,
+                            split: None,
+                            outputs: *outputs,
+                        };
                         self.emit(
                             idx,
-                            n.op.clone(),
-                            ins,
+                            op,
+                            vec![ins[0]],
                             Some(Layout::Split {
                                 axis: a,
                                 blocks: WHOLE,
@@ -764,12 +763,7 @@ impl Rewriter<'_> {
         let out = self.src.node(idx).outputs[0];
         let consumers = self.src.consumers(out);
         if let [c] = consumers.as_slice() {
-            if let Op::Split {
-                axis,
-                split: None,
-                outputs,
-            } = &self.src.node(*c).op
-            {
+            if let (Op::Split { axis, outputs, .. }, true) = (&self.src.node(*c).op, self.equal_split(*c)) {
                 let rank = self.src.tensor(out).ty.shape.rank();
                 if norm(*axis, rank) == rank - 1 && cols % (outputs * self.parts) == 0 {
                     return *outputs;
@@ -777,6 +771,24 @@ impl Rewriter<'_> {
             }
         }
         WHOLE
+    }
+
+    /// True when the `Split` node `idx` cuts into equal pieces (no sizes, or
+    /// equal sizes as an attribute or a constant input).
+    fn equal_split(&self, idx: NodeIndex) -> bool {
+        let n = self.src.node(idx);
+        let Op::Split { split, .. } = &n.op else {
+            return false;
+        };
+        let sizes: Option<Vec<i64>> = match (split, n.inputs.get(1).copied().flatten()) {
+            (Some(s), _) => Some(s.clone()),
+            (None, Some(t)) => match self.src.tensor(t).data.as_deref().and_then(|v| v.as_i64()) {
+                Some(v) => Some(v.to_vec()),
+                None => return false,
+            },
+            (None, None) => None,
+        };
+        sizes.is_none_or(|s| s.windows(2).all(|w| w[0] == w[1]))
     }
 
     /// True when input `slot` of `idx` is a parameter used by this node alone
@@ -824,6 +836,21 @@ impl Rewriter<'_> {
         }
         self.comm(w, CommKind::Slice, axis, Layout::Split { axis, blocks })
     }
+}
+
+/// Replaces every symbolic dim of `g` with its bound value: the rewrites
+/// split concrete dims.
+pub(super) fn bind(g: &mut Graph) -> Result<(), TpError> {
+    let ids: Vec<TensorId> = g.tensors().map(|(id, _)| id).collect();
+    for id in ids {
+        let t = g.tensor(id);
+        let dims =
+            t.ty.shape
+                .resolve(&g.bindings)
+                .ok_or_else(|| TpError::Unbound(t.name.clone()))?;
+        g.tensor_mut(id).ty.shape = Shape::fixed(&dims);
+    }
+    Ok(())
 }
 
 fn norm(axis: i64, rank: usize) -> usize {

@@ -3,7 +3,8 @@
 //! rank of every plan runs pieces of this one graph, which is why a parallel
 //! run can be compared with a single-device run node for node.
 
-use super::tensor_parallel::{shard, shard_context, TpError, WeightSlice};
+use super::expert_parallel::shard_experts;
+use super::tensor_parallel::{bind, shard, shard_context, TpError, WeightSlice};
 use super::Strategy;
 use crate::autodiff::{differentiate, AutodiffError};
 use autopar_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Role, Shape, TensorId, TensorType, Value};
@@ -48,6 +49,10 @@ pub struct TrainingGraph {
     pub tp: usize,
     /// Context-parallel degree the sequences were split for (1: whole).
     pub cp: usize,
+    /// Expert-parallel degree the experts were split for (1: whole).
+    pub ep: usize,
+    /// Expert weights stored as expert-parallel slices.
+    pub expert_slices: BTreeMap<String, WeightSlice>,
     /// Weights stored as tensor-parallel slices (their data in the graph is
     /// the whole weight; each rank keeps its slice).
     pub slices: BTreeMap<String, WeightSlice>,
@@ -87,7 +92,7 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
         s.micro_batch,
         seq,
         s.global_batch() * seq,
-        (s.tp, s.sp, s.cp),
+        (s.tp, s.sp, s.cp, s.ep),
     )
 }
 
@@ -101,7 +106,7 @@ pub fn training_graph(
     seq: usize,
     global_tokens: usize,
 ) -> Result<TrainingGraph, TrainingError> {
-    build(model, micro_batch, seq, global_tokens, (1, false, 1))
+    build(model, micro_batch, seq, global_tokens, (1, false, 1, 1))
 }
 
 fn build(
@@ -109,7 +114,7 @@ fn build(
     micro_batch: usize,
     seq: usize,
     global_tokens: usize,
-    (tp, sp, cp): (usize, bool, usize),
+    (tp, sp, cp, ep): (usize, bool, usize, usize),
 ) -> Result<TrainingGraph, TrainingError> {
     let mut g = model.clone();
     g.bindings.insert("batch".into(), micro_batch);
@@ -119,6 +124,11 @@ fn build(
         let split = shard(&g, tp, sp)?;
         g = split.graph;
         slices = split.slices;
+    }
+    let mut expert_slices = BTreeMap::new();
+    if ep > 1 {
+        bind(&mut g)?;
+        expert_slices = shard_experts(&mut g, ep)?;
     }
     let mut feeds = classify_inputs(&g)?;
     let tokens = feeds
@@ -165,6 +175,8 @@ fn build(
         seq,
         tp,
         cp,
+        ep,
+        expert_slices,
         slices,
     })
 }

@@ -25,7 +25,8 @@ pub enum InitError {
 /// ≤ 1 (biases). Values are a function of `seed` and the parameter's name
 /// only, not of graph order, so a model gets the same weights whatever else
 /// is in the graph; parameters that already have data are left alone.
-/// Returns how many parameters were filled. Checks every shape before
+/// Rotary caches left weightless get RoPE's tables. Returns how many
+/// tensors were filled. Checks every shape before
 /// filling any, so an error leaves the graph unchanged.
 pub fn initialize(graph: &mut Graph, seed: u64) -> Result<usize, InitError> {
     let scales: HashSet<TensorId> = graph
@@ -56,7 +57,62 @@ pub fn initialize(graph: &mut Graph, seed: u64) -> Result<usize, InitError> {
         let tensor = graph.tensor_mut(*id);
         tensor.data = Some(Arc::new(fill.value(tensor.ty.dtype, shape.clone())));
     }
-    Ok(todo.len())
+    Ok(todo.len() + fill_rotary_caches(graph))
+}
+
+/// Base of the rotary frequencies (RoPE's θ, Llama's default).
+pub const ROPE_THETA: f64 = 10_000.0;
+
+/// Weightless cos/sin caches of rotary embeddings (inputs 1 and 2 of
+/// `RotaryEmbedding`, `[positions, rotary_dim/2]`) get RoPE's tables:
+/// `cos(p·θ^(−2i/d))` and `sin(p·θ^(−2i/d))` with `d = rotary_dim`.
+fn fill_rotary_caches(graph: &mut Graph) -> usize {
+    let caches: Vec<(TensorId, bool)> = graph
+        .node_indices()
+        .map(|n| graph.node(n))
+        .filter(|node| matches!(node.op, Op::RotaryEmbedding { .. }))
+        .flat_map(|node| [(node.inputs.get(1), false), (node.inputs.get(2), true)])
+        .filter_map(|(t, sin)| t.copied().flatten().map(|t| (t, sin)))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let mut filled = 0;
+    for (id, sin) in caches {
+        let t = graph.tensor(id);
+        let Some([rows, half]) =
+            t.ty.shape
+                .as_fixed()
+                .as_deref()
+                .map(|d| [d[0], d.get(1).copied().unwrap_or(1)])
+        else {
+            continue;
+        };
+        if t.data.is_some() || !t.ty.dtype.is_float() {
+            continue;
+        }
+        let d = (2 * half) as f64;
+        let values: Vec<f64> = (0..rows * half)
+            .map(|k| {
+                let (p, i) = ((k / half) as f64, (k % half) as f64);
+                let angle = p * ROPE_THETA.powf(-2.0 * i / d);
+                if sin {
+                    angle.sin()
+                } else {
+                    angle.cos()
+                }
+            })
+            .collect();
+        let dtype = t.ty.dtype;
+        let data = if dtype == DType::F64 {
+            Data::F64(values)
+        } else {
+            Data::F32(values.into_iter().map(|v| round_float(dtype, v as f32)).collect())
+        };
+        let shape = vec![rows, half];
+        graph.tensor_mut(id).data = Some(Arc::new(Value { dtype, shape, data }));
+        filled += 1;
+    }
+    filled
 }
 
 /// How one parameter is filled.

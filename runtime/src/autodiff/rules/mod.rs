@@ -60,12 +60,18 @@ pub fn input_grads(
         | Op::GatherElementsGrad { .. }
         | Op::GatherNdGrad { .. } => indexing::backward(ctx, node, grads, wants),
         // Communication: the conjugate communication of the gradient.
-        Op::Comm { kind, axis, parts } => match grads[0] {
+        Op::Comm {
+            kind,
+            axis,
+            parts,
+            group,
+        } => match grads[0] {
             Some(g) if wants[0] => {
                 let op = Op::Comm {
                     kind: kind.conjugate(),
                     axis: *axis,
                     parts: *parts,
+                    group: *group,
                 };
                 Ok(vec![Some(ctx.emit1(op, &[g])?)])
             }

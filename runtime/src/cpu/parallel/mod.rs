@@ -216,7 +216,7 @@ fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) 
             gradients
                 .entry(piece.param)
                 .or_default()
-                .entry(piece.tp)
+                .entry(piece.slice)
                 .or_default()
                 .push((piece.shard, piece.value));
         }
@@ -238,7 +238,7 @@ fn whole_gradient(
     param: &str,
     by_tp: &BTreeMap<usize, Vec<(Option<crate::lower::Shard>, Value)>>,
 ) -> Option<Value> {
-    let Some(slice) = t.slices.get(param) else {
+    let Some(slice) = t.slices.get(param).or_else(|| t.expert_slices.get(param)) else {
         return rank::assemble(by_tp.values().next()?);
     };
     let local = t

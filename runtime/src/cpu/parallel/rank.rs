@@ -29,11 +29,11 @@ pub(super) struct RankOutcome {
     pub gradients: Vec<GradPiece>,
 }
 
-/// A recorded gradient: of this rank's tensor-parallel slice (`tp`) and
-/// ZeRO shard (`shard`) of a parameter, flattened.
+/// A recorded gradient: of this rank's slice (`slice`: its tensor- or
+/// expert-parallel index) and ZeRO shard (`shard`) of a parameter, flattened.
 pub(super) struct GradPiece {
     pub param: String,
-    pub tp: usize,
+    pub slice: usize,
     pub shard: Option<Shard>,
     pub value: Value,
 }
@@ -88,8 +88,8 @@ impl<'a> RankRun<'a> {
                 continue;
             };
             let mut full = widen((**data).clone(), opts.precision);
-            if let Some(slice) = t.slices.get(&slot.name) {
-                full = slices::take(&full, slice.axis, slice.blocks, program.coord.tp, t.tp);
+            if let Some((slice, index, parts)) = slice_of(t, &slot.name, program.coord) {
+                full = slices::take(&full, slice.axis, slice.blocks, index, parts);
             }
             let stored = match slot.stored_shard {
                 Some(shard) => {
@@ -553,7 +553,7 @@ impl<'a> RankRun<'a> {
             };
             grads_out.push(GradPiece {
                 param: param.to_string(),
-                tp: self.program.coord.tp,
+                slice: slice_of(self.t, param, self.program.coord).map_or(0, |s| s.1),
                 shard,
                 value: recorded,
             });
@@ -573,6 +573,19 @@ impl From<crate::collective::CommError> for Failure {
     fn from(e: crate::collective::CommError) -> Failure {
         Failure::Comm(e)
     }
+}
+
+/// How `param` is stored sliced on the rank at `coord`: the slice, the
+/// rank's index and the number of slices (tensor- or expert-parallel).
+pub(super) fn slice_of(
+    t: &TrainingGraph,
+    param: &str,
+    coord: crate::lower::Coord,
+) -> Option<(crate::lower::WeightSlice, usize, usize)> {
+    if let Some(s) = t.slices.get(param) {
+        return Some((*s, coord.tp, t.tp));
+    }
+    t.expert_slices.get(param).map(|s| (*s, coord.dp % t.ep, t.ep))
 }
 
 fn missing(param: &str) -> Failure {

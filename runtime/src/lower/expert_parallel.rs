@@ -1,0 +1,209 @@
+//! Expert parallelism as a graph rewrite: each rank of an expert-parallel
+//! group (runs of `ep` data-parallel ranks) stores `1/ep` of every MoE
+//! layer's experts. At each `MoeExperts` node the group's tokens (with their
+//! routing weights and expert indices) are gathered, each rank applies its
+//! own experts to the tokens routed to them, and the partial outputs are
+//! reduce-scattered back to the ranks that own the tokens; autodiff derives
+//! the backward exchange from the conjugate comm ops.
+//!
+//! The exchange is dense — every token travels to every rank of the group,
+//! an all-gather and a reduce-scatter — where Megatron-style dispatch sends
+//! each token only to the ranks of its chosen experts with an all-to-all of
+//! data-dependent size. Results are identical; bytes are higher by the
+//! routing sparsity.
+
+use super::tensor_parallel::{TpError, WeightSlice};
+use autopar_ir::{
+    BinaryOp, CommGroup, CommKind, DType, Graph, NodeIndex, Op, Role, Shape, TensorId, TensorType, Value,
+};
+use std::collections::BTreeMap;
+
+/// Splits every `MoeExperts` node of `g` over an `ep`-way group, in place;
+/// returns the expert weights now stored as slices.
+pub fn shard_experts(g: &mut Graph, ep: usize) -> Result<BTreeMap<String, WeightSlice>, TpError> {
+    let nodes: Vec<NodeIndex> = g
+        .node_indices()
+        .filter(|&i| matches!(g.node(i).op, Op::MoeExperts { .. }))
+        .collect();
+    if nodes.is_empty() {
+        return Err(TpError::Node {
+            node: g.name.clone(),
+            message: format!(
+                "expert parallelism (ep = {ep}) needs fused MoeExperts ops, and this graph has none (its experts were not fused by the rewrites)"
+            ),
+        });
+    }
+    let mut slices = BTreeMap::new();
+    for idx in nodes {
+        split_node(g, idx, ep, &mut slices)?;
+    }
+    g.validate()?;
+    Ok(slices)
+}
+
+struct Adder<'g> {
+    g: &'g mut Graph,
+    prefix: String,
+    block: Option<usize>,
+    count: usize,
+}
+
+impl Adder<'_> {
+    fn add(&mut self, op: Op, inputs: &[TensorId], ty: TensorType) -> Result<TensorId, TpError> {
+        self.count += 1;
+        let name = format!("{}/ep{}", self.prefix, self.count);
+        let out = self.g.add_tensor(name.clone(), ty, Role::Activation, None);
+        self.g.add_node(
+            name.clone(),
+            op,
+            inputs.iter().copied().map(Some).collect(),
+            vec![out],
+        )?;
+        if let Some(b) = self.block {
+            self.g.blocks[b].nodes.push(name);
+        }
+        Ok(out)
+    }
+
+    fn comm(&mut self, x: TensorId, kind: CommKind, parts: usize) -> Result<TensorId, TpError> {
+        let mut ty = self.g.tensor(x).ty.clone();
+        let d = ty.shape.0[0].fixed().unwrap_or(0);
+        let d = match kind {
+            CommKind::AllGather | CommKind::GatherForCompute => d * parts,
+            _ => d / parts,
+        };
+        ty.shape.0[0] = autopar_ir::Dim::Fixed(d);
+        let op = Op::Comm {
+            kind,
+            axis: 0,
+            parts,
+            group: CommGroup::Expert,
+        };
+        self.add(op, &[x], ty)
+    }
+
+    fn binary(
+        &mut self,
+        func: BinaryOp,
+        a: TensorId,
+        b: TensorId,
+        dtype: DType,
+    ) -> Result<TensorId, TpError> {
+        let shape = self.g.tensor(a).ty.shape.clone();
+        self.add(Op::Binary { func }, &[a, b], TensorType { dtype, shape })
+    }
+
+    fn constant(&mut self, v: Value) -> TensorId {
+        self.count += 1;
+        self.g
+            .add_constant(format!("{}/epc{}", self.prefix, self.count), v)
+    }
+}
+
+fn split_node(
+    g: &mut Graph,
+    idx: NodeIndex,
+    ep: usize,
+    slices: &mut BTreeMap<String, WeightSlice>,
+) -> Result<(), TpError> {
+    let node = g.node(idx).clone();
+    let fail = |message: String| TpError::Node {
+        node: node.name.clone(),
+        message,
+    };
+    let [Some(x), Some(weights), Some(indices), Some(w_in), Some(_), ..] = node.inputs[..] else {
+        return Err(fail(
+            "expected (x, weights, indices, w_in, w_out, w_gate?)".into(),
+        ));
+    };
+    let experts = g.tensor(w_in).ty.shape.0[0].fixed().unwrap_or(0);
+    if experts % ep != 0 {
+        return Err(fail(format!("{experts} experts do not split {ep}-way")));
+    }
+    let local = experts / ep;
+    for &w in node.inputs[3..].iter().flatten() {
+        let t = g.tensor(w);
+        if t.role != Role::Parameter || g.consumers(w).len() != 1 {
+            return Err(fail(format!(
+                "expert weight '{}' must be a parameter used only here",
+                t.name
+            )));
+        }
+        let mut dims: Vec<usize> = t.ty.shape.0.iter().map(|d| d.fixed().unwrap_or(0)).collect();
+        dims[0] = local;
+        slices.insert(t.name.clone(), WeightSlice { axis: 0, blocks: 1 });
+        g.tensor_mut(w).ty.shape = Shape::fixed(&dims);
+    }
+    let out = node.outputs[0];
+    let block = g.blocks.iter().position(|b| b.nodes.contains(&node.name));
+    g.remove_node(idx);
+    let mut a = Adder {
+        g,
+        prefix: node.name.clone(),
+        block,
+        count: 0,
+    };
+    // Everyone's tokens, routing weights and chosen experts.
+    let xs = a.comm(x, CommKind::GatherForCompute, ep)?;
+    let ws = a.comm(weights, CommKind::GatherForCompute, ep)?;
+    let is = a.comm(indices, CommKind::AllGather, ep)?;
+    // This rank's experts are [first, first + local): `first` is its slice of 0..experts.
+    let all_ids = a.constant(Value::i64(vec![experts], (0..experts as i64).collect()).expect("ids"));
+    let ids_ty = TensorType {
+        dtype: DType::I64,
+        shape: Shape::fixed(&[local]),
+    };
+    let mine = a.add(
+        Op::Comm {
+            kind: CommKind::Slice,
+            axis: 0,
+            parts: ep,
+            group: CommGroup::Expert,
+        },
+        &[all_ids],
+        ids_ty,
+    )?;
+    let zero = a.constant(Value::i64(vec![1], vec![0]).expect("index"));
+    let first_ty = TensorType {
+        dtype: DType::I64,
+        shape: Shape::fixed(&[1]),
+    };
+    let first = a.add(Op::Gather { axis: 0 }, &[mine, zero], first_ty)?;
+    let shifted = a.binary(BinaryOp::Sub, is, first, DType::I64)?;
+    let lo = a.constant(Value::scalar_i64(0));
+    let hi = a.constant(Value::scalar_i64(local as i64));
+    let above = a.binary(BinaryOp::GreaterOrEqual, shifted, lo, DType::Bool)?;
+    let below = a.binary(BinaryOp::Less, shifted, hi, DType::Bool)?;
+    let ours = a.binary(BinaryOp::And, above, below, DType::Bool)?;
+    let wdtype = a.g.tensor(ws).ty.dtype;
+    let wzero = a.constant(Value::zeros(wdtype, vec![]));
+    let wshape = a.g.tensor(ws).ty.clone();
+    let local_weights = a.add(Op::Where, &[ours, ws, wzero], wshape)?;
+    let ishape = a.g.tensor(shifted).ty.clone();
+    let local_indices = a.add(Op::Where, &[ours, shifted, lo], ishape)?;
+    // This rank's experts on everyone's tokens: a share of each token's output.
+    let mut inputs = vec![Some(xs), Some(local_weights), Some(local_indices)];
+    inputs.extend(node.inputs[3..].iter().copied());
+    let share_ty = a.g.tensor(xs).ty.clone();
+    let share =
+        a.g.add_tensor(format!("{}.share", node.name), share_ty, Role::Activation, None);
+    a.g.add_node(node.name.clone(), node.op.clone(), inputs, vec![share])?;
+    let summed = Op::Comm {
+        kind: CommKind::ReduceScatter,
+        axis: 0,
+        parts: ep,
+        group: CommGroup::Expert,
+    };
+    // The combined output takes the original's place (and name) in the graph.
+    let out_name = a.g.tensor(out).name.clone();
+    a.g.tensor_mut(out).name = format!("{out_name}.replaced");
+    let out_ty = a.g.tensor(out).ty.clone();
+    let combined = a.g.add_tensor(out_name, out_ty, Role::Activation, None);
+    let name = format!("{}/combine", node.name);
+    a.g.add_node(name.clone(), summed, vec![Some(share)], vec![combined])?;
+    a.g.replace_uses(out, combined);
+    if let Some(b) = block {
+        a.g.blocks[b].nodes.push(name);
+    }
+    Ok(())
+}
