@@ -59,6 +59,9 @@ pub struct PlanSummary {
     pub dp: usize,
     pub tp: usize,
     pub pp: usize,
+    pub cp: usize,
+    pub ep: usize,
+    pub sp: bool,
     pub schedule: String,
     pub virtual_stages: usize,
     pub zero: u8,
@@ -74,6 +77,7 @@ pub struct PlanSummary {
 #[derive(Debug, Clone, Serialize)]
 pub struct RankSummary {
     pub rank: usize,
+    /// Over the whole run.
     pub bytes_sent: u64,
     pub peak_activation_bytes: u64,
     pub instructions: usize,
@@ -211,6 +215,9 @@ pub fn run(
         dp: par.dp,
         tp: par.tp,
         pp: par.pp,
+        cp: par.cp,
+        ep: par.ep,
+        sp: par.sp,
         schedule: par.schedule.clone(),
         virtual_stages: par.virtual_stages,
         zero: par.zero,
@@ -259,10 +266,14 @@ fn vocab_of(g: &Graph) -> Result<usize> {
 
 /// The plan in one line, printed before training.
 pub fn plan_line(p: &PlanSummary, ranks: usize) -> String {
-    let mut s = format!(
-        "plan: dp {} · tp {} · pp {}, {} schedule",
-        p.dp, p.tp, p.pp, p.schedule
-    );
+    let mut s = format!("plan: dp {} · tp {} · pp {}", p.dp, p.tp, p.pp);
+    if p.cp > 1 || p.ep > 1 {
+        let _ = write!(s, " · cp {} · ep {}", p.cp, p.ep);
+    }
+    if p.sp {
+        let _ = write!(s, " (sequence-parallel)");
+    }
+    let _ = write!(s, ", {} schedule", p.schedule);
     if p.virtual_stages > 1 {
         let _ = write!(s, " ({} chunks per stage)", p.virtual_stages);
     }
@@ -300,9 +311,9 @@ pub fn render_summary(r: &Report) -> String {
     for rank in &r.per_rank {
         let _ = writeln!(
             out,
-            "  rank {:>2}: sent {}, peak activations {}, {} instructions per step",
+            "  rank {:>2}: sent {} per step, peak activations {}, {} instructions per step",
             rank.rank,
-            binary(rank.bytes_sent as f64),
+            binary(rank.bytes_sent as f64 / r.losses.len().max(1) as f64),
             binary(rank.peak_activation_bytes as f64),
             rank.instructions
         );
