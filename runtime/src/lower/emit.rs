@@ -315,6 +315,46 @@ impl Emitter<'_, '_> {
         Ok(())
     }
 
+    /// The reduction, optimizer step and gather of one parameter the ZeRO
+    /// stage asks for: ZeRO-0 all-reduces and steps the whole parameter;
+    /// ZeRO-1 all-reduces, steps its shard and all-gathers the weights;
+    /// ZeRO-2 reduce-scatters instead; ZeRO-3 keeps only the shard.
+    fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
+        let s = self.l.s;
+        let p = param.to_string();
+        if group.len() == 1 {
+            self.out.push(Instr::OptimizerStep {
+                param: p,
+                shard: None,
+            });
+            return;
+        }
+        let group = group.to_vec();
+        self.out.push(match s.zero {
+            0 => Instr::AllReduceGrad {
+                param: p.clone(),
+                group: group.clone(),
+                reduction: s.reduction,
+            },
+            1 => Instr::AllReduceGrad {
+                param: p.clone(),
+                group: group.clone(),
+                reduction: Reduction::Ring,
+            },
+            _ => Instr::ReduceScatterGrad {
+                param: p.clone(),
+                group: group.clone(),
+            },
+        });
+        self.out.push(Instr::OptimizerStep {
+            param: p.clone(),
+            shard,
+        });
+        if s.zero == 1 || s.zero == 2 {
+            self.out.push(Instr::AllGatherParam { param: p, group });
+        }
+    }
+
     /// Gradient reduction, optimizer steps and parameter traffic after the
     /// last backward pass; returns the parameters this rank holds.
     fn optimizer(&mut self) -> Result<Vec<ParamSlot>, LowerError> {
@@ -356,62 +396,7 @@ impl Emitter<'_, '_> {
                 continue;
             }
             let p = param.clone();
-            match (s.zero, group.len()) {
-                (_, 1) => self.out.push(Instr::OptimizerStep {
-                    param: p.clone(),
-                    shard: None,
-                }),
-                (0, _) => {
-                    self.out.push(Instr::AllReduceGrad {
-                        param: p.clone(),
-                        group: group.clone(),
-                        reduction: s.reduction,
-                    });
-                    self.out.push(Instr::OptimizerStep {
-                        param: p.clone(),
-                        shard: None,
-                    });
-                }
-                (1, _) => {
-                    self.out.push(Instr::AllReduceGrad {
-                        param: p.clone(),
-                        group: group.clone(),
-                        reduction: Reduction::Ring,
-                    });
-                    self.out.push(Instr::OptimizerStep {
-                        param: p.clone(),
-                        shard,
-                    });
-                    self.out.push(Instr::AllGatherParam {
-                        param: p.clone(),
-                        group: group.clone(),
-                    });
-                }
-                (2, _) => {
-                    self.out.push(Instr::ReduceScatterGrad {
-                        param: p.clone(),
-                        group: group.clone(),
-                    });
-                    self.out.push(Instr::OptimizerStep {
-                        param: p.clone(),
-                        shard,
-                    });
-                    self.out.push(Instr::AllGatherParam {
-                        param: p.clone(),
-                        group: group.clone(),
-                    });
-                }
-                _ => {
-                    self.out.push(Instr::ReduceScatterGrad {
-                        param: p.clone(),
-                        group: group.clone(),
-                    });
-                    self.out.push(Instr::OptimizerStep {
-                        param: p.clone(),
-                        shard,
-                    });
-                }
-            }
+            self.update(&p, &group, shard);
             for &to in holders.iter().filter(|&&r| r != self.rank) {
                 self.out.push(Instr::SendParam { param: p.clone(), to });
             }

@@ -179,14 +179,7 @@ impl Rewriter<'_> {
     }
 
     fn dims(&self, t: TensorId) -> Vec<usize> {
-        self.g
-            .tensor(t)
-            .ty
-            .shape
-            .0
-            .iter()
-            .map(|d| d.fixed().unwrap_or(0))
-            .collect()
+        fixed_dims(&self.g, t)
     }
 
     fn layout(&self, t: TensorId) -> Option<Layout> {
@@ -617,14 +610,7 @@ impl Rewriter<'_> {
 
     /// Dims of a source tensor (bound).
     fn source_dims(&self, t: TensorId) -> Vec<usize> {
-        self.src
-            .tensor(t)
-            .ty
-            .shape
-            .0
-            .iter()
-            .map(|d| d.fixed().unwrap_or(0))
-            .collect()
+        fixed_dims(self.src, t)
     }
 
     /// An elementwise op on activations split alike: whole operands must
@@ -836,6 +822,17 @@ impl Rewriter<'_> {
         }
         self.comm(w, CommKind::Slice, axis, Layout::Split { axis, blocks })
     }
+}
+
+/// The dims of `t` in `g`, whose shapes are bound.
+fn fixed_dims(g: &Graph, t: TensorId) -> Vec<usize> {
+    g.tensor(t)
+        .ty
+        .shape
+        .0
+        .iter()
+        .map(|d| d.fixed().unwrap_or(0))
+        .collect()
 }
 
 /// Replaces every symbolic dim of `g` with its bound value: the rewrites
