@@ -100,6 +100,97 @@ impl Adder<'_> {
     }
 }
 
+/// Stores the expert weights of `MoeExperts` node `idx` as slices of
+/// `local` experts: each weight input is a parameter, or is computed from
+/// one by weight-only ops that keep the expert dim first (slices of other
+/// dims, transposes that leave dim 0 — an exported fused gate/up matrix),
+/// which are re-typed. Every use of those parameters must lead here.
+fn slice_expert_weights(
+    g: &mut Graph,
+    idx: NodeIndex,
+    local: usize,
+    slices: &mut BTreeMap<String, WeightSlice>,
+) -> Result<(), String> {
+    let mut chain_nodes = vec![idx];
+    let mut params = Vec::new();
+    for &w in g.node(idx).inputs[3..].iter().flatten() {
+        let (param, chain) = expert_param(g, w)?;
+        chain_nodes.extend(chain);
+        params.push(param);
+    }
+    for &p in &params {
+        if let Some(c) = g.consumers(p).into_iter().find(|c| !chain_nodes.contains(c)) {
+            let t = &g.tensor(p).name;
+            return Err(format!(
+                "expert weight '{t}' is also used by '{}'",
+                g.node(c).name
+            ));
+        }
+    }
+    params.sort();
+    params.dedup();
+    for p in params {
+        let mut dims: Vec<usize> = g
+            .tensor(p)
+            .ty
+            .shape
+            .0
+            .iter()
+            .map(|d| d.fixed().unwrap_or(0))
+            .collect();
+        dims[0] = local;
+        slices.insert(g.tensor(p).name.clone(), WeightSlice { axis: 0, blocks: 1 });
+        g.tensor_mut(p).ty.shape = Shape::fixed(&dims);
+    }
+    // Re-type the weight-only nodes, in order, for the sliced parameters.
+    let order = g.topo_order().map_err(|e| e.to_string())?;
+    for n in order.into_iter().filter(|n| *n != idx && chain_nodes.contains(n)) {
+        let types = g.infer_node(n).map_err(|e| e.to_string())?;
+        for (o, ty) in g.node(n).outputs.clone().into_iter().zip(types) {
+            g.tensor_mut(o).ty = ty;
+        }
+    }
+    Ok(())
+}
+
+/// The parameter an expert weight comes from, and the weight-only nodes in
+/// between (each keeps the expert dim first).
+fn expert_param(g: &Graph, w: TensorId) -> Result<(TensorId, Vec<NodeIndex>), String> {
+    let mut t = w;
+    let mut chain = Vec::new();
+    loop {
+        let tensor = g.tensor(t);
+        if tensor.role == Role::Parameter {
+            return Ok((t, chain));
+        }
+        let keeps_experts = |p: NodeIndex| match &g.node(p).op {
+            Op::Transpose { perm: Some(perm) } => perm.first() == Some(&0),
+            // Slice(x, starts, ends, axes, steps): axes given and never 0.
+            Op::Slice => g.node(p).inputs.get(3).copied().flatten().is_some_and(|axes| {
+                let rank = g.tensor(t).ty.shape.rank() as i64;
+                g.tensor(axes)
+                    .data
+                    .as_deref()
+                    .and_then(|v| v.as_i64())
+                    .is_some_and(|a| a.iter().all(|&x| x != 0 && x != -rank))
+            }),
+            _ => false,
+        };
+        match g.producer(t) {
+            Some(p) if keeps_experts(p) => {
+                chain.push(p);
+                t = g.node(p).inputs[0].ok_or("a weight-only node without input")?;
+            }
+            _ => {
+                return Err(format!(
+                    "expert weight '{}' is not a parameter (or a slice or transpose of one)",
+                    tensor.name
+                ))
+            }
+        }
+    }
+}
+
 fn split_node(
     g: &mut Graph,
     idx: NodeIndex,
@@ -121,19 +212,7 @@ fn split_node(
         return Err(fail(format!("{experts} experts do not split {ep}-way")));
     }
     let local = experts / ep;
-    for &w in node.inputs[3..].iter().flatten() {
-        let t = g.tensor(w);
-        if t.role != Role::Parameter || g.consumers(w).len() != 1 {
-            return Err(fail(format!(
-                "expert weight '{}' must be a parameter used only here",
-                t.name
-            )));
-        }
-        let mut dims: Vec<usize> = t.ty.shape.0.iter().map(|d| d.fixed().unwrap_or(0)).collect();
-        dims[0] = local;
-        slices.insert(t.name.clone(), WeightSlice { axis: 0, blocks: 1 });
-        g.tensor_mut(w).ty.shape = Shape::fixed(&dims);
-    }
+    slice_expert_weights(g, idx, local, slices).map_err(fail)?;
     let out = node.outputs[0];
     let block = g.blocks.iter().position(|b| b.nodes.contains(&node.name));
     g.remove_node(idx);
