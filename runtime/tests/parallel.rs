@@ -281,3 +281,47 @@ fn the_bundled_onnx_models_train_in_parallel() {
         }
     }
 }
+
+#[test]
+fn expert_parallel_on_mixtral_tiny() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fixtures/models/mixtral-tiny.dynamo.onnx"
+    );
+    let g = autopar_ir::onnx::load_model(std::path::Path::new(path)).unwrap();
+    let (mut g, _) = autopar_ir::canonicalize(&g).unwrap();
+    g.blocks = autopar_ir::detect_blocks(&g).unwrap();
+    let layers = g.blocks.len();
+    let run = |s: &Strategy, optimizer: Optimizer, steps: usize| {
+        let t = for_strategy(&g, s, 16).unwrap();
+        assert_eq!(t.expert_slices.len(), if s.ep > 1 { 2 * layers } else { 0 });
+        let programs = lower(&t, s).unwrap();
+        let mut opts = TrainOptions::new(Precision::F64, optimizer, steps);
+        opts.record_grads = true;
+        train(&t, &programs, &TokenSource::synthetic(1000, 3), &opts, &|_| {}).unwrap()
+    };
+    let single = Strategy::new(1, 1, layers, 2, 2);
+    let ep = with(Strategy::new(2, 1, layers, 2, 1), |s| s.ep = 2);
+    let (a, b) = (
+        run(&single, Optimizer::sgd(0.1), 1),
+        run(&ep, Optimizer::sgd(0.1), 1),
+    );
+    assert!(((a.steps[0].loss - b.steps[0].loss) / a.steps[0].loss).abs() <= 1e-9);
+    for (p, ga) in &a.gradients {
+        let e = rel(&b.gradients[p].to_f64_vec(), &ga.to_f64_vec(), noise_floor(&a));
+        assert!(e <= 1e-9, "gradient of {p}: rel {e}");
+    }
+    let (a, b) = (
+        run(&single, Optimizer::adamw(1e-2), 5),
+        run(&ep, Optimizer::adamw(1e-2), 5),
+    );
+    for (x, y) in a.steps.iter().zip(&b.steps) {
+        assert!(
+            ((x.loss - y.loss) / x.loss).abs() <= 1e-9,
+            "step {}: {} vs {}",
+            x.step,
+            x.loss,
+            y.loss
+        );
+    }
+}

@@ -6,12 +6,14 @@
 //!
 //! The graph becomes one e-graph (`convert`), rules (`rules`) add the
 //! canonical forms beside the originals, and extraction picks the cheapest
-//! graph, where canonical ops are cheap. The rewritten graph computes the
+//! graph, where canonical ops are cheap. A graph pass (`experts`) then fuses
+//! exported expert MLPs into `MoeExperts`. The rewritten graph computes the
 //! same outputs; it is re-typed through `Op::infer` and validated.
 
 mod analysis;
 mod causal;
 mod convert;
+mod experts;
 mod lang;
 mod rules;
 
@@ -88,6 +90,7 @@ pub fn canonicalize(graph: &Graph) -> Result<(Graph, RewriteReport), RewriteErro
     imported.egraph = runner.egraph;
     let mut out = convert::extract(&imported, graph)?;
     causal::mark_causal(&mut out);
+    experts::fuse_experts(&mut out)?;
     out.validate()?;
     let report = RewriteReport {
         nodes_before: graph.node_count(),
