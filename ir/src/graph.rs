@@ -246,6 +246,38 @@ impl Graph {
         Some(node)
     }
 
+    /// Makes input `slot` of node `idx` read `new` (edges follow).
+    pub fn set_input(&mut self, idx: NodeIndex, slot: usize, new: Option<TensorId>) {
+        let Some(old) = self.nodes[idx].inputs.get(slot).copied() else {
+            return;
+        };
+        self.nodes[idx].inputs[slot] = new;
+        if let Some(old) = old {
+            if !self.nodes[idx].inputs.contains(&Some(old)) {
+                let stale: Vec<_> = self
+                    .nodes
+                    .edges_directed(idx, petgraph::Direction::Incoming)
+                    .filter(|e| *e.weight() == old)
+                    .map(|e| e.id())
+                    .collect();
+                for e in stale {
+                    self.nodes.remove_edge(e);
+                }
+                if let Some(readers) = self.early_readers.get_mut(&old) {
+                    readers.retain(|&r| r != idx);
+                }
+            }
+        }
+        if let Some(new) = new {
+            match self.producers[new.index()] {
+                Some(p) => {
+                    self.nodes.add_edge(p, idx, new);
+                }
+                None => self.early_readers.entry(new).or_default().push(idx),
+            }
+        }
+    }
+
     /// Makes every consumer of `old` (and the graph outputs) read `new` instead.
     pub fn replace_uses(&mut self, old: TensorId, new: TensorId) {
         let consumers = self.consumers(old);
@@ -528,5 +560,58 @@ impl Graph {
         g.blocks = self.blocks.clone();
         g.bindings = self.bindings.clone();
         g
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{BinaryOp, DType, Shape, TensorType};
+
+    fn ty() -> TensorType {
+        TensorType {
+            dtype: DType::F32,
+            shape: Shape::fixed(&[2]),
+        }
+    }
+
+    #[test]
+    fn set_input_moves_the_read_and_its_edge() {
+        let mut g = Graph::new("g");
+        let (a, b, c) = (
+            g.add_tensor("a", ty(), Role::Parameter, None),
+            g.add_tensor("b", ty(), Role::Parameter, None),
+            g.add_tensor("c", ty(), Role::Activation, None),
+        );
+        let add = Op::Binary { func: BinaryOp::Add };
+        let first = g
+            .add_node("first", add.clone(), vec![Some(a), Some(a)], vec![c])
+            .unwrap();
+        let out = g.add_tensor("out", ty(), Role::Activation, None);
+        let second = g
+            .add_node("second", add, vec![Some(c), Some(a)], vec![out])
+            .unwrap();
+        g.set_input(second, 1, Some(b));
+        assert_eq!(g.consumers(a), vec![first]);
+        assert_eq!(g.consumers(b), vec![second]);
+        // Rewiring an activation input keeps the producer edge right.
+        let d = g.add_tensor("d", ty(), Role::Activation, None);
+        let third = g
+            .add_node(
+                "third",
+                Op::Unary {
+                    func: crate::UnaryOp::Neg,
+                },
+                vec![Some(a)],
+                vec![d],
+            )
+            .unwrap();
+        g.set_input(second, 0, Some(d));
+        assert!(g.consumers(c).is_empty());
+        assert_eq!(g.consumers(d), vec![second]);
+        let order = g.topo_order().unwrap();
+        let pos = |n| order.iter().position(|&x| x == n).unwrap();
+        assert!(pos(third) < pos(second));
+        g.validate().unwrap();
     }
 }

@@ -118,6 +118,11 @@ fn zero_stages() {
             Precision::F64,
         );
     }
+    // ZeRO-3 under a pipeline, with the tied embedding's copies on both ends.
+    check(
+        with(Strategy::new(2, 2, LAYERS, 1, 2), |s| s.zero = 3),
+        Precision::F64,
+    );
 }
 
 #[test]

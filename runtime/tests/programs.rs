@@ -317,12 +317,18 @@ fn pipeline_sends_its_boundary_tensors() {
             match i {
                 Instr::Send { buf, .. } => activations += wire_bytes(&t, &buf.tensor),
                 Instr::SendParam { param, .. } => params += wire_bytes(&t, param),
+                Instr::SumTiedGrads { key, group, .. } => {
+                    let pos = group.iter().position(|&r| r == p.rank).unwrap();
+                    let bytes = wire_bytes(&t, key) as f64;
+                    params += bytes_sent(Collective::AllReduce, Algorithm::Ring, group.len(), bytes).unwrap()
+                        [pos] as u64;
+                }
                 _ => {}
             }
         }
         let got = report.ranks[p.rank].bytes_sent;
         eprintln!(
-            "pp = 2, m = {m}: rank {} sent {got} B = {activations} B of micro-batch tensors + {params} B of shared weights; the model's boundary is {boundary} B per micro-batch",
+            "pp = 2, m = {m}: rank {} sent {got} B = {activations} B of micro-batch tensors + {params} B for shared weights; the model's boundary is {boundary} B per micro-batch",
             p.rank
         );
         assert_eq!(got, activations + params, "rank {}", p.rank);
@@ -337,10 +343,12 @@ fn pipeline_sends_its_boundary_tensors() {
         })
         .sum();
     assert_eq!(forward, m * boundary);
-    // Backward, stage 1 sends the boundary's gradient and, for the tied
-    // embedding, its partial weight gradient of every micro-batch.
+    // Backward, stage 1 sends the boundary's gradient of every micro-batch;
+    // the tied embedding's two gradients are summed once per step (a
+    // two-rank ring all-reduce: each rank sends the weight's size once).
     let tied = wire_bytes(&t, "wte.weight");
-    assert_eq!(report.ranks[1].bytes_sent, m * (boundary + tied));
+    assert_eq!(report.ranks[1].bytes_sent, m * boundary + tied);
+    assert_eq!(report.ranks[0].bytes_sent, m * boundary + tied);
 }
 
 // ---------------------------------------------------------------------------
@@ -412,16 +420,16 @@ fn a_missing_send_is_a_reported_deadlock() {
 }
 
 #[test]
-fn a_missing_weight_update_is_a_reported_deadlock() {
-    // Only rank 1 waits: for the tied embedding rank 0 updates and never sends.
+fn a_missing_tied_gradient_sum_is_a_reported_deadlock() {
+    // Only rank 1 waits: rank 0 skips summing the tied embedding's gradients.
     let s = Strategy::new(1, 2, LAYERS, 1, 2);
     let (t, mut programs) = lowered(&s);
     programs[0]
         .instructions
-        .retain(|i| !matches!(i, Instr::SendParam { .. }));
+        .retain(|i| !matches!(i, Instr::SumTiedGrads { .. }));
     let err = deadlocked(&t, &programs);
     assert!(
-        err.starts_with("rank 1:") && err.contains("recv 'wte.weight' from rank 0"),
+        err.starts_with("rank 1:") && err.contains("sum the tied gradients of 'wte.weight'"),
         "{err}"
     );
     assert!(err.contains("waited 1.0 s for rank 0"), "{err}");

@@ -361,6 +361,25 @@ impl Emitter<'_, '_> {
         let s = self.l.s;
         let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();
         let mut slots = Vec::new();
+        for (original, copy) in &self.l.t.tied {
+            let owners: BTreeMap<usize, Vec<String>> = [original, copy]
+                .into_iter()
+                .filter_map(|p| {
+                    let vs = *self.l.param_owner.get(p)?;
+                    Some((self.l.rank_of_vs(vs, self.coord), p.clone()))
+                })
+                .fold(BTreeMap::new(), |mut m, (r, p)| {
+                    m.entry(r).or_insert_with(Vec::new).push(p);
+                    m
+                });
+            if let Some(params) = owners.get(&self.rank) {
+                self.out.push(Instr::SumTiedGrads {
+                    key: original.clone(),
+                    params: params.clone(),
+                    group: owners.keys().copied().collect(),
+                });
+            }
+        }
         let mut receives = Vec::new();
         for (param, users) in &self.l.param_users {
             if users.is_disjoint(&my_vs) {

@@ -95,6 +95,22 @@ pub fn partition(
     Ok(Partition { place, groups })
 }
 
+/// The nodes outside the repeated layers, split into those the first layer
+/// depends on (embeddings, positions, masks) and the others (head, loss).
+pub fn outside_layers(g: &Graph) -> (HashSet<NodeIndex>, HashSet<NodeIndex>) {
+    let in_layers: HashMap<NodeIndex, usize> = g
+        .node_indices()
+        .filter(|&i| g.blocks.iter().any(|b| b.nodes.contains(&g.node(i).name)))
+        .map(|i| (i, 0))
+        .collect();
+    let pre = ancestors_outside_layers(g, &in_layers);
+    let post = g
+        .node_indices()
+        .filter(|i| !in_layers.contains_key(i) && !pre.contains(i))
+        .collect();
+    (pre, post)
+}
+
 /// Nodes outside the layers that the first layer (transitively) depends on:
 /// embeddings, position and mask computations.
 fn ancestors_outside_layers(g: &Graph, in_layers: &HashMap<NodeIndex, usize>) -> HashSet<NodeIndex> {

@@ -111,6 +111,14 @@ pub enum Instr {
         param: String,
         micro_batch: usize,
     },
+    /// Sum the gradients of a tied weight's copies (`params`: those held
+    /// here; `group`: the ranks holding any, `key` names the tie) and give
+    /// every copy the sum.
+    SumTiedGrads {
+        key: String,
+        params: Vec<String>,
+        group: Vec<usize>,
+    },
     /// Sum `param`'s gradient over `group` (data parallel).
     AllReduceGrad {
         param: String,
@@ -199,6 +207,7 @@ impl Instr {
             Instr::SendParam { param, to } => format!("send '{param}' to rank {to}"),
             Instr::RecvParam { param, from } => format!("recv '{param}' from rank {from}"),
             Instr::ReportLoss { buf } => format!("report loss {buf}"),
+            Instr::SumTiedGrads { key, .. } => format!("sum the tied gradients of '{key}'"),
         }
     }
 }

@@ -53,6 +53,9 @@ pub struct TrainingGraph {
     pub ep: usize,
     /// Expert weights stored as expert-parallel slices.
     pub expert_slices: BTreeMap<String, WeightSlice>,
+    /// `(parameter, copy)`: weights read both before the layers and after
+    /// them (tied embeddings); see [`tie_copies`].
+    pub tied: Vec<(String, String)>,
     /// Weights stored as tensor-parallel slices (their data in the graph is
     /// the whole weight; each rank keeps its slice).
     pub slices: BTreeMap<String, WeightSlice>,
@@ -130,6 +133,12 @@ fn build(
         bind(&mut g)?;
         expert_slices = shard_experts(&mut g, ep)?;
     }
+    let tied = tie_copies(&mut g);
+    for (original, copy) in &tied {
+        if let Some(&slice) = slices.get(original) {
+            slices.insert(copy.clone(), slice);
+        }
+    }
     let mut feeds = classify_inputs(&g)?;
     let tokens = feeds
         .iter()
@@ -178,7 +187,47 @@ fn build(
         ep,
         expert_slices,
         slices,
+        tied,
     })
+}
+
+/// Parameters read both before the first layer and after the last (tied
+/// input and output embeddings) get an identical copy for the uses after the
+/// layers. Each end of a pipeline then accumulates its own gradient over the
+/// micro-batches, the two are summed once per step
+/// ([`super::Instr::SumTiedGrads`]) and both copies step identically —
+/// instead of one end sending its gradient to the other every micro-batch.
+fn tie_copies(g: &mut Graph) -> Vec<(String, String)> {
+    if g.blocks.is_empty() {
+        return Vec::new();
+    }
+    let (pre, post) = super::partition::outside_layers(g);
+    let params: Vec<TensorId> = g
+        .tensors()
+        .filter(|(_, t)| t.role == Role::Parameter && t.ty.dtype.is_float())
+        .map(|(id, _)| id)
+        .collect();
+    let mut tied = Vec::new();
+    for p in params {
+        let users = g.consumers(p);
+        let late: Vec<_> = users.iter().copied().filter(|u| post.contains(u)).collect();
+        if late.is_empty() || !users.iter().any(|u| pre.contains(u)) {
+            continue;
+        }
+        let t = g.tensor(p).clone();
+        let name = format!("{}.tied", t.name);
+        let copy = g.add_tensor(name.clone(), t.ty, Role::Parameter, t.data);
+        for u in late {
+            let slots: Vec<usize> = (0..g.node(u).inputs.len())
+                .filter(|&i| g.node(u).inputs[i] == Some(p))
+                .collect();
+            for slot in slots {
+                g.set_input(u, slot, Some(copy));
+            }
+        }
+        tied.push((t.name, name));
+    }
+    tied
 }
 
 fn tensor_id(g: &Graph, name: &str) -> Option<TensorId> {

@@ -252,6 +252,22 @@ impl<'a> RankRun<'a> {
                 let (dtype, shape) = (grad.dtype, grad.shape.clone());
                 self.grads.insert(param.clone(), from_buffer(b, dtype, shape)?);
             }
+            Instr::SumTiedGrads { key, params, group } => {
+                let mut sum = self.grad(&params[0])?.clone();
+                for p in &params[1..] {
+                    let g = self.grad(p)?.clone();
+                    add_into(&mut sum, &g)?;
+                }
+                if group.len() > 1 {
+                    let mut b = to_buffer(&sum);
+                    self.ep
+                        .all_reduce(group, &mut b, Algorithm::Ring, &tag(&format!("tied/{key}")), what)?;
+                    sum = from_buffer(b, sum.dtype, sum.shape.clone())?;
+                }
+                for p in params {
+                    self.grads.insert(p.clone(), sum.clone());
+                }
+            }
             Instr::ReduceScatterGrad { param, group } => {
                 let grad = self.grad(param)?;
                 let padded = padded(grad, group.len());
