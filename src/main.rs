@@ -140,6 +140,9 @@ struct RunArgs {
     /// With `--plan auto`: also write the plan to this file.
     #[arg(long)]
     save_plan: Option<PathBuf>,
+    /// Write the run's timeline (Chrome trace-event JSON: open in Perfetto).
+    #[arg(long)]
+    trace: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -337,6 +340,7 @@ fn run_command(a: RunArgs) -> Result<()> {
         global_batch: a.global_batch,
         seq: a.seq,
         save_plan: a.save_plan,
+        trace: a.trace,
     };
     let json = a.json;
     let bar = step_bar(a.steps);

@@ -3,11 +3,12 @@
 //! programs and executing them on the CPU backend, one thread per rank.
 
 use crate::units::{binary, seconds};
-use crate::{model, plan};
+use crate::{model, output, plan};
 use anyhow::{bail, Context, Result};
 use autopar_cost_models::AttentionKernel;
 use autopar_ir::Graph;
 use autopar_planner::{DegreeLimits, Plan};
+use autopar_runtime::cpu::parallel::trace::chrome_json;
 use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{lower, training_graph, Strategy};
@@ -37,6 +38,8 @@ pub struct Request {
     pub seq: Option<usize>,
     /// For `--plan auto`: also write the plan here.
     pub save_plan: Option<PathBuf>,
+    /// Write a Chrome trace-event timeline of the run here.
+    pub trace: Option<PathBuf>,
 }
 
 /// What a run did.
@@ -181,6 +184,9 @@ pub fn run(
     if r.steps == 0 || r.ranks == 0 {
         bail!("--steps and --ranks must be at least 1");
     }
+    if let Some(path) = &r.trace {
+        output::check_folder(path)?;
+    }
     let (p, model_arg) = resolve(r)?;
     let world = p.mesh.ranks.len();
     if world != r.ranks {
@@ -209,7 +215,8 @@ pub fn run(
         "sgd" => Optimizer::sgd(r.lr.unwrap_or(DEFAULT_SGD_LR)),
         other => bail!("--optimizer {other}: expected adamw or sgd"),
     };
-    let opts = TrainOptions::new(r.precision, optimizer, r.steps);
+    let mut opts = TrainOptions::new(r.precision, optimizer, r.steps);
+    opts.trace = r.trace.is_some();
     let par = &p.parallel;
     let summary = PlanSummary {
         dp: par.dp,
@@ -230,6 +237,10 @@ pub fn run(
     };
     on_plan(&summary, world);
     let result = train(&t, &programs, &data, &opts, &|s| on_step(s, tokens_per_step))?;
+    if let Some(path) = &r.trace {
+        let json = chrome_json(&result.trace, world);
+        output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
+    }
     Ok(Report {
         model: model_arg,
         ranks: world,

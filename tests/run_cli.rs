@@ -83,6 +83,32 @@ fn a_planned_run_reports_every_step() {
     assert_eq!(v["per_rank"].as_array().unwrap().len(), 2);
 }
 
+#[test]
+fn a_run_writes_its_timeline() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("trace.json");
+    let trace = path.to_str().unwrap();
+    run_json(&[
+        GPT2_TINY,
+        "--plan",
+        "auto",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--global-batch",
+        "4",
+        "--trace",
+        trace,
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = v["traceEvents"].as_array().unwrap();
+    for rank in 0..2 {
+        let named = |ph: &str| events.iter().any(|e| e["pid"] == rank && e["ph"] == ph);
+        assert!(named("X") && named("C") && named("M"), "rank {rank}");
+    }
+}
+
 /// The losses of two steps on `ranks` ranks at `precision`, same seed and batch.
 fn losses(ranks: &str, precision: &str) -> Vec<f64> {
     let v = run_json(&[

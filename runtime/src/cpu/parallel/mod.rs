@@ -7,6 +7,7 @@
 
 mod rank;
 mod slices;
+pub mod trace;
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
@@ -30,6 +31,8 @@ pub struct TrainOptions {
     pub record_grads: bool,
     /// Test hook: make one rank fail at one instruction.
     pub fault: Option<Fault>,
+    /// Record every instruction's time span ([`TrainReport::trace`]).
+    pub trace: bool,
 }
 
 impl TrainOptions {
@@ -42,6 +45,7 @@ impl TrainOptions {
             timeout: Duration::from_secs(60),
             record_grads: false,
             fault: None,
+            trace: false,
         }
     }
 }
@@ -82,6 +86,8 @@ pub struct TrainReport {
     pub ranks: Vec<RankReport>,
     /// First step's summed gradient of each parameter (when recorded).
     pub gradients: BTreeMap<String, Value>,
+    /// Every rank's timed instructions and memory samples (when traced).
+    pub trace: Vec<trace::TraceEvent>,
 }
 
 /// Why a run failed.
@@ -125,6 +131,7 @@ pub fn train(
         .count();
     let (tx, rx) = mpsc::channel::<StepDone>();
     let shared = Arc::new(t.clone());
+    let epoch = Instant::now();
     let results: Vec<Result<rank::RankOutcome, (ExecError, Instant)>> = std::thread::scope(|scope| {
         let handles: Vec<_> = programs
             .iter()
@@ -133,7 +140,7 @@ pub fn train(
                 let tx = tx.clone();
                 let t = shared.clone();
                 scope.spawn(move || {
-                    let mut run = RankRun::new(&t, program, endpoint, data, opts);
+                    let mut run = RankRun::new(&t, program, endpoint, data, opts, epoch);
                     run.run(&tx).map_err(|e| {
                         run.abort(&e.to_string());
                         (e, Instant::now())
@@ -207,7 +214,9 @@ fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) 
     type Pieces = Vec<(Option<crate::lower::Shard>, Value)>;
     let mut gradients: BTreeMap<String, BTreeMap<usize, Pieces>> = BTreeMap::new();
     let mut ranks = Vec::new();
-    for o in outcomes {
+    let mut events = Vec::new();
+    for mut o in outcomes {
+        events.append(&mut o.trace);
         for (step, (loss, seconds)) in o.steps.iter().enumerate() {
             reports[step].loss += loss;
             reports[step].seconds = reports[step].seconds.max(*seconds);
@@ -225,6 +234,7 @@ fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) 
     TrainReport {
         steps: reports,
         ranks,
+        trace: events,
         gradients: gradients
             .into_iter()
             .filter_map(|(p, by_tp)| whole_gradient(t, &p, &by_tp).map(|v| (p, v)))

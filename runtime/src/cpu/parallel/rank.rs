@@ -2,6 +2,7 @@
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
 use super::slices;
+use super::trace::{stream_of, TraceEvent};
 use super::{ExecError, TrainOptions};
 use crate::collective::{Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen, widen_op};
@@ -27,6 +28,7 @@ pub(super) struct RankOutcome {
     pub steps: Vec<(f64, f64)>,
     pub report: super::RankReport,
     pub gradients: Vec<GradPiece>,
+    pub trace: Vec<TraceEvent>,
 }
 
 /// A recorded gradient: of this rank's slice (`slice`: its tensor- or
@@ -57,6 +59,11 @@ pub(super) struct RankRun<'a> {
     peak_bytes: u64,
     peak_micro_batches: usize,
     gathers: HashMap<String, usize>,
+    /// When the run began on every rank (trace times count from it).
+    epoch: Instant,
+    trace: Vec<TraceEvent>,
+    /// Live bytes at the last memory sample.
+    traced_bytes: Option<u64>,
 }
 
 fn bytes_of(v: &Value) -> u64 {
@@ -75,6 +82,7 @@ impl<'a> RankRun<'a> {
         ep: Endpoint,
         data: &'a TokenSource,
         opts: &'a TrainOptions,
+        epoch: Instant,
     ) -> RankRun<'a> {
         let g = &t.graph;
         let tensors: HashMap<&str, TensorId> = g.tensors().map(|(id, t)| (t.name.as_str(), id)).collect();
@@ -123,6 +131,9 @@ impl<'a> RankRun<'a> {
             peak_bytes: 0,
             peak_micro_batches: 0,
             gathers: HashMap::new(),
+            epoch,
+            trace: Vec::new(),
+            traced_bytes: None,
         }
     }
 
@@ -154,7 +165,12 @@ impl<'a> RankRun<'a> {
                     return Err(fail("injected failure (test hook)".into()));
                 }
                 let what = format!("step {step} instruction {index} ({})", instr.describe());
-                match self.execute(instr, step, &what, &mut gradients) {
+                let began = Instant::now();
+                let result = self.execute(instr, step, &what, &mut gradients);
+                if self.opts.trace {
+                    self.record(instr, step, began);
+                }
+                match result {
                     Ok(Some(l)) => {
                         loss += l;
                         reported = true;
@@ -182,7 +198,32 @@ impl<'a> RankRun<'a> {
                 peak_micro_batches: self.peak_micro_batches,
             },
             gradients,
+            trace: std::mem::take(&mut self.trace),
         })
+    }
+
+    /// Adds `instr`'s span (and the live bytes after it) to the trace.
+    fn record(&mut self, instr: &Instr, step: usize, began: Instant) {
+        let rank = self.program.rank;
+        let at = |t: Instant| t.duration_since(self.epoch).as_secs_f64() * 1e6;
+        if let Some(stream) = stream_of(instr) {
+            self.trace.push(TraceEvent::Span {
+                rank,
+                stream,
+                name: instr.describe(),
+                step,
+                start_us: at(began),
+                duration_us: began.elapsed().as_secs_f64() * 1e6,
+            });
+        }
+        if self.traced_bytes != Some(self.live_bytes) {
+            self.traced_bytes = Some(self.live_bytes);
+            self.trace.push(TraceEvent::Memory {
+                rank,
+                at_us: at(Instant::now()),
+                bytes: self.live_bytes,
+            });
+        }
     }
 
     fn execute(

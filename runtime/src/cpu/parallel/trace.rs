@@ -1,0 +1,126 @@
+//! Timelines of real runs as Chrome trace-event JSON, the format Perfetto
+//! and chrome://tracing open (and the PyTorch profiler writes): one process
+//! per rank, one track for computation and one for communication, and a
+//! counter of live activation bytes.
+
+use crate::lower::Instr;
+use serde_json::{json, Value};
+
+/// Which track of a rank an event belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Compute,
+    Communication,
+}
+
+/// One timed instruction, or a memory sample.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TraceEvent {
+    /// An instruction that ran from `start_us` for `duration_us` (since the run began).
+    Span {
+        rank: usize,
+        stream: Stream,
+        name: String,
+        step: usize,
+        start_us: f64,
+        duration_us: f64,
+    },
+    /// Live micro-batch buffers of `rank` at `at_us`.
+    Memory { rank: usize, at_us: f64, bytes: u64 },
+}
+
+/// The track an instruction is drawn on; `None` for bookkeeping that takes no time.
+pub fn stream_of(instr: &Instr) -> Option<Stream> {
+    match instr {
+        Instr::Free { .. } | Instr::ReportLoss { .. } => None,
+        Instr::Load { .. }
+        | Instr::Compute { .. }
+        | Instr::AccumulateGrad { .. }
+        | Instr::OptimizerStep { .. } => Some(Stream::Compute),
+        Instr::Collective { .. }
+        | Instr::Send { .. }
+        | Instr::Recv { .. }
+        | Instr::AllReduceGrad { .. }
+        | Instr::ReduceScatterGrad { .. }
+        | Instr::AllGatherParam { .. }
+        | Instr::GatherParam { .. }
+        | Instr::SumTiedGrads { .. }
+        | Instr::SendParam { .. }
+        | Instr::RecvParam { .. } => Some(Stream::Communication),
+    }
+}
+
+/// The trace-event JSON object of `events` (`{"traceEvents": [...]}`).
+pub fn chrome_json(events: &[TraceEvent], ranks: usize) -> Value {
+    let mut out = Vec::with_capacity(events.len() + 3 * ranks);
+    for rank in 0..ranks {
+        out.push(
+            json!({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": format!("rank {rank}")}}),
+        );
+        out.push(
+            json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute"}}),
+        );
+        out.push(json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "communication"}}));
+    }
+    for e in events {
+        out.push(match e {
+            TraceEvent::Span {
+                rank,
+                stream,
+                name,
+                step,
+                start_us,
+                duration_us,
+            } => json!({
+                "ph": "X",
+                "name": name,
+                "cat": match stream { Stream::Compute => "compute", Stream::Communication => "communication" },
+                "pid": rank,
+                "tid": match stream { Stream::Compute => 0, Stream::Communication => 1 },
+                "ts": start_us,
+                "dur": duration_us,
+                "args": {"step": step},
+            }),
+            TraceEvent::Memory { rank, at_us, bytes } => json!({
+                "ph": "C",
+                "name": "activation bytes",
+                "pid": rank,
+                "ts": at_us,
+                "args": {"bytes": bytes},
+            }),
+        });
+    }
+    json!({"traceEvents": out, "displayTimeUnit": "ms"})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::Buf;
+
+    #[test]
+    fn spans_and_counters_become_trace_events() {
+        let events = [
+            TraceEvent::Span {
+                rank: 1,
+                stream: Stream::Communication,
+                name: "send x".into(),
+                step: 0,
+                start_us: 5.0,
+                duration_us: 2.0,
+            },
+            TraceEvent::Memory {
+                rank: 1,
+                at_us: 7.0,
+                bytes: 64,
+            },
+        ];
+        let v = chrome_json(&events, 2);
+        let list = v["traceEvents"].as_array().unwrap();
+        assert_eq!(list.len(), 6 + 2);
+        assert_eq!(list[6]["ph"], "X");
+        assert_eq!(list[6]["tid"], 1);
+        assert_eq!(list[7]["args"]["bytes"], 64);
+        assert_eq!(stream_of(&Instr::Free { buf: Buf::step("w") }), None);
+    }
+}
