@@ -86,8 +86,9 @@ pub struct RankSummary {
     pub instructions: usize,
 }
 
-/// The plan to run and the model it belongs to.
-fn resolve(r: &Request) -> Result<(Plan, String)> {
+/// The plan to run, the model argument it belongs to, and that model's
+/// canonical graph.
+fn resolve(r: &Request) -> Result<(Plan, String, Graph)> {
     match r.plan.as_deref() {
         Some("auto") => {
             let m = model::load(&r.target)?;
@@ -120,18 +121,20 @@ fn resolve(r: &Request) -> Result<(Plan, String)> {
                 Some(_) => plan::run(&request, &|_, _| {})?,
                 None => plan::make(&request, &|_, _| {})?,
             };
-            Ok((p, r.target.clone()))
+            Ok((p, r.target.clone(), canonical))
         }
         Some(file) => {
             let p = plan::load(Path::new(file))?;
             check_model(&p, file, &r.target)?;
-            Ok((p, r.target.clone()))
+            let graph = model::canonical(&model::load(&r.target)?)?;
+            Ok((p, r.target.clone(), graph))
         }
         None => {
             let p = plan::load(Path::new(&r.target))?;
             let model = p.inputs.model.clone();
             check_model(&p, &r.target, &model)?;
-            Ok((p, model))
+            let graph = model::canonical(&model::load(&model)?)?;
+            Ok((p, model, graph))
         }
     }
 }
@@ -187,7 +190,7 @@ pub fn run(
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
-    let (p, model_arg) = resolve(r)?;
+    let (p, model_arg, mut graph) = resolve(r)?;
     let world = p.mesh.ranks.len();
     if world != r.ranks {
         bail!(
@@ -197,8 +200,6 @@ pub fn run(
         );
     }
     let strategy = Strategy::from_plan(&p).context("lowering the plan")?;
-    let m = model::load(&model_arg)?;
-    let mut graph = model::canonical(&m)?;
     initialize(&mut graph, r.seed).context("initialising weights")?;
     let seq = seq_of(&graph, &p)?;
     let tokens_per_step = strategy.global_batch() * seq;

@@ -50,6 +50,35 @@ fn noise_floor(r: &TrainReport) -> f64 {
     max * 1e-6
 }
 
+/// `b`'s first step matches `a`'s: the loss and every gradient within `tol`.
+fn assert_same_step(a: &TrainReport, b: &TrainReport, tol: f64) {
+    let (la, lb) = (a.steps[0].loss, b.steps[0].loss);
+    assert!(((la - lb) / la).abs() <= tol, "loss {la} vs {lb}");
+    assert_eq!(
+        a.gradients.len(),
+        b.gradients.len(),
+        "{:?}",
+        b.gradients.keys().collect::<Vec<_>>()
+    );
+    for (p, ga) in &a.gradients {
+        let e = rel(&b.gradients[p].to_f64_vec(), &ga.to_f64_vec(), noise_floor(a));
+        assert!(e <= tol, "gradient of {p}: rel {e}");
+    }
+}
+
+/// `b` has `a`'s loss at every step, within `tol`.
+fn assert_same_losses(a: &TrainReport, b: &TrainReport, tol: f64) {
+    for (x, y) in a.steps.iter().zip(&b.steps) {
+        assert!(
+            ((x.loss - y.loss) / x.loss).abs() <= tol,
+            "step {}: {} vs {}",
+            x.step,
+            x.loss,
+            y.loss
+        );
+    }
+}
+
 /// One step's loss and gradients, then (in f64) five steps' losses, against
 /// one rank; an f64 check also runs the one-step check in f32.
 fn check(s: Strategy, precision: Precision) {
@@ -60,31 +89,11 @@ fn check(s: Strategy, precision: Precision) {
     let single = Strategy::new(1, 1, LAYERS, s.micro_batch, s.global_batch() / s.micro_batch);
     let a = run(&single, precision, Optimizer::sgd(0.1), 1);
     let b = run(&s, precision, Optimizer::sgd(0.1), 1);
-    let (la, lb) = (a.steps[0].loss, b.steps[0].loss);
-    assert!(((la - lb) / la).abs() <= tol, "loss {la} vs {lb}");
-    assert_eq!(
-        a.gradients.len(),
-        b.gradients.len(),
-        "{:?}",
-        b.gradients.keys().collect::<Vec<_>>()
-    );
-    for (p, ga) in &a.gradients {
-        let gb = &b.gradients[p];
-        let e = rel(&gb.to_f64_vec(), &ga.to_f64_vec(), noise_floor(&a));
-        assert!(e <= tol, "gradient of {p}: rel {e}");
-    }
+    assert_same_step(&a, &b, tol);
     if precision == Precision::F64 {
         let a = run(&single, precision, Optimizer::adamw(1e-2), 5);
         let b = run(&s, precision, Optimizer::adamw(1e-2), 5);
-        for (x, y) in a.steps.iter().zip(&b.steps) {
-            assert!(
-                ((x.loss - y.loss) / x.loss).abs() <= tol,
-                "step {}: {} vs {}",
-                x.step,
-                x.loss,
-                y.loss
-            );
-        }
+        assert_same_losses(&a, &b, tol);
         assert!(a.steps[4].loss < a.steps[0].loss);
         check(s, Precision::F32);
     }
@@ -214,29 +223,16 @@ fn expert_parallel() {
             s.zero = 1;
         }),
     ] {
-        let (a, b) = (
-            run(&single, Optimizer::sgd(0.1), 1),
-            run(&s, Optimizer::sgd(0.1), 1),
+        assert_same_step(
+            &run(&single, Optimizer::sgd(0.1), 1),
+            &run(&s, Optimizer::sgd(0.1), 1),
+            1e-9,
         );
-        assert!(((a.steps[0].loss - b.steps[0].loss) / a.steps[0].loss).abs() <= 1e-9);
-        assert_eq!(a.gradients.len(), b.gradients.len());
-        for (p, ga) in &a.gradients {
-            let e = rel(&b.gradients[p].to_f64_vec(), &ga.to_f64_vec(), noise_floor(&a));
-            assert!(e <= 1e-9, "gradient of {p}: rel {e}");
-        }
-        let (a, b) = (
-            run(&single, Optimizer::adamw(1e-2), 5),
-            run(&s, Optimizer::adamw(1e-2), 5),
+        assert_same_losses(
+            &run(&single, Optimizer::adamw(1e-2), 5),
+            &run(&s, Optimizer::adamw(1e-2), 5),
+            1e-9,
         );
-        for (x, y) in a.steps.iter().zip(&b.steps) {
-            assert!(
-                ((x.loss - y.loss) / x.loss).abs() <= 1e-9,
-                "step {}: {} vs {}",
-                x.step,
-                x.loss,
-                y.loss
-            );
-        }
     }
 }
 
@@ -263,23 +259,8 @@ fn the_bundled_onnx_models_train_in_parallel() {
             Strategy::new(1, 1, layers, 2, 2).with_tp(2, false),
             Strategy::new(1, 1, layers, 2, 2).with_tp(2, true),
         ] {
-            let b = run(&s);
-            let (x, y) = (single.steps[0].loss, b.steps[0].loss);
-            assert!(((x - y) / x).abs() <= 1e-9, "{file}: {x} vs {y}");
-            for (p, ga) in &single.gradients {
-                let e = rel(
-                    &b.gradients[p].to_f64_vec(),
-                    &ga.to_f64_vec(),
-                    noise_floor(&single),
-                );
-                assert!(
-                    e <= 1e-9,
-                    "{file} pp {} tp {} sp {}: gradient of {p}: rel {e}",
-                    s.pp,
-                    s.tp,
-                    s.sp
-                );
-            }
+            eprintln!("{file}: pp {} tp {} sp {}", s.pp, s.tp, s.sp);
+            assert_same_step(&single, &run(&s), 1e-9);
         }
     }
 }
@@ -304,26 +285,14 @@ fn expert_parallel_on_mixtral_tiny() {
     };
     let single = Strategy::new(1, 1, layers, 2, 2);
     let ep = with(Strategy::new(2, 1, layers, 2, 1), |s| s.ep = 2);
-    let (a, b) = (
-        run(&single, Optimizer::sgd(0.1), 1),
-        run(&ep, Optimizer::sgd(0.1), 1),
+    assert_same_step(
+        &run(&single, Optimizer::sgd(0.1), 1),
+        &run(&ep, Optimizer::sgd(0.1), 1),
+        1e-9,
     );
-    assert!(((a.steps[0].loss - b.steps[0].loss) / a.steps[0].loss).abs() <= 1e-9);
-    for (p, ga) in &a.gradients {
-        let e = rel(&b.gradients[p].to_f64_vec(), &ga.to_f64_vec(), noise_floor(&a));
-        assert!(e <= 1e-9, "gradient of {p}: rel {e}");
-    }
-    let (a, b) = (
-        run(&single, Optimizer::adamw(1e-2), 5),
-        run(&ep, Optimizer::adamw(1e-2), 5),
+    assert_same_losses(
+        &run(&single, Optimizer::adamw(1e-2), 5),
+        &run(&ep, Optimizer::adamw(1e-2), 5),
+        1e-9,
     );
-    for (x, y) in a.steps.iter().zip(&b.steps) {
-        assert!(
-            ((x.loss - y.loss) / x.loss).abs() <= 1e-9,
-            "step {}: {} vs {}",
-            x.step,
-            x.loss,
-            y.loss
-        );
-    }
 }

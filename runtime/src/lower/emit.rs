@@ -436,7 +436,6 @@ fn free_after_last_use(l: &Layout, instructions: Vec<Instr>) -> Vec<Instr> {
     let mut current: HashMap<Buf, usize> = HashMap::new();
     let zero3 = l.s.zero == 3;
     let mut frees_at: BTreeMap<usize, Vec<Buf>> = BTreeMap::new();
-    let mut def_buf: HashMap<usize, Vec<Buf>> = HashMap::new();
     for (i, instr) in instructions.iter().enumerate() {
         let (defs, uses) = defs_and_uses(instr, g, &by_name, zero3, &l.grad_tensor);
         for b in uses {
@@ -449,7 +448,6 @@ fn free_after_last_use(l: &Layout, instructions: Vec<Instr>) -> Vec<Instr> {
                 let at = last_use.get(&prev).copied().unwrap_or(prev);
                 frees_at.entry(at).or_default().push(b.clone());
             }
-            def_buf.entry(i).or_default().push(b);
         }
     }
     for (b, d) in current {

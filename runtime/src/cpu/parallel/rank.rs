@@ -2,7 +2,7 @@
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
 use super::slices;
-use super::trace::{stream_of, TraceEvent};
+use super::trace::{stream_of, Stream, TraceEvent};
 use super::{ExecError, TrainOptions};
 use crate::collective::{Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen, widen_op};
@@ -58,6 +58,8 @@ pub(super) struct RankRun<'a> {
     live_bytes: u64,
     peak_bytes: u64,
     peak_micro_batches: usize,
+    /// Live buffers per micro-batch (micro-batches with none are absent).
+    mb_buffers: HashMap<usize, usize>,
     gathers: HashMap<String, usize>,
     /// When the run began on every rank (trace times count from it).
     epoch: Instant,
@@ -130,6 +132,7 @@ impl<'a> RankRun<'a> {
             live_bytes: 0,
             peak_bytes: 0,
             peak_micro_batches: 0,
+            mb_buffers: HashMap::new(),
             gathers: HashMap::new(),
             epoch,
             trace: Vec::new(),
@@ -164,7 +167,13 @@ impl<'a> RankRun<'a> {
                 {
                     return Err(fail("injected failure (test hook)".into()));
                 }
-                let what = format!("step {step} instruction {index} ({})", instr.describe());
+                // Only communication names its instruction in errors from peers.
+                let what = match stream_of(instr) {
+                    Some(Stream::Communication) => {
+                        format!("step {step} instruction {index} ({})", instr.describe())
+                    }
+                    _ => String::new(),
+                };
                 let began = Instant::now();
                 let result = self.execute(instr, step, &what, &mut gradients);
                 if self.opts.trace {
@@ -262,8 +271,14 @@ impl<'a> RankRun<'a> {
             }
             Instr::Free { buf } => {
                 if let Some(v) = self.bufs.remove(buf) {
-                    if buf.micro_batch.is_some() {
+                    if let Some(mb) = buf.micro_batch {
                         self.live_bytes -= bytes_of(&v);
+                        if let Some(n) = self.mb_buffers.get_mut(&mb) {
+                            *n -= 1;
+                            if *n == 0 {
+                                self.mb_buffers.remove(&mb);
+                            }
+                        }
                     }
                 }
             }
@@ -381,9 +396,11 @@ impl<'a> RankRun<'a> {
             self.live_bytes += bytes_of(&v);
             self.peak_bytes = self.peak_bytes.max(self.live_bytes);
         }
+        if let Some(mb) = buf.micro_batch {
+            *self.mb_buffers.entry(mb).or_insert(0) += 1;
+            self.peak_micro_batches = self.peak_micro_batches.max(self.mb_buffers.len());
+        }
         self.bufs.insert(buf, Arc::new(v));
-        let mbs: std::collections::BTreeSet<usize> = self.bufs.keys().filter_map(|b| b.micro_batch).collect();
-        self.peak_micro_batches = self.peak_micro_batches.max(mbs.len());
     }
 
     fn get(&self, buf: &Buf) -> Result<Arc<Value>, Failure> {
