@@ -11,4 +11,5 @@ pub mod output;
 pub mod plan;
 pub mod profile;
 pub mod run;
+pub mod simulate;
 pub mod units;

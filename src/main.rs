@@ -97,6 +97,24 @@ enum Command {
     /// Train a model under a parallel plan: lower it to per-rank programs
     /// and run them, one thread per rank.
     Run(RunArgs),
+    /// Replay a plan's per-rank programs in virtual time: step time next to
+    /// the analytic estimate by term, bubble, memory, a pipeline timeline.
+    Simulate {
+        /// A plan file written by `autopar plan`.
+        plan: PathBuf,
+        /// Calibration JSON (e.g. from `autopar profile`) to price with.
+        #[arg(long)]
+        calibration: Option<PathBuf>,
+        /// Write the simulated timeline as Chrome trace-event JSON (Perfetto).
+        #[arg(long)]
+        trace: Option<PathBuf>,
+        /// Replay every rank, not one per pipeline stage.
+        #[arg(long)]
+        every_rank: bool,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `autopar run` flags.
@@ -499,6 +517,27 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
         Command::Run(a) => run_command(a)?,
+        Command::Simulate {
+            plan,
+            calibration,
+            trace,
+            every_rank,
+            json,
+        } => {
+            use autopar::simulate;
+            let request = simulate::Request {
+                plan,
+                calibration,
+                trace,
+                every_rank,
+            };
+            let report = simulate::run(&request)?;
+            if json {
+                print_json(&report)?;
+            } else {
+                emit(&simulate::render(&report, request.trace.as_deref()))?;
+            }
+        }
         Command::Profile {
             backend,
             output,

@@ -8,10 +8,10 @@ use anyhow::{bail, Context, Result};
 use autopar_cost_models::AttentionKernel;
 use autopar_ir::Graph;
 use autopar_planner::{DegreeLimits, Plan};
-use autopar_runtime::cpu::parallel::trace::chrome_json;
 use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions};
 use autopar_runtime::cpu::Precision;
-use autopar_runtime::lower::{lower, training_graph, Strategy};
+use autopar_runtime::lower::{for_strategy, lower, Strategy};
+use autopar_runtime::trace::chrome_json;
 use autopar_runtime::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use serde::Serialize;
 use std::fmt::Write;
@@ -140,7 +140,7 @@ fn resolve(r: &Request) -> Result<(Plan, String, Graph)> {
 }
 
 /// A plan runs only the model it was made for.
-fn check_model(p: &Plan, plan_file: &str, model: &str) -> Result<()> {
+pub(crate) fn check_model(p: &Plan, plan_file: &str, model: &str) -> Result<()> {
     let hash = plan::model_hash(model).with_context(|| format!("{plan_file}: the plan's model"))?;
     if hash != p.inputs.model_hash {
         bail!(
@@ -158,7 +158,7 @@ fn fixed_batch(g: &Graph) -> Option<usize> {
 }
 
 /// The sequence length to train at: the model's fixed one, the plan's, or the model's default.
-fn seq_of(g: &Graph, p: &Plan) -> Result<usize> {
+pub(crate) fn seq_of(g: &Graph, p: &Plan) -> Result<usize> {
     if let Some(fixed) = g
         .inputs
         .first()
@@ -203,8 +203,7 @@ pub fn run(
     initialize(&mut graph, r.seed).context("initialising weights")?;
     let seq = seq_of(&graph, &p)?;
     let tokens_per_step = strategy.global_batch() * seq;
-    let t = training_graph(&graph, strategy.micro_batch, seq, tokens_per_step)
-        .with_context(|| model_arg.clone())?;
+    let t = for_strategy(&graph, &strategy, seq).with_context(|| model_arg.clone())?;
     let programs = lower(&t, &strategy).context("lowering the plan")?;
     let vocab = vocab_of(&t.graph)?;
     let data = match r.data.as_deref() {
@@ -239,7 +238,7 @@ pub fn run(
     on_plan(&summary, world);
     let result = train(&t, &programs, &data, &opts, &|s| on_step(s, tokens_per_step))?;
     if let Some(path) = &r.trace {
-        let json = chrome_json(&result.trace, world);
+        let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
     }
     Ok(Report {

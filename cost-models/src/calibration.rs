@@ -27,6 +27,43 @@ pub struct Calibration {
     pub network: NetworkEfficiency,
     /// Fixed cost per kernel launch, seconds (host launch plus tail effects).
     pub kernel_overhead_s: f64,
+    /// Measured rates of individual ops (the CPU backend's kernels, from
+    /// `autopar profile --backend cpu`); see [`Calibration::measured_op_time`].
+    /// Empty (and left out of the file) when not measured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<OpRate>,
+}
+
+/// The measured speed of one op's kernel in one dtype, on nodes of about
+/// one size.
+///
+/// Its time on a node is `max(flops / flops_per_s, bytes / bytes_per_s)`
+/// over the rates present, plus the per-kernel overhead, where `flops` and
+/// `bytes` are what `Op::cost` reports for the node (forward FLOPs; bytes
+/// read plus written, counted at the dtypes the kernel computes in). The
+/// profiler records whichever of the two measures predicts the op's
+/// instances best; at least one is present.
+///
+/// Speed per byte changes with size as tensors outgrow the caches, so an op
+/// may have several rates, each measured on nodes of about `at_bytes`; the
+/// one nearest a node's bytes (in log scale) prices it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpRate {
+    /// `Op::name()`: `Mul`, `Erf`, `LayerNorm`, `ReduceSum`, ...
+    pub op: String,
+    /// The dtype the kernel computes in (an `f64` run's widened tensors are `f64`).
+    pub dtype: DType,
+    /// Typical bytes of the nodes measured; absent: any size (a rate with a
+    /// size is preferred).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_bytes: Option<f64>,
+    /// Bytes read plus written per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_s: Option<f64>,
+    /// Forward FLOPs per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_s: Option<f64>,
 }
 
 /// Matrix-multiply throughput as a function of shape.
@@ -90,6 +127,7 @@ impl Default for Calibration {
             // asynchronous, so host launch latency is mostly hidden) plus
             // each kernel's partially idle ramp and tail.
             kernel_overhead_s: 2e-6,
+            ops: Vec::new(),
         }
     }
 }
@@ -225,7 +263,40 @@ impl Calibration {
                 ));
             }
         }
+        for (i, r) in self.ops.iter().enumerate() {
+            let rates = [r.bytes_per_s, r.flops_per_s];
+            let valid = |v: f64| v > 0.0 && v.is_finite();
+            if r.op.is_empty()
+                || rates.iter().all(Option::is_none)
+                || !rates.iter().chain(&[r.at_bytes]).flatten().all(|&v| valid(v))
+            {
+                return Err(field(
+                    &format!("ops[{i}]"),
+                    "needs an op name, a positive bytes_per_s or flops_per_s, and a positive at_bytes if any"
+                        .into(),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Seconds the measured kernel of `op_name` in `dtype` takes on a node
+    /// with `flops` forward FLOPs moving `bytes` bytes (see [`OpRate`]; the
+    /// rate measured nearest in size), without the per-kernel overhead (add
+    /// `kernel_overhead_s`). `None` when that op and dtype were not measured.
+    pub fn measured_op_time(&self, op_name: &str, dtype: DType, flops: f64, bytes: f64) -> Option<f64> {
+        let log = |x: f64| x.max(1.0).ln();
+        let rate = self
+            .ops
+            .iter()
+            .filter(|r| r.op == op_name && r.dtype == dtype)
+            .min_by(|a, b| {
+                let distance = |r: &OpRate| r.at_bytes.map_or(f64::INFINITY, |s| (log(s) - log(bytes)).abs());
+                distance(a).total_cmp(&distance(b))
+            })?;
+        let by_flops = rate.flops_per_s.map_or(0.0, |r| flops / r);
+        let by_bytes = rate.bytes_per_s.map_or(0.0, |r| bytes / r);
+        Some(by_flops.max(by_bytes))
     }
 
     /// Achieved FLOP/s of an `[m, k] × [k, n]` product in `dtype` on a
@@ -306,6 +377,110 @@ mod tests {
         assert!(err.to_string().contains("format"), "{err}");
         let err = Calibration::from_json(r#"{"matmull": {}}"#, "c.json").unwrap_err();
         assert!(err.to_string().contains("matmull"), "{err}");
+    }
+
+    fn rate(op: &str, dtype: DType, bytes_per_s: Option<f64>, flops_per_s: Option<f64>) -> OpRate {
+        OpRate {
+            op: op.into(),
+            dtype,
+            at_bytes: None,
+            bytes_per_s,
+            flops_per_s,
+        }
+    }
+
+    #[test]
+    fn op_rates_round_trip_and_are_left_out_when_empty() {
+        let mut cal = Calibration::default();
+        assert!(!serde_json::to_string(&cal).unwrap().contains("\"ops\""));
+        cal.ops = vec![
+            OpRate {
+                at_bytes: Some(1e6),
+                ..rate("Erf", DType::F32, Some(4e8), None)
+            },
+            rate("Attention", DType::F64, None, Some(2e9)),
+        ];
+        let text = serde_json::to_string_pretty(&cal).unwrap();
+        assert_eq!(Calibration::from_json(&text, "x").unwrap(), cal);
+    }
+
+    #[test]
+    fn a_file_without_op_rates_still_loads() {
+        let cal = Calibration::from_json(
+            r#"{"format": "autopar-calibration/1", "about": "old profile", "kernel_overhead_s": 1e-6,
+                "memory": {"measured_bytes_per_s": 5e9}}"#,
+            "old.json",
+        )
+        .unwrap();
+        assert!(cal.ops.is_empty());
+        assert_eq!(cal.measured_op_time("Add", DType::F32, 1.0, 12.0), None);
+    }
+
+    #[test]
+    fn bad_op_rates_are_named() {
+        for ops in [
+            r#"[{"op": "Erf", "dtype": "f32"}]"#,
+            r#"[{"op": "Erf", "dtype": "f32", "bytes_per_s": 0}]"#,
+            r#"[{"op": "", "dtype": "f32", "bytes_per_s": 1e9}]"#,
+            r#"[{"op": "Erf", "dtype": "f32", "bytes_per_s": 1e9, "at_bytes": 0}]"#,
+            r#"[{"op": "Mul", "dtype": "f32", "bytes_per_s": 1e9}, {"op": "Erf", "dtype": "f32", "flops_per_s": -1}]"#,
+        ] {
+            let text = format!(r#"{{"format": "autopar-calibration/1", "ops": {ops}}}"#);
+            let err = Calibration::from_json(&text, "c.json").unwrap_err();
+            assert!(err.to_string().contains("ops["), "{ops}: {err}");
+        }
+        let err = Calibration::from_json(
+            r#"{"format": "autopar-calibration/1", "ops": [{"op": "Erf", "dtype": "f32", "bytes_per_s": 1, "speed": 2}]}"#,
+            "c.json",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("speed"), "{err}");
+    }
+
+    #[test]
+    fn measured_op_time_takes_the_slower_of_bytes_and_flops() {
+        let cal = Calibration {
+            ops: vec![
+                rate("Erf", DType::F32, Some(100.0), None),
+                rate("Erf", DType::F64, Some(50.0), None),
+                rate("Attention", DType::F32, Some(1000.0), Some(10.0)),
+            ],
+            ..Calibration::default()
+        };
+        assert_eq!(cal.measured_op_time("Erf", DType::F32, 7.0, 300.0), Some(3.0));
+        assert_eq!(cal.measured_op_time("Erf", DType::F64, 7.0, 300.0), Some(6.0));
+        // FLOP-bound, then byte-bound.
+        assert_eq!(
+            cal.measured_op_time("Attention", DType::F32, 50.0, 1000.0),
+            Some(5.0)
+        );
+        assert_eq!(
+            cal.measured_op_time("Attention", DType::F32, 5.0, 4000.0),
+            Some(4.0)
+        );
+        assert_eq!(cal.measured_op_time("Erf", DType::Bf16, 7.0, 300.0), None);
+        assert_eq!(cal.measured_op_time("Tanh", DType::F32, 7.0, 300.0), None);
+    }
+
+    #[test]
+    fn the_rate_measured_nearest_in_size_prices_a_node() {
+        let sized = |at_bytes: f64, bytes_per_s: f64| OpRate {
+            at_bytes: Some(at_bytes),
+            ..rate("ReduceSum", DType::F32, Some(bytes_per_s), None)
+        };
+        let cal = Calibration {
+            ops: vec![
+                rate("ReduceSum", DType::F32, Some(1.0), None),
+                sized(1e3, 100.0),
+                sized(1e6, 10.0),
+            ],
+            ..Calibration::default()
+        };
+        let time = |bytes| cal.measured_op_time("ReduceSum", DType::F32, 0.0, bytes);
+        assert_eq!(time(500.0), Some(5.0));
+        assert_eq!(time(2e4), Some(200.0));
+        assert_eq!(time(5e4), Some(5e3));
+        assert_eq!(time(1e9), Some(1e8));
     }
 
     #[test]

@@ -152,6 +152,71 @@ fn algorithm_name(a: Algorithm) -> String {
     .into()
 }
 
+impl Plan {
+    /// The configuration the plan records, for pricing it again (under
+    /// another calibration, or to set a simulation next to it). Gradient
+    /// reduction is taken as overlapped with the last backward pass, as the
+    /// search always plans it.
+    pub fn training_config(&self) -> Result<TrainingConfig, String> {
+        let p = &self.parallel;
+        let field = |name: &str, e: String| format!("plan field '{name}': {e}");
+        let stages = self
+            .stages
+            .iter()
+            .map(|s| {
+                Ok(autopar_cost_models::StageSpec {
+                    layers: s.layers[1] - s.layers[0],
+                    recompute: s.recompute.parse().map_err(|e| field("stages[].recompute", e))?,
+                })
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        let algorithm = match p.grad_reduce.as_str() {
+            "ring" => Algorithm::Ring,
+            "tree" => Algorithm::Tree,
+            "parameter-server" => Algorithm::ParameterServer,
+            other => {
+                return Err(field(
+                    "parallel.grad_reduce",
+                    format!("unknown reduction '{other}'"),
+                ))
+            }
+        };
+        if let Some(c) = &p.grad_compression {
+            return Err(field(
+                "parallel.grad_compression",
+                format!("'{c}' cannot be priced again here"),
+            ));
+        }
+        Ok(TrainingConfig {
+            dp: p.dp,
+            tp: p.tp,
+            pp: p.pp,
+            virtual_stages: p.virtual_stages,
+            sp: p.sp,
+            cp: p.cp,
+            ep: p.ep,
+            zero: p.zero,
+            recompute: p.recompute.parse().map_err(|e| field("parallel.recompute", e))?,
+            schedule: p.schedule.parse().map_err(|e| field("parallel.schedule", e))?,
+            micro_batch: p.micro_batch,
+            global_batch: p.global_batch,
+            seq: self.inputs.seq,
+            attention: p.attention.parse().map_err(|e| field("parallel.attention", e))?,
+            dropout: p.dropout,
+            overlap_grad_reduce: true,
+            grad_reduce: autopar_cost_models::GradReduce {
+                algorithm,
+                compression: None,
+            },
+            mesh_order: match p.mesh_order.as_str() {
+                "pp-inner" => MeshOrder::PipelineInner,
+                _ => MeshOrder::DataInner,
+            },
+            stages: Some(stages),
+        })
+    }
+}
+
 /// The degrees and knobs of `cfg` as recorded in plans.
 pub fn parallel_of(cfg: &TrainingConfig, micro_batches: usize) -> Parallel {
     Parallel {

@@ -10,4 +10,6 @@ pub mod autodiff;
 pub mod collective;
 pub mod cpu;
 pub mod lower;
+pub mod sim;
+pub mod trace;
 pub mod train;

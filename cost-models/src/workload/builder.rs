@@ -425,7 +425,7 @@ fn tensor_comm(forward: Option<Collective>, backward: Option<Collective>, bytes:
 
 /// An `Add` of two computed tensors of the output's shape: a residual
 /// connection (where training applies dropout to the branch).
-fn is_residual_add(graph: &Graph, node: &autopar_ir::Node) -> bool {
+pub fn is_residual_add(graph: &Graph, node: &autopar_ir::Node) -> bool {
     if !matches!(
         node.op,
         Op::Binary {

@@ -12,11 +12,12 @@
 //! tokens with all-to-all.
 
 mod builder;
-mod kernels;
+pub mod kernels;
 pub mod layout;
 
 use crate::comm::Collective;
 use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex};
+pub use builder::is_residual_add;
 use builder::Builder;
 use std::collections::{BTreeMap, HashMap, HashSet};
 

@@ -12,7 +12,7 @@ pub mod profile;
 
 pub use compare::{compare, Comparison};
 
-use autopar_ir::{DType, Data, Graph, GraphError, Op, OpError, Role, TensorId, Value};
+use autopar_ir::{DType, Data, Graph, GraphError, NodeIndex, Op, OpError, Role, TensorId, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -61,6 +61,18 @@ pub fn run(
     feeds: &BTreeMap<String, Value>,
     precision: Precision,
 ) -> Result<Vec<Value>, RunError> {
+    run_with(graph, feeds, precision, |_, op, args| op.eval(args))
+}
+
+/// [`run`] with `eval` computing each node from its op (as widened for
+/// `precision`) and input values: the profiler times every kernel of a real
+/// graph on the values a run gives it this way.
+pub fn run_with(
+    graph: &Graph,
+    feeds: &BTreeMap<String, Value>,
+    precision: Precision,
+    mut eval: impl FnMut(NodeIndex, &Op, &[Option<&Value>]) -> Result<Vec<Value>, OpError>,
+) -> Result<Vec<Value>, RunError> {
     let order = graph.topo_order()?;
     let mut remaining_uses = vec![0usize; graph.tensors().count()];
     for &idx in &order {
@@ -90,7 +102,7 @@ pub fn run(
             .iter()
             .map(|t| t.map(|t| values[t.index()].as_deref().expect("inputs are computed first")))
             .collect();
-        let results = op.eval(&args).map_err(|source| RunError::Node {
+        let results = eval(idx, &op, &args).map_err(|source| RunError::Node {
             node: node.name.clone(),
             source,
         })?;

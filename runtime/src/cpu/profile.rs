@@ -7,7 +7,9 @@
 //! output allocation are all included, as they are in a real run:
 //! - matmul FLOP/s over a grid of shapes from small to large (f32 and f64);
 //! - streaming bandwidth of a large element-wise `Add` (bytes read and written);
-//! - the fixed cost of one tiny op, the per-kernel overhead.
+//! - the fixed cost of one tiny op, the per-kernel overhead;
+//! - a rate per other op and dtype, from the nodes of small zoo models'
+//!   training graphs (see [`ops`]).
 //!
 //! Collective bandwidth comes from a small in-process ring all-reduce over
 //! threads (one per rank, as the CPU backend runs one rank per core). It
@@ -19,6 +21,11 @@ use std::hint::black_box;
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+mod ops;
+mod predict;
+
+pub use predict::{gemm_shape, node_time, node_work, priced_as_matmul, NodeWork};
 
 /// How thoroughly to measure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -35,6 +42,8 @@ pub enum ProfileError {
     Kernel { what: String, source: OpError },
     #[error("ring all-reduce: {0}")]
     Ring(&'static str),
+    #[error("profiled model {spec}: {message}")]
+    Model { spec: String, message: String },
 }
 
 /// Sizes and timing budget of one profile.
@@ -46,9 +55,15 @@ struct Plan {
     /// Elements of each rank's all-reduce buffer.
     ring_elements: usize,
     ring_ranks: usize,
+    /// Zoo specs whose training graphs give the per-op rates.
+    models: Vec<&'static str>,
+    /// Rows per micro-batch of those graphs.
+    micro_batch: usize,
+    /// Runs of each graph per precision; each node keeps its median time.
+    passes: usize,
     /// A timed sample repeats the measured call until it lasts this long.
     min_sample_s: f64,
-    /// Timed samples per figure; the median is kept.
+    /// Timed samples per figure; the fastest is kept.
     samples: usize,
 }
 
@@ -67,6 +82,12 @@ impl Plan {
                 stream_elements: 1 << 12,
                 ring_elements: 1 << 12,
                 ring_ranks,
+                models: vec![
+                    "gpt:layers=1,hidden=8,heads=2,vocab=16,seq=4",
+                    "llama:layers=1,hidden=8,ffn=16,heads=2,kv_heads=1,vocab=16,seq=4",
+                ],
+                micro_batch: 2,
+                passes: 1,
                 min_sample_s: 1e-4,
                 samples: 3,
             };
@@ -84,7 +105,9 @@ impl Plan {
         ] {
             matmuls.push((DType::F32, shape));
         }
-        matmuls.extend(cubes(DType::F64, &[32, 128, 512, 1024]));
+        // The same grid in f64, which the CPU backend also runs.
+        matmuls.extend(grid(DType::F64, &[32, 128, 512]));
+        matmuls.extend(cubes(DType::F64, &[1024]));
         Plan {
             matmuls,
             // 24 MiB per f32 operand, 72 MiB moved per Add: well past the
@@ -93,8 +116,17 @@ impl Plan {
             // 16 MiB per rank.
             ring_elements: 1 << 22,
             ring_ranks,
-            min_sample_s: 1e-2,
-            samples: 7,
+            // One model per family, about as large as the CPU backend
+            // trains (activations of a few hundred KiB per tensor).
+            models: vec![
+                "gpt:layers=2,hidden=128,heads=4,vocab=512,seq=64",
+                "llama:layers=2,hidden=128,ffn=352,heads=4,kv_heads=2,vocab=512,seq=64",
+                "moe:layers=1,hidden=128,ffn=256,heads=4,kv_heads=2,experts=4,top_k=2,vocab=512,seq=64",
+            ],
+            micro_batch: 8,
+            passes: 3,
+            min_sample_s: 2e-3,
+            samples: 9,
         }
     }
 }
@@ -133,6 +165,7 @@ pub fn profile(options: &ProfileOptions) -> Result<Calibration, ProfileError> {
     cal.memory.measured_bytes_per_s = Some(stream_rate(&plan)?);
     cal.network.measured_intra_node_bytes_per_s = Some(ring_rate(&plan)?);
     cal.kernel_overhead_s = kernel_overhead(&plan)?;
+    cal.ops = ops::op_rates(&plan, &cal)?;
     Ok(cal)
 }
 
@@ -142,9 +175,12 @@ fn four_digits(x: f64) -> f64 {
     format!("{x:.3e}").parse().unwrap_or(x)
 }
 
-/// Median seconds per call of `f`: one warm-up call, then `plan.samples`
-/// samples, each repeating `f` often enough to last `plan.min_sample_s` so
-/// that short calls are not lost in timer resolution.
+/// Seconds per call of `f` in its fastest sample: one warm-up call, then
+/// `plan.samples` samples, each repeating `f` often enough to last
+/// `plan.min_sample_s` so that short calls are not lost in timer
+/// resolution. The fastest, because other work on a shared host (builds,
+/// other runs) only ever adds time; short samples make one that ran
+/// undisturbed likely.
 fn time_per_call(plan: &Plan, mut f: impl FnMut() -> Result<(), ProfileError>) -> Result<f64, ProfileError> {
     f()?;
     let mut timed = |calls: usize| -> Result<f64, ProfileError> {
@@ -160,12 +196,11 @@ fn time_per_call(plan: &Plan, mut f: impl FnMut() -> Result<(), ProfileError>) -
         calls *= 2;
         first = timed(calls)?;
     }
-    let mut per_call = vec![first / calls as f64];
+    let mut fastest = first;
     for _ in 1..plan.samples {
-        per_call.push(timed(calls)? / calls as f64);
+        fastest = fastest.min(timed(calls)?);
     }
-    per_call.sort_by(f64::total_cmp);
-    Ok(four_digits(per_call[per_call.len() / 2]))
+    Ok(four_digits(fastest / calls as f64))
 }
 
 /// Evaluates `op` once through the interpreter's path and drops the result.

@@ -42,3 +42,23 @@ pub fn lower(t: &TrainingGraph, s: &Strategy) -> Result<Vec<Program>, LowerError
     let layout = emit::Layout::new(t, s, &part);
     (0..s.world()).map(|rank| layout.program(rank)).collect()
 }
+
+/// Lowers the programs of `ranks` only, in parallel, handing each to `f`
+/// as it is made: a simulator replays one representative rank of each
+/// group of identical ones and keeps only what it compiled from each.
+pub fn lower_ranks<R: Send>(
+    t: &TrainingGraph,
+    s: &Strategy,
+    ranks: &[usize],
+    f: impl Fn(Program) -> R + Sync,
+) -> Result<Vec<R>, LowerError> {
+    use rayon::prelude::*;
+    s.check()?;
+    let layer_vs = s.layer_virtual_stages();
+    let part = partition::partition(t, &layer_vs, s.pp * s.chunks)?;
+    let layout = emit::Layout::new(t, s, &part);
+    ranks
+        .par_iter()
+        .map(|&rank| layout.program(rank).map(&f))
+        .collect()
+}

@@ -7,7 +7,6 @@
 
 mod rank;
 mod slices;
-pub mod trace;
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
@@ -87,7 +86,7 @@ pub struct TrainReport {
     /// First step's summed gradient of each parameter (when recorded).
     pub gradients: BTreeMap<String, Value>,
     /// Every rank's timed instructions and memory samples (when traced).
-    pub trace: Vec<trace::TraceEvent>,
+    pub trace: Vec<crate::trace::TraceEvent>,
 }
 
 /// Why a run failed.

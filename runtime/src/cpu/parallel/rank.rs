@@ -2,11 +2,11 @@
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
 use super::slices;
-use super::trace::{stream_of, Stream, TraceEvent};
 use super::{ExecError, TrainOptions};
 use crate::collective::{Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen, widen_op};
 use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
+use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::{decays, State, TokenSource};
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::CommKind;

@@ -1,16 +1,34 @@
-//! Timelines of real runs as Chrome trace-event JSON, the format Perfetto
-//! and chrome://tracing open (and the PyTorch profiler writes): one process
-//! per rank, one track for computation and one for communication, and a
-//! counter of live activation bytes.
+//! Timelines as Chrome trace-event JSON, the format Perfetto and
+//! chrome://tracing open (and the PyTorch profiler writes), for real runs
+//! (measured times) and simulations (virtual times): one process per rank,
+//! one track for computation and one for communication, and a counter of
+//! live bytes.
 
 use crate::lower::Instr;
 use serde_json::{json, Value};
 
 /// Which track of a rank an event belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stream {
     Compute,
+    /// Collectives (all communication, in real runs).
     Communication,
+    /// Pipeline transfers (simulations).
+    Transfers,
+    /// Gradient reduction and parameter gathers (simulations).
+    Gradients,
+}
+
+impl Stream {
+    /// The track's id and name.
+    fn track(self) -> (usize, &'static str) {
+        match self {
+            Stream::Compute => (0, "compute"),
+            Stream::Communication => (1, "communication"),
+            Stream::Transfers => (2, "pipeline transfers"),
+            Stream::Gradients => (3, "gradients"),
+        }
+    }
 }
 
 /// One timed instruction, or a memory sample.
@@ -50,17 +68,28 @@ pub fn stream_of(instr: &Instr) -> Option<Stream> {
     }
 }
 
-/// The trace-event JSON object of `events` (`{"traceEvents": [...]}`).
-pub fn chrome_json(events: &[TraceEvent], ranks: usize) -> Value {
-    let mut out = Vec::with_capacity(events.len() + 3 * ranks);
-    for rank in 0..ranks {
+/// The trace-event JSON object of `events` (`{"traceEvents": [...]}`), with
+/// a named process for each of `ranks`.
+pub fn chrome_json(events: &[TraceEvent], ranks: &[usize]) -> Value {
+    let mut out = Vec::with_capacity(events.len() + 3 * ranks.len());
+    // Compute and communication tracks always; the simulator's extra ones where used.
+    let mut tracks: std::collections::BTreeSet<(usize, Stream)> = ranks
+        .iter()
+        .flat_map(|&r| [(r, Stream::Compute), (r, Stream::Communication)])
+        .collect();
+    for e in events {
+        if let TraceEvent::Span { rank, stream, .. } = e {
+            tracks.insert((*rank, *stream));
+        }
+    }
+    for &rank in ranks {
         out.push(
             json!({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": format!("rank {rank}")}}),
         );
-        out.push(
-            json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": 0, "args": {"name": "compute"}}),
-        );
-        out.push(json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": 1, "args": {"name": "communication"}}));
+    }
+    for (rank, stream) in tracks {
+        let (tid, name) = stream.track();
+        out.push(json!({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": name}}));
     }
     for e in events {
         out.push(match e {
@@ -74,9 +103,9 @@ pub fn chrome_json(events: &[TraceEvent], ranks: usize) -> Value {
             } => json!({
                 "ph": "X",
                 "name": name,
-                "cat": match stream { Stream::Compute => "compute", Stream::Communication => "communication" },
+                "cat": stream.track().1,
                 "pid": rank,
-                "tid": match stream { Stream::Compute => 0, Stream::Communication => 1 },
+                "tid": stream.track().0,
                 "ts": start_us,
                 "dur": duration_us,
                 "args": {"step": step},
@@ -115,7 +144,7 @@ mod tests {
                 bytes: 64,
             },
         ];
-        let v = chrome_json(&events, 2);
+        let v = chrome_json(&events, &[0, 1]);
         let list = v["traceEvents"].as_array().unwrap();
         assert_eq!(list.len(), 6 + 2);
         assert_eq!(list[6]["ph"], "X");

@@ -1,0 +1,575 @@
+//! A rank's program turned into what the replay needs: per instruction its
+//! lane (compute or communication), duration, the buffers it reads and
+//! writes as dense slots, and what it waits on across ranks. Compiled once,
+//! each program can then be dropped, so thousands of ranks fit in memory.
+
+use super::pricing::{type_bytes, Pricing};
+use super::ranks::Representatives;
+use crate::lower::{Buf, Instr, Program, Reduction};
+use autopar_cost_models::comm::{Algorithm, Collective};
+use autopar_ir::{CommGroup, CommKind, DType, Graph, Op, Role};
+use std::collections::{HashMap, HashSet};
+
+/// Which stream of a rank an instruction occupies. Collectives of
+/// different communicators run concurrently (as NCCL's do), so tensor-
+/// parallel collectives, pipeline transfers and gradient traffic each have
+/// a stream of their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    Compute,
+    /// Tensor-, context- and expert-parallel collectives.
+    Collective,
+    /// Pipeline sends (activations, gradients, shared weights).
+    Transfer,
+    /// Data-parallel gradient reduction and parameter gathers.
+    Gradient,
+    /// Bookkeeping and receives: takes no stream time of its own.
+    None,
+}
+
+impl Lane {
+    /// The lane's index among the timed lanes.
+    pub fn index(self) -> Option<usize> {
+        match self {
+            Lane::Compute => Some(0),
+            Lane::Collective => Some(1),
+            Lane::Transfer => Some(2),
+            Lane::Gradient => Some(3),
+            Lane::None => None,
+        }
+    }
+}
+
+/// What a stretch of a rank's time is spent on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Activity {
+    Forward,
+    Backward,
+    Recompute,
+    /// Optimizer steps and gradient accumulation.
+    Optimizer,
+    /// Data loads and other small passes.
+    Other,
+    /// Tensor-parallel collectives (and what waits on them).
+    TensorComm,
+    ContextComm,
+    ExpertComm,
+    /// Gradient reduction and parameter gathers across replicas.
+    DataComm,
+    /// Pipeline transfers and waiting on other stages.
+    Pipeline,
+}
+
+/// How an instruction synchronises with other ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sync {
+    Local,
+    /// Sends a message (`key`) to representative `to`.
+    Send {
+        to: u32,
+        key: MessageKey,
+    },
+    /// Waits for message `key` from representative `from`.
+    Recv {
+        from: u32,
+        key: MessageKey,
+    },
+    /// A collective over representative set `group`: starts when all arrive.
+    Meet {
+        group: u32,
+    },
+    /// Releases buffer `slot`.
+    Free {
+        slot: u32,
+    },
+}
+
+/// A message between two stages: the tensor and micro-batch it carries.
+pub type MessageKey = (u32, u32);
+
+/// One compiled instruction.
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub lane: Lane,
+    pub activity: Activity,
+    pub seconds: f64,
+    pub sync: Sync,
+    reads: (u32, u16),
+    writes: (u32, u16),
+}
+
+/// A compiled program.
+#[derive(Debug, Clone, Default)]
+pub struct Compiled {
+    pub rank: usize,
+    pub steps: Vec<Step>,
+    slots: Vec<u32>,
+    /// Bytes of each buffer slot (0 for those not counted as activations).
+    pub slot_bytes: Vec<f64>,
+    /// Weights, gradients and optimizer state held all step.
+    pub static_bytes: f64,
+    /// Each step's description, when asked for (traces).
+    pub labels: Vec<String>,
+}
+
+impl Compiled {
+    /// The slots step `i` reads.
+    pub fn reads(&self, s: &Step) -> &[u32] {
+        &self.slots[s.reads.0 as usize..s.reads.0 as usize + s.reads.1 as usize]
+    }
+
+    /// The slots step `i` writes.
+    pub fn writes(&self, s: &Step) -> &[u32] {
+        &self.slots[s.writes.0 as usize..s.writes.0 as usize + s.writes.1 as usize]
+    }
+}
+
+/// Buffers that are not a micro-batch's: what each of a parameter's per-step buffers holds.
+const GATHERED: u32 = u32::MAX;
+const GRADIENT: u32 = u32::MAX - 1;
+const UPDATED: u32 = u32::MAX - 2;
+
+/// Facts about the training graph every rank's compilation shares.
+pub struct GraphIndex<'g> {
+    g: &'g Graph,
+    tensor_id: HashMap<&'g str, u32>,
+    tensor_bytes: Vec<f64>,
+    tensor_dtype: Vec<DType>,
+    node: HashMap<&'g str, NodeFacts>,
+    /// Gradient tensor of each parameter, by parameter tensor id.
+    gradient: HashMap<u32, u32>,
+    zero3: bool,
+    /// Gradients kept as shards (ZeRO-2 and 3).
+    sharded_grads: bool,
+}
+
+struct NodeFacts {
+    inputs: Vec<u32>,
+    params: Vec<u32>,
+    outputs: Vec<u32>,
+    forward: bool,
+    comm: Option<(CommKind, CommGroup)>,
+}
+
+impl<'g> GraphIndex<'g> {
+    /// Indexes `t`'s graph for a plan with ZeRO stage `zero`.
+    pub fn new(t: &'g crate::lower::TrainingGraph, zero: u8) -> GraphIndex<'g> {
+        let g = &t.graph;
+        let mut tensor_id = HashMap::new();
+        let mut tensor_bytes = Vec::new();
+        let mut tensor_dtype = Vec::new();
+        let mut index_of = HashMap::new();
+        for (id, tensor) in g.tensors() {
+            let i = tensor_bytes.len() as u32;
+            tensor_id.insert(tensor.name.as_str(), i);
+            index_of.insert(id, i);
+            tensor_bytes.push(type_bytes(&tensor.ty, g));
+            tensor_dtype.push(tensor.ty.dtype);
+        }
+        let forward: HashSet<&str> = t.forward.iter().map(String::as_str).collect();
+        let mut node = HashMap::new();
+        for i in g.node_indices() {
+            let n = g.node(i);
+            let (mut inputs, mut params) = (Vec::new(), Vec::new());
+            for &x in n.inputs.iter().flatten() {
+                match g.tensor(x).role {
+                    Role::Constant => {}
+                    Role::Parameter => params.push(index_of[&x]),
+                    _ => inputs.push(index_of[&x]),
+                }
+            }
+            let comm = match &n.op {
+                Op::Comm { kind, group, .. } => Some((*kind, *group)),
+                _ => None,
+            };
+            node.insert(
+                n.name.as_str(),
+                NodeFacts {
+                    inputs,
+                    params,
+                    outputs: n.outputs.iter().map(|o| index_of[o]).collect(),
+                    forward: forward.contains(n.name.as_str()),
+                    comm,
+                },
+            );
+        }
+        let gradient = t
+            .gradients
+            .iter()
+            .filter_map(|(p, gr)| Some((*tensor_id.get(p.as_str())?, *tensor_id.get(gr.as_str())?)))
+            .collect();
+        GraphIndex {
+            g,
+            tensor_id,
+            tensor_bytes,
+            tensor_dtype,
+            node,
+            gradient,
+            zero3: zero == 3,
+            sharded_grads: zero >= 2,
+        }
+    }
+
+    fn tensor(&self, name: &str) -> u32 {
+        self.tensor_id.get(name).copied().unwrap_or(u32::MAX)
+    }
+
+    fn bytes(&self, tensor: u32) -> f64 {
+        self.tensor_bytes.get(tensor as usize).copied().unwrap_or(0.0)
+    }
+
+    fn elements(&self, tensor: u32) -> f64 {
+        let dtype = self.dtype(tensor);
+        self.bytes(tensor) * 8.0 / dtype.size_bits() as f64
+    }
+
+    fn dtype(&self, tensor: u32) -> DType {
+        self.tensor_dtype
+            .get(tensor as usize)
+            .copied()
+            .unwrap_or(DType::F32)
+    }
+
+    /// The graph the index was built from.
+    pub fn graph(&self) -> &Graph {
+        self.g
+    }
+}
+
+/// Compiles `p` (a representative rank's program) against `index` and `pricing`.
+pub struct Compiler<'c, 'g> {
+    pub index: &'c GraphIndex<'g>,
+    pub pricing: &'c Pricing<'c>,
+    pub reps: &'c Representatives,
+    pub labels: bool,
+}
+
+/// Builds one program's compiled form.
+struct Builder<'c, 'g> {
+    c: &'c Compiler<'c, 'g>,
+    out: Compiled,
+    slot_of: HashMap<(u32, u32), u32>,
+    written: HashSet<u32>,
+    /// Parts of each parameter this rank's optimizer updates (1: all of it).
+    updates: HashMap<u32, f64>,
+}
+
+impl Builder<'_, '_> {
+    fn slot(&mut self, tensor: u32, mb: u32, counted: bool) -> u32 {
+        let next = self.out.slot_bytes.len() as u32;
+        let slot = *self.slot_of.entry((tensor, mb)).or_insert(next);
+        if slot == next {
+            let bytes = if counted { self.c.index.bytes(tensor) } else { 0.0 };
+            self.out.slot_bytes.push(bytes);
+        }
+        slot
+    }
+
+    fn buf(&mut self, b: &Buf) -> u32 {
+        let t = self.c.index.tensor(&b.tensor);
+        match b.micro_batch {
+            Some(mb) => self.slot(t, mb as u32, true),
+            None => self.slot(t, GATHERED, true),
+        }
+    }
+
+    fn push(
+        &mut self,
+        lane: Lane,
+        activity: Activity,
+        seconds: f64,
+        sync: Sync,
+        reads: &[u32],
+        writes: &[u32],
+    ) {
+        let r = (self.out.slots.len() as u32, reads.len() as u16);
+        self.out.slots.extend_from_slice(reads);
+        let w = (self.out.slots.len() as u32, writes.len() as u16);
+        self.out.slots.extend_from_slice(writes);
+        self.out.steps.push(Step {
+            lane,
+            activity,
+            seconds,
+            sync,
+            reads: r,
+            writes: w,
+        });
+    }
+
+    fn meet(&self, group: &[usize]) -> Sync {
+        Sync::Meet {
+            group: self.c.reps.group_id(group),
+        }
+    }
+
+    fn instr(&mut self, rank: usize, instr: &Instr) {
+        let c = self.c;
+        let ix = c.index;
+        let pr = c.pricing;
+        match instr {
+            Instr::Load { buf, .. } => {
+                let s = self.buf(buf);
+                let seconds = pr.streaming(self.out.slot_bytes[s as usize]);
+                self.push(Lane::Compute, Activity::Other, seconds, Sync::Local, &[], &[s]);
+            }
+            Instr::Compute { node, micro_batch }
+            | Instr::Collective {
+                node, micro_batch, ..
+            } => {
+                let Some(f) = ix.node.get(node.as_str()) else {
+                    return;
+                };
+                let mb = *micro_batch as u32;
+                let mut reads: Vec<u32> = f.inputs.iter().map(|&t| self.slot(t, mb, true)).collect();
+                if ix.zero3 {
+                    for &p in &f.params {
+                        reads.push(self.slot(p, GATHERED, true));
+                    }
+                }
+                let writes: Vec<u32> = f.outputs.iter().map(|&t| self.slot(t, mb, true)).collect();
+                let redo = writes.iter().any(|w| self.written.contains(w));
+                self.written.extend(writes.iter().copied());
+                match (instr, f.comm) {
+                    (Instr::Collective { group, .. }, Some((kind, which))) => {
+                        let (collective, bytes) = match kind {
+                            CommKind::AllReduce => (Some(Collective::AllReduce), f.inputs.first()),
+                            CommKind::AllGather | CommKind::GatherForCompute => {
+                                (Some(Collective::AllGather), f.outputs.first())
+                            }
+                            CommKind::ReduceScatter => (Some(Collective::ReduceScatter), f.inputs.first()),
+                            CommKind::Copy | CommKind::Slice => (None, None),
+                        };
+                        let seconds = collective.map_or(0.0, |coll| {
+                            pr.collective(coll, Algorithm::Ring, bytes.map_or(0.0, |&t| ix.bytes(t)), group)
+                        });
+                        let activity = match which {
+                            CommGroup::Tensor => Activity::TensorComm,
+                            CommGroup::Context => Activity::ContextComm,
+                            CommGroup::Expert => Activity::ExpertComm,
+                        };
+                        let sync = if collective.is_some() {
+                            self.meet(group)
+                        } else {
+                            Sync::Local
+                        };
+                        let lane = if collective.is_some() {
+                            Lane::Collective
+                        } else {
+                            Lane::None
+                        };
+                        self.push(lane, activity, seconds, sync, &reads, &writes);
+                    }
+                    _ => {
+                        let activity = match (f.forward, redo) {
+                            (true, false) => Activity::Forward,
+                            (true, true) => Activity::Recompute,
+                            (false, _) => Activity::Backward,
+                        };
+                        self.push(
+                            Lane::Compute,
+                            activity,
+                            pr.node(node),
+                            Sync::Local,
+                            &reads,
+                            &writes,
+                        );
+                    }
+                }
+            }
+            Instr::Send { buf, to } => {
+                let s = self.buf(buf);
+                let seconds = pr.transfer(self.out.slot_bytes[s as usize], rank, *to);
+                let key = message_key(ix, buf);
+                let to = c.reps.rep_of(*to);
+                self.push(
+                    Lane::Transfer,
+                    Activity::Pipeline,
+                    seconds,
+                    Sync::Send { to, key },
+                    &[s],
+                    &[],
+                );
+            }
+            Instr::Recv { buf, from } => {
+                let s = self.buf(buf);
+                let key = message_key(ix, buf);
+                let from = c.reps.rep_of(*from);
+                self.push(
+                    Lane::None,
+                    Activity::Pipeline,
+                    0.0,
+                    Sync::Recv { from, key },
+                    &[],
+                    &[s],
+                );
+            }
+            Instr::Free { buf } => {
+                let slot = self.buf(buf);
+                self.push(Lane::None, Activity::Other, 0.0, Sync::Free { slot }, &[], &[]);
+            }
+            Instr::AccumulateGrad { param, micro_batch } => {
+                let p = ix.tensor(param);
+                let Some(&grad) = ix.gradient.get(&p) else {
+                    return;
+                };
+                let from = self.slot(grad, *micro_batch as u32, true);
+                let acc = self.slot(p, GRADIENT, false);
+                let seconds = pr.accumulation(ix.bytes(grad));
+                self.push(
+                    Lane::Compute,
+                    Activity::Optimizer,
+                    seconds,
+                    Sync::Local,
+                    &[from, acc],
+                    &[acc],
+                );
+            }
+            Instr::SumTiedGrads { params, group, .. } => {
+                let slots: Vec<u32> = params
+                    .iter()
+                    .map(|p| self.slot(ix.tensor(p), GRADIENT, false))
+                    .collect();
+                let bytes = params.first().map_or(0.0, |p| ix.bytes(ix.tensor(p)));
+                let seconds = pr.collective(Collective::AllReduce, Algorithm::Ring, bytes, group);
+                let sync = self.meet(group);
+                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &slots, &slots);
+            }
+            Instr::AllReduceGrad {
+                param,
+                group,
+                reduction,
+            } => {
+                let p = ix.tensor(param);
+                let acc = self.slot(p, GRADIENT, false);
+                let algorithm = match reduction {
+                    Reduction::Ring => Algorithm::Ring,
+                    Reduction::ParameterServer => Algorithm::ParameterServer,
+                };
+                let seconds = pr.collective(Collective::AllReduce, algorithm, ix.bytes(p), group);
+                let sync = self.meet(group);
+                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &[acc], &[acc]);
+            }
+            Instr::ReduceScatterGrad { param, group } => {
+                let p = ix.tensor(param);
+                let acc = self.slot(p, GRADIENT, false);
+                let seconds = pr.collective(Collective::ReduceScatter, Algorithm::Ring, ix.bytes(p), group);
+                let sync = self.meet(group);
+                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &[acc], &[acc]);
+            }
+            Instr::OptimizerStep { param, shard } => {
+                let p = ix.tensor(param);
+                let acc = self.slot(p, GRADIENT, false);
+                let updated = self.slot(p, UPDATED, false);
+                let parts = shard.map_or(1, |s| s.parts) as f64;
+                self.updates.insert(p, parts);
+                let seconds = pr.optimizer(ix.elements(p) / parts, ix.dtype(p));
+                self.push(
+                    Lane::Compute,
+                    Activity::Optimizer,
+                    seconds,
+                    Sync::Local,
+                    &[acc],
+                    &[updated],
+                );
+            }
+            Instr::AllGatherParam { param, group } => {
+                let p = ix.tensor(param);
+                let updated = self.slot(p, UPDATED, false);
+                let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
+                let sync = self.meet(group);
+                self.push(
+                    Lane::Gradient,
+                    Activity::DataComm,
+                    seconds,
+                    sync,
+                    &[updated],
+                    &[updated],
+                );
+            }
+            Instr::GatherParam { param, group } => {
+                let p = ix.tensor(param);
+                let gathered = self.slot(p, GATHERED, true);
+                let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
+                let sync = self.meet(group);
+                self.push(
+                    Lane::Gradient,
+                    Activity::DataComm,
+                    seconds,
+                    sync,
+                    &[],
+                    &[gathered],
+                );
+            }
+            Instr::SendParam { param, to } => {
+                let p = ix.tensor(param);
+                let updated = self.slot(p, UPDATED, false);
+                let seconds = pr.transfer(ix.bytes(p), rank, *to);
+                let to = c.reps.rep_of(*to);
+                let sync = Sync::Send {
+                    to,
+                    key: (p, UPDATED),
+                };
+                self.push(Lane::Transfer, Activity::Pipeline, seconds, sync, &[updated], &[]);
+            }
+            Instr::RecvParam { param, from } => {
+                let p = ix.tensor(param);
+                let updated = self.slot(p, UPDATED, false);
+                let from = c.reps.rep_of(*from);
+                let sync = Sync::Recv {
+                    from,
+                    key: (p, UPDATED),
+                };
+                self.push(Lane::None, Activity::Pipeline, 0.0, sync, &[], &[updated]);
+            }
+            Instr::ReportLoss { .. } => return,
+        }
+        if c.labels {
+            self.out.labels.push(instr.describe());
+        }
+    }
+}
+
+fn message_key(ix: &GraphIndex, b: &Buf) -> MessageKey {
+    (ix.tensor(&b.tensor), b.micro_batch.map_or(GATHERED, |m| m as u32))
+}
+
+impl Compiler<'_, '_> {
+    /// The compiled form of `p`.
+    pub fn compile(&self, p: &Program) -> Compiled {
+        let mut b = Builder {
+            c: self,
+            out: Compiled {
+                rank: p.rank,
+                ..Compiled::default()
+            },
+            slot_of: HashMap::new(),
+            written: HashSet::new(),
+            updates: HashMap::new(),
+        };
+        for instr in &p.instructions {
+            b.instr(p.rank, instr);
+        }
+        let ix = self.index;
+        b.out.static_bytes = p
+            .params
+            .iter()
+            .map(|slot| {
+                let t = ix.tensor(&slot.name);
+                let bytes = ix.bytes(t);
+                let stored = slot.stored_shard.map_or(1, |s| s.parts) as f64;
+                // Weights (a shard under ZeRO-3), gradients (shards under
+                // ZeRO-2/3) and the optimizer state of what this rank updates.
+                let state = b.updates.get(&t).map_or(0.0, |&parts| {
+                    ix.elements(t) * self.pricing.state_bytes_per_element(ix.dtype(t)) / parts
+                });
+                let grads = if ix.sharded_grads {
+                    bytes / b.updates.get(&t).copied().unwrap_or(1.0)
+                } else {
+                    bytes
+                };
+                bytes / stored + grads + state
+            })
+            .sum();
+        b.out
+    }
+}

@@ -1,0 +1,264 @@
+//! The replay: every representative rank walks its compiled program in
+//! order. An instruction starts when its lane is free and its inputs are
+//! ready; a receive completes when the matching send's message arrives; a
+//! collective starts when every class in its group has reached it. A rank
+//! that waits on a peer not yet replayed yields to the others, as a
+//! blocking runtime would, so the event times are those of a
+//! discrete-event run with one compute and one communication stream per
+//! rank (links are not shared between concurrent transfers).
+
+use super::compile::{Activity, Compiled, Lane, MessageKey, Sync};
+use super::ranks::Representatives;
+use std::collections::{BTreeMap, HashMap};
+
+/// Where a rank's compute lane spent the step.
+#[derive(Debug, Clone, Default)]
+pub struct Timeline {
+    /// Busy and waiting time per activity (waits carry the cause's activity).
+    pub seconds: BTreeMap<Activity, f64>,
+    /// Compute-lane busy seconds.
+    pub busy_s: f64,
+    /// Communication lanes' busy seconds (summed over lanes).
+    pub comm_busy_s: f64,
+    /// Compute-lane stretches, merged: `(start, end, activity)`.
+    pub stretches: Vec<(f64, f64, Activity)>,
+    /// Peak bytes: weights, gradients, optimizer state and live buffers.
+    pub peak_memory_bytes: f64,
+    /// `(time, bytes)` whenever the live bytes change.
+    pub memory: Vec<(f64, f64)>,
+    /// When the rank's last instruction ends.
+    pub end_s: f64,
+    /// Timed instructions when labels were compiled: `(lane, label, start, seconds)`.
+    pub spans: Vec<(Lane, usize, f64, f64)>,
+}
+
+impl Timeline {
+    fn stretch(&mut self, start: f64, end: f64, activity: Activity) {
+        if end <= start {
+            return;
+        }
+        *self.seconds.entry(activity).or_insert(0.0) += end - start;
+        if let Some(last) = self.stretches.last_mut() {
+            if last.2 == activity && (start - last.1).abs() <= 1e-12 * end.max(1.0) {
+                last.1 = end;
+                return;
+            }
+        }
+        self.stretches.push((start, end, activity));
+    }
+}
+
+/// A rank that can go no further: the instruction it waits at.
+#[derive(Debug, thiserror::Error)]
+#[error("simulation deadlock: rank {rank} waits at instruction {instruction} and no rank can move")]
+pub struct Deadlock {
+    pub rank: usize,
+    pub instruction: usize,
+}
+
+struct RankState {
+    pc: usize,
+    lane_free: [f64; 4],
+    ready: Vec<f64>,
+    cause: Vec<Activity>,
+    last_use: Vec<f64>,
+    /// Per group, collectives this rank has finished.
+    met: HashMap<u32, u32>,
+    events: Vec<(f64, f64)>,
+    t: Timeline,
+}
+
+#[derive(Default)]
+struct Meeting {
+    arrived: Vec<u32>,
+    passed: usize,
+    latest: f64,
+    start: Option<f64>,
+}
+
+/// Replays `programs` (one per class of `reps`, in class order).
+pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timeline>, Deadlock> {
+    let mut states: Vec<RankState> = programs
+        .iter()
+        .map(|p| RankState {
+            pc: 0,
+            lane_free: [0.0; 4],
+            ready: vec![0.0; p.slot_bytes.len()],
+            cause: vec![Activity::Other; p.slot_bytes.len()],
+            last_use: vec![0.0; p.slot_bytes.len()],
+            met: HashMap::new(),
+            events: Vec::new(),
+            t: Timeline::default(),
+        })
+        .collect();
+    let mut messages: HashMap<(u32, u32, MessageKey), f64> = HashMap::new();
+    let mut meetings: HashMap<(u32, u32), Meeting> = HashMap::new();
+    let mut group_sizes: HashMap<u32, usize> = HashMap::new();
+    loop {
+        let mut moved = false;
+        let mut done = true;
+        for (me, p) in programs.iter().enumerate() {
+            let st = &mut states[me];
+            while st.pc < p.steps.len() {
+                let step = &p.steps[st.pc];
+                let reads = p.reads(step);
+                let (ready, binding) = reads.iter().fold((0.0f64, None), |(t, b), &s| {
+                    let r = st.ready[s as usize];
+                    if r > t {
+                        (r, Some(s))
+                    } else {
+                        (t, b)
+                    }
+                });
+                let mut peer_wait = false;
+                let mut start = step.lane.index().map_or(ready, |l| st.lane_free[l].max(ready));
+                match step.sync {
+                    Sync::Recv { from, key } => {
+                        let Some(arrival) = messages.remove(&(from, me as u32, key)) else {
+                            break;
+                        };
+                        start = start.max(arrival);
+                    }
+                    Sync::Meet { group } => {
+                        let seq = st.met.get(&group).copied().unwrap_or(0);
+                        let size = *group_sizes
+                            .entry(group)
+                            .or_insert_with(|| reps.group(group).len());
+                        let m = meetings.entry((group, seq)).or_default();
+                        if m.start.is_none() {
+                            if !m.arrived.contains(&(me as u32)) {
+                                m.arrived.push(me as u32);
+                                m.latest = m.latest.max(start);
+                            }
+                            if m.arrived.len() < size {
+                                break;
+                            }
+                            m.start = Some(m.latest);
+                        }
+                        // Waiting for another stage to arrive is pipeline time, not communication.
+                        if m.latest - start > step.seconds {
+                            peer_wait = true;
+                        }
+                        start = m.latest;
+                        m.passed += 1;
+                        if m.passed == size {
+                            meetings.remove(&(group, seq));
+                        }
+                        st.met.insert(group, seq + 1);
+                    }
+                    _ => {}
+                }
+                let end = start + step.seconds;
+                if step.lane == Lane::Compute && start > st.lane_free[0] {
+                    let cause = binding.map_or(Activity::Pipeline, |s| st.cause[s as usize]);
+                    let from = st.lane_free[0];
+                    st.t.stretch(from, start, cause);
+                }
+                if let Some(l) = step.lane.index() {
+                    st.lane_free[l] = end;
+                }
+                match step.lane {
+                    Lane::Compute => {
+                        st.t.busy_s += step.seconds;
+                        st.t.stretch(start, end, step.activity);
+                    }
+                    Lane::None => {}
+                    _ => st.t.comm_busy_s += step.seconds,
+                }
+                if !p.labels.is_empty() && step.lane != Lane::None {
+                    st.t.spans.push((step.lane, st.pc, start, step.seconds));
+                }
+                for &s in reads {
+                    let u = &mut st.last_use[s as usize];
+                    *u = u.max(end);
+                }
+                let carried = binding.map(|s| st.cause[s as usize]);
+                for &s in p.writes(step) {
+                    st.ready[s as usize] = end;
+                    st.last_use[s as usize] = end;
+                    st.cause[s as usize] = match (step.lane, carried) {
+                        _ if peer_wait => Activity::Pipeline,
+                        (Lane::None, Some(c)) if !matches!(step.sync, Sync::Recv { .. }) => c,
+                        _ => step.activity,
+                    };
+                    let bytes = p.slot_bytes[s as usize];
+                    if bytes > 0.0 {
+                        st.events.push((start, bytes));
+                    }
+                }
+                match step.sync {
+                    Sync::Send { to, key } => {
+                        messages.insert((me as u32, to, key), end);
+                    }
+                    Sync::Free { slot } => {
+                        let bytes = p.slot_bytes[slot as usize];
+                        if bytes > 0.0 {
+                            st.events.push((st.last_use[slot as usize], -bytes));
+                        }
+                    }
+                    _ => {}
+                }
+                st.pc += 1;
+                moved = true;
+            }
+            done &= st.pc >= p.steps.len();
+        }
+        if done {
+            break;
+        }
+        if !moved {
+            let (rank, st) = states
+                .iter()
+                .enumerate()
+                .find(|(i, st)| st.pc < programs[*i].steps.len())
+                .map(|(i, st)| (programs[i].rank, st.pc))
+                .unwrap_or((0, 0));
+            return Err(Deadlock {
+                rank,
+                instruction: st,
+            });
+        }
+    }
+    let step_end = states
+        .iter()
+        .map(|s| s.lane_free.iter().copied().fold(0.0, f64::max))
+        .fold(0.0, f64::max);
+    Ok(states
+        .into_iter()
+        .zip(programs)
+        .map(|(mut st, p)| {
+            let compute_end = st.lane_free[0];
+            let comm_end = st.lane_free.iter().copied().fold(0.0, f64::max);
+            // After its last computation a rank waits for its own
+            // communication, then for the slowest rank.
+            st.t.stretch(compute_end, comm_end, Activity::DataComm);
+            st.t.stretch(comm_end, step_end, Activity::Pipeline);
+            st.t.end_s = comm_end;
+            finish_memory(&mut st, p.static_bytes, !p.labels.is_empty());
+            st.t
+        })
+        .collect())
+}
+
+/// The peak of live bytes, and their curve when `keep_curve`.
+fn finish_memory(st: &mut RankState, static_bytes: f64, keep_curve: bool) {
+    let mut events = std::mem::take(&mut st.events);
+    // Frees before allocations at the same instant.
+    events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let mut live = 0.0f64;
+    let mut peak = 0.0f64;
+    let mut curve = Vec::new();
+    for (t, d) in events {
+        live += d;
+        peak = peak.max(live);
+        if !keep_curve {
+            continue;
+        }
+        match curve.last_mut() {
+            Some((last_t, bytes)) if *last_t == t => *bytes = static_bytes + live,
+            _ => curve.push((t, static_bytes + live)),
+        }
+    }
+    st.t.peak_memory_bytes = static_bytes + peak;
+    st.t.memory = curve;
+}
