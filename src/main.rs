@@ -161,6 +161,10 @@ struct RunArgs {
     /// Write the run's timeline (Chrome trace-event JSON: open in Perfetto).
     #[arg(long)]
     trace: Option<PathBuf>,
+    /// Calibration JSON (from `autopar profile`): also simulate the plan
+    /// with it and print the predicted step next to the measured one.
+    #[arg(long)]
+    calibration: Option<PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -359,6 +363,7 @@ fn run_command(a: RunArgs) -> Result<()> {
         seq: a.seq,
         save_plan: a.save_plan,
         trace: a.trace,
+        calibration: a.calibration,
     };
     let json = a.json;
     let bar = step_bar(a.steps);

@@ -28,7 +28,8 @@ pub fn run(backend: Backend, out: &Path, options: &ProfileOptions) -> Result<Cal
 }
 
 /// A few lines for people: the range of matmul rates per dtype, then the
-/// streaming, collective and per-op figures.
+/// streaming, collective and per-op figures, and how many op rates were
+/// measured.
 pub fn render(cal: &Calibration, out: &Path) -> String {
     let mut s = format!("wrote {}\n{}\n", out.display(), cal.about);
     for dtype in [DType::F32, DType::F64] {
@@ -61,13 +62,21 @@ pub fn render(cal: &Calibration, out: &Path) -> String {
         s += &format!("ring all-reduce: {:.2} GB/s per rank and direction\n", bw / 1e9);
     }
     s += &format!("per-op overhead: {:.2} us\n", cal.kernel_overhead_s * 1e6);
+    if !cal.ops.is_empty() {
+        let kernels: std::collections::BTreeSet<_> = cal.ops.iter().map(|r| (&r.op, r.dtype)).collect();
+        s += &format!(
+            "per-op rates: {} kernel and dtype pairs from zoo training graphs ({} size bands)\n",
+            kernels.len(),
+            cal.ops.len()
+        );
+    }
     s
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use autopar_cost_models::calibration::MatmulSample;
+    use autopar_cost_models::calibration::{MatmulSample, OpRate};
 
     #[test]
     fn render_gives_the_rate_range_per_dtype() {
@@ -95,5 +104,19 @@ mod tests {
              ring all-reduce: 4.00 GB/s per rank and direction\n\
              per-op overhead: 1.50 us\n"
         );
+        let rate = |op: &str, dtype, at_bytes| OpRate {
+            op: op.into(),
+            dtype,
+            at_bytes: Some(at_bytes),
+            bytes_per_s: Some(1e9),
+            flops_per_s: None,
+        };
+        cal.ops = vec![
+            rate("Erf", DType::F32, 1e3),
+            rate("Erf", DType::F32, 1e6),
+            rate("Erf", DType::F64, 1e6),
+        ];
+        assert!(render(&cal, Path::new("cpu.json"))
+            .ends_with("per-op rates: 2 kernel and dtype pairs from zoo training graphs (3 size bands)\n"));
     }
 }

@@ -3,14 +3,15 @@
 //! programs and executing them on the CPU backend, one thread per rank.
 
 use crate::units::{binary, seconds};
-use crate::{model, output, plan};
+use crate::{model, output, plan, simulate};
 use anyhow::{bail, Context, Result};
-use autopar_cost_models::AttentionKernel;
+use autopar_cost_models::{AttentionKernel, Calibration};
 use autopar_ir::Graph;
 use autopar_planner::{DegreeLimits, Plan};
 use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{for_strategy, lower, Strategy};
+use autopar_runtime::sim::SimOptions;
 use autopar_runtime::trace::chrome_json;
 use autopar_runtime::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use serde::Serialize;
@@ -40,6 +41,9 @@ pub struct Request {
     pub save_plan: Option<PathBuf>,
     /// Write a Chrome trace-event timeline of the run here.
     pub trace: Option<PathBuf>,
+    /// Also predict the step by simulating the plan priced with this
+    /// calibration (from `autopar profile`), to set next to the measurement.
+    pub calibration: Option<PathBuf>,
 }
 
 /// What a run did.
@@ -54,6 +58,10 @@ pub struct Report {
     pub tokens_per_step: usize,
     pub tokens_per_s: Vec<f64>,
     pub per_rank: Vec<RankSummary>,
+    /// Median step time, the first step (warm-up) left out when there are three or more.
+    pub median_step_time_s: f64,
+    /// The simulator's step time under `--calibration`.
+    pub simulated_step_time_s: Option<f64>,
 }
 
 /// The plan's degrees and knobs, in short.
@@ -235,8 +243,18 @@ pub fn run(
         grad_reduce: par.grad_reduce.clone(),
         predicted_step_time_s: p.predicted.step_time_s,
     };
+    let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
     on_plan(&summary, world);
     let result = train(&t, &programs, &data, &opts, &|s| on_step(s, tokens_per_step))?;
+    let simulated_step_time_s = match &calibration {
+        Some(cal) => {
+            let opts = SimOptions::default();
+            let (sim, _) = simulate::simulate_plan(&p, &r.target, &t, &strategy, cal, r.precision, &opts)?;
+            Some(sim.step_time_s)
+        }
+        None => None,
+    };
+    let step_times: Vec<f64> = result.steps.iter().map(|s| s.seconds).collect();
     if let Some(path) = &r.trace {
         let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
@@ -246,7 +264,9 @@ pub fn run(
         ranks: world,
         plan: summary,
         losses: result.steps.iter().map(|s| s.loss).collect(),
-        step_times_s: result.steps.iter().map(|s| s.seconds).collect(),
+        median_step_time_s: median_after_warmup(&step_times),
+        simulated_step_time_s,
+        step_times_s: step_times,
         tokens_per_step,
         tokens_per_s: result
             .steps
@@ -265,6 +285,21 @@ pub fn run(
             })
             .collect(),
     })
+}
+
+/// The median of `times`, leaving out the first (warm-up) when there are three or more.
+fn median_after_warmup(times: &[f64]) -> f64 {
+    let mut t: Vec<f64> = if times.len() >= 3 {
+        times[1..].to_vec()
+    } else {
+        times.to_vec()
+    };
+    t.sort_by(f64::total_cmp);
+    match t.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => t[n / 2],
+        n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
+    }
 }
 
 /// The vocabulary: the last dim of the logits the loss reads.
@@ -319,6 +354,16 @@ pub fn render_summary(r: &Report) -> String {
     if let (Some(first), Some(last)) = (r.losses.first(), r.losses.last()) {
         let _ = writeln!(out, "loss {first:.4} → {last:.4} over {} steps", r.losses.len());
     }
+    let _ = write!(out, "step time {} (median)", seconds(r.median_step_time_s));
+    if let Some(sim) = r.simulated_step_time_s {
+        let gap = (sim / r.median_step_time_s - 1.0) * 100.0;
+        let _ = write!(
+            out,
+            "; simulated with the calibration {} ({gap:+.1} %)",
+            seconds(sim)
+        );
+    }
+    out.push('\n');
     for rank in &r.per_rank {
         let _ = writeln!(
             out,

@@ -6,8 +6,9 @@ use crate::{model, output, plan, run};
 use anyhow::{Context, Result};
 use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
 use autopar_planner::Plan;
-use autopar_runtime::lower::{for_strategy, Strategy};
-use autopar_runtime::sim::{simulate, Pricing, PricingOptions, RankReport, SimOptions, Term};
+use autopar_runtime::cpu::Precision;
+use autopar_runtime::lower::{for_strategy, Strategy, TrainingGraph};
+use autopar_runtime::sim::{simulate, Pricing, PricingOptions, RankReport, SimOptions, Simulation, Term};
 use autopar_runtime::trace::chrome_json;
 use serde::Serialize;
 use std::fmt::Write;
@@ -57,34 +58,27 @@ pub fn run(r: &Request) -> Result<Report> {
     let strategy = Strategy::from_plan(&p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
     let seq = run::seq_of(&graph, &p)?;
     let t = for_strategy(&graph, &strategy, seq).with_context(|| model_arg.clone())?;
-    let world = p.mesh.ranks.len();
-    let cluster = Cluster::load(&p.inputs.cluster.name)
-        .and_then(|c| c.with_gpus(world))
-        .with_context(|| format!("{plan_arg}: the plan's cluster '{}'", p.inputs.cluster.name))?;
     let calibration = match &r.calibration {
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),
-    };
-    let attention = p
-        .parallel
-        .attention
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("{plan_arg}: parallel.attention: {e}"))?;
-    let opts = PricingOptions {
-        attention,
-        dropout: p.parallel.dropout,
-    };
-    let pricing = Pricing::new(&t, &cluster, &calibration, &opts).context("pricing the plan")?;
-    let analytic = match &r.calibration {
-        Some(_) => analytic_estimate(&p, &graph, &cluster, &calibration, &plan_arg)?,
-        None => p.predicted.clone(),
     };
     let sim_opts = SimOptions {
         every_rank: r.every_rank,
         trace: r.trace.is_some(),
     };
-    let sim =
-        simulate(&t, &strategy, &pricing, &sim_opts).with_context(|| format!("{plan_arg}: simulating"))?;
+    let (sim, per_node) = simulate_plan(
+        &p,
+        &plan_arg,
+        &t,
+        &strategy,
+        &calibration,
+        Precision::F32,
+        &sim_opts,
+    )?;
+    let analytic = match &r.calibration {
+        Some(_) => analytic_estimate(&p, &graph, &calibration, &plan_arg)?,
+        None => p.predicted.clone(),
+    };
     if let Some(path) = &r.trace {
         let ranks: Vec<usize> = sim.per_rank.iter().map(|r| r.rank).collect();
         let json = chrome_json(&sim.trace, &ranks);
@@ -98,14 +92,14 @@ pub fn run(r: &Request) -> Result<Report> {
     });
     Ok(Report {
         model: model_arg,
-        world,
+        world: sim.world,
         simulated_ranks: sim.simulated_ranks,
         representatives,
         step_time_s: sim.step_time_s,
         analytic_step_time_s: analytic.step_time_s,
         bubble_fraction: sim.bubble_fraction,
         terms: sim.terms(&analytic.breakdown),
-        pricing: if pricing.per_node {
+        pricing: if per_node {
             "measured per-op rates".into()
         } else {
             "analytic kernels".into()
@@ -115,14 +109,54 @@ pub fn run(r: &Request) -> Result<Report> {
     })
 }
 
+/// The cluster a plan was made for, sized to its ranks.
+fn plan_cluster(p: &Plan, plan_arg: &str) -> Result<Cluster> {
+    Cluster::load(&p.inputs.cluster.name)
+        .and_then(|c| c.with_gpus(p.mesh.ranks.len()))
+        .with_context(|| format!("{plan_arg}: the plan's cluster '{}'", p.inputs.cluster.name))
+}
+
+/// Simulates plan `p` (lowered as `s` over training graph `t`) priced under
+/// `calibration`; also says whether nodes were priced from measured per-op
+/// rates. On the `cpu` preset, ranks beyond this host's cores share them.
+pub fn simulate_plan(
+    p: &Plan,
+    plan_arg: &str,
+    t: &TrainingGraph,
+    s: &Strategy,
+    calibration: &Calibration,
+    precision: Precision,
+    opts: &SimOptions,
+) -> Result<(Simulation, bool)> {
+    let cluster = plan_cluster(p, plan_arg)?;
+    let attention = p
+        .parallel
+        .attention
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!("{plan_arg}: parallel.attention: {e}"))?;
+    let pricing_opts = PricingOptions {
+        attention,
+        dropout: p.parallel.dropout,
+        precision,
+    };
+    let mut pricing = Pricing::new(t, &cluster, calibration, &pricing_opts).context("pricing the plan")?;
+    if p.inputs.cluster.name == "cpu" {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        pricing = pricing.sharing_cores(s.world(), cores);
+    }
+    let per_node = pricing.per_node;
+    let sim = simulate(t, s, &pricing, opts).with_context(|| format!("{plan_arg}: simulating"))?;
+    Ok((sim, per_node))
+}
+
 /// The plan's analytic estimate under another calibration.
 fn analytic_estimate(
     p: &Plan,
     graph: &autopar_ir::Graph,
-    cluster: &Cluster,
     calibration: &Calibration,
     plan_arg: &str,
 ) -> Result<autopar_cost_models::Estimate> {
+    let cluster = &plan_cluster(p, plan_arg)?;
     let cfg = p
         .training_config()
         .map_err(|e| anyhow::anyhow!("{plan_arg}: {e}"))?;

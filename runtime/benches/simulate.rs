@@ -3,7 +3,7 @@
 //! simulated step next to the analytic estimate, with the seconds each
 //! took, the largest (1T parameters on 3,072 GPUs, 64 stages) included.
 //! Exits non-zero when a row differs from the analytic estimate by 10 % or
-//! more. Run: `cargo bench -p autopar-runtime --bench simulate`.
+//! more. Run: `cargo bench -p autopar-runtime --bench simulate` (add `-- 3072` for one row).
 
 use autopar_cost_models::published::{megatron_sc21, CLUSTER, SEQ};
 use autopar_cost_models::{estimate, Calibration, Cluster, Recompute, Workload};
@@ -17,7 +17,12 @@ fn main() {
         "{:>6} {:>4} {:>3} {:>12} {:>12} {:>7} {:>10}",
         "GPUs", "tp", "pp", "simulated", "analytic", "ratio", "seconds"
     );
-    for r in megatron_sc21() {
+    // `-- 3072` (any GPU counts) simulates only those rows.
+    let only: Vec<usize> = std::env::args().filter_map(|a| a.parse().ok()).collect();
+    for r in megatron_sc21()
+        .into_iter()
+        .filter(|r| only.is_empty() || only.contains(&r.gpus))
+    {
         let started = Instant::now();
         let cfg = r.config();
         let g = autopar_ir::zoo::build(&r.model_spec()).expect("zoo spec");
@@ -35,6 +40,7 @@ fn main() {
         let pricing = PricingOptions {
             attention: opts.attention,
             dropout: opts.dropout,
+            ..PricingOptions::default()
         };
         let pricing = Pricing::new(&t, &cluster, &calibration, &pricing).expect("pricing");
         let sim = simulate(&t, &s, &pricing, &SimOptions::default()).expect("simulation");

@@ -23,6 +23,7 @@ fn run(s: &Strategy, every_rank: bool) -> Simulation {
     let opts = PricingOptions {
         attention: AttentionKernel::Fused,
         dropout: false,
+        ..PricingOptions::default()
     };
     let pricing = Pricing::new(&t, &cluster, &calibration, &opts).unwrap();
     let sim_opts = SimOptions {
@@ -94,6 +95,7 @@ fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate()
             &PricingOptions {
                 attention: opts.attention,
                 dropout: opts.dropout,
+                ..PricingOptions::default()
             },
         )
         .unwrap();

@@ -2,7 +2,7 @@
 //! JSON, every rank with compute and communication events, and no overlap
 //! within a track.
 
-use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
+use autopar_cost_models::{Calibration, Cluster};
 use autopar_runtime::cpu::parallel::{train, TrainOptions};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{for_strategy, lower, Strategy};
@@ -88,7 +88,7 @@ fn a_simulated_hybrid_plan_traces_every_rank_and_stream() {
             .with_gpus(s.world())
             .unwrap();
         let calibration = Calibration::default();
-        let pricing = Pricing::new(&t, &cluster, &calibration, &PRICING).unwrap();
+        let pricing = Pricing::new(&t, &cluster, &calibration, &PricingOptions::default()).unwrap();
         let opts = SimOptions {
             every_rank: true,
             trace: true,
@@ -98,8 +98,3 @@ fn a_simulated_hybrid_plan_traces_every_rank_and_stream() {
         check_trace(&chrome_json(&sim.trace, &ranks), &ranks);
     }
 }
-
-const PRICING: PricingOptions = PricingOptions {
-    attention: AttentionKernel::Fused,
-    dropout: false,
-};

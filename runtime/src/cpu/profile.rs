@@ -59,7 +59,7 @@ struct Plan {
     models: Vec<&'static str>,
     /// Rows per micro-batch of those graphs.
     micro_batch: usize,
-    /// Runs of each graph per precision; each node keeps its median time.
+    /// Runs of each graph per precision; each node keeps its least time.
     passes: usize,
     /// A timed sample repeats the measured call until it lasts this long.
     min_sample_s: f64,
@@ -421,6 +421,15 @@ mod tests {
         assert!(cal.memory.measured_bytes_per_s.is_some_and(positive));
         assert!(cal.network.measured_intra_node_bytes_per_s.is_some_and(positive));
         assert!(positive(cal.kernel_overhead_s));
+        // Op rates in both precisions, from the plan's graphs.
+        for dtype in [DType::F32, DType::F64] {
+            assert!(cal.ops.iter().any(|r| r.dtype == dtype), "no {dtype} op rates");
+        }
+        // GEMMs are the grid's, bar a broadcast bias.
+        assert!(cal
+            .ops
+            .iter()
+            .all(|r| !["MatMul", "Linear", "Gemm"].contains(&r.op.as_str())));
         assert!(cal.about.contains("logical cores"), "{}", cal.about);
         // Fractions are not measured here.
         assert_eq!(

@@ -1,7 +1,12 @@
 //! Emission of each rank's instruction list: the schedule's tasks become
 //! loads, receives, node computations and sends; then come the gradient
-//! reduction, optimizer and parameter traffic the ZeRO stage asks for; a
-//! last pass frees every micro-batch buffer after its last use.
+//! reduction, optimizer and parameter traffic the ZeRO stage asks for; every
+//! micro-batch buffer is freed after its last use.
+//!
+//! A rank of a large plan emits hundreds of thousands of instructions, so
+//! the graph facts emission needs are indexed by tensor once per plan, and
+//! buffers are tracked by integer [`Key`]s in dense tables; names are only
+//! copied into the instructions themselves.
 
 use super::partition::Partition;
 use super::program::{Buf, Coord, Instr, ParamSlot, Program, Reduction, Shard};
@@ -11,19 +16,25 @@ use super::training::{Feed, TrainingGraph};
 use super::LowerError;
 use autopar_cost_models::Recompute;
 use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Facts about the training graph shared by every rank's emission.
 pub(super) struct Layout<'a> {
     pub t: &'a TrainingGraph,
     pub s: &'a Strategy,
     pub part: &'a Partition,
-    /// Virtual stages that consume each tensor.
-    consumers: HashMap<TensorId, BTreeSet<usize>>,
-    feeds: HashMap<TensorId, Feed>,
-    /// Gradient tensor → parameter, and back.
-    grad_of: HashMap<String, String>,
-    grad_tensor: HashMap<String, String>,
+    /// By tensor index: the first tensor with the same name, which stands
+    /// for the name in buffer [`Key`]s (buffers are named by tensor name).
+    name_of: Vec<u32>,
+    /// Virtual stages that consume each tensor (with repeats), by tensor index.
+    consumers: Groups<usize>,
+    /// How each data input is fed, by tensor index.
+    feeds: Vec<Option<Feed>>,
+    /// By name ([`Layout::name_of`]): the parameter a gradient tensor
+    /// accumulates into, and the name of that parameter's gradient.
+    accumulates: Vec<Option<(&'a str, Option<u32>)>>,
+    /// The loss tensor's name ([`Layout::name_of`]).
+    loss: Option<u32>,
     /// Virtual stages that use each parameter, and the one that owns its gradient.
     param_users: BTreeMap<String, BTreeSet<usize>>,
     param_owner: HashMap<String, usize>,
@@ -32,32 +43,62 @@ pub(super) struct Layout<'a> {
 impl<'a> Layout<'a> {
     pub fn new(t: &'a TrainingGraph, s: &'a Strategy, part: &'a Partition) -> Layout<'a> {
         let g = &t.graph;
-        let mut consumers: HashMap<TensorId, BTreeSet<usize>> = HashMap::new();
+        // Each name's first and last tensor: the first names buffers, the
+        // last is the one a lookup by name finds.
+        let mut by_name: HashMap<&str, (u32, TensorId)> = HashMap::with_capacity(g.tensors().size_hint().0);
+        let name_of: Vec<u32> = g
+            .tensors()
+            .map(|(id, x)| {
+                let ids = by_name.entry(x.name.as_str()).or_insert((id.0, id));
+                ids.1 = id;
+                ids.0
+            })
+            .collect();
+        let position = |name: &str| by_name.get(name).map(|&(first, _)| first);
+        let uses: Vec<(usize, usize)> = part
+            .groups
+            .iter()
+            .flat_map(|(&(vs, _), nodes)| nodes.iter().map(move |&i| (vs, i)))
+            .flat_map(|(vs, i)| g.node(i).inputs.iter().flatten().map(move |x| (x.index(), vs)))
+            .collect();
+        let consumers = Groups::new(name_of.len(), &uses);
         let mut param_users: BTreeMap<String, BTreeSet<usize>> = BTreeMap::new();
-        for (&i, &(vs, _)) in &part.place {
-            for &x in g.node(i).inputs.iter().flatten() {
-                consumers.entry(x).or_default().insert(vs);
-                let tensor = g.tensor(x);
-                if tensor.role == Role::Parameter {
-                    param_users.entry(tensor.name.clone()).or_default().insert(vs);
-                }
+        for (id, tensor) in g.tensors() {
+            let stages = consumers.get(id.index());
+            if tensor.role == Role::Parameter && !stages.is_empty() {
+                param_users
+                    .entry(tensor.name.clone())
+                    .or_default()
+                    .extend(stages.iter().copied());
             }
         }
-        let id_of: HashMap<&str, TensorId> = g.tensors().map(|(id, t)| (t.name.as_str(), id)).collect();
-        let feeds = t
-            .feeds
-            .iter()
-            .filter_map(|(n, f)| id_of.get(n.as_str()).map(|&id| (id, *f)))
-            .collect();
-        let grad_of: HashMap<String, String> = t
+        let id_of = |name: &str| by_name.get(name).map(|&(_, last)| last);
+        let mut feeds = vec![None; name_of.len()];
+        for (name, feed) in &t.feeds {
+            if let Some(slot) = id_of(name).and_then(|id| feeds.get_mut(id.index())) {
+                *slot = Some(*feed);
+            }
+        }
+        let grad_of: HashMap<&str, &str> = t
             .gradients
             .iter()
-            .map(|(p, gr)| (gr.clone(), p.clone()))
+            .map(|(p, gr)| (gr.as_str(), p.as_str()))
             .collect();
-        let grad_tensor: HashMap<String, String> = t.gradients.iter().cloned().collect();
+        let grad_tensor: HashMap<&str, &str> = t
+            .gradients
+            .iter()
+            .map(|(p, gr)| (p.as_str(), gr.as_str()))
+            .collect();
+        let mut accumulates = vec![None; name_of.len()];
+        for (gr, p) in grad_of {
+            if let Some(slot) = position(gr).and_then(|k| accumulates.get_mut(k as usize)) {
+                *slot = Some((p, grad_tensor.get(p).and_then(|&gr| position(gr))));
+            }
+        }
+        let loss = position(&t.loss);
         let mut param_owner = HashMap::new();
         for (p, grad) in &t.gradients {
-            if let Some(node) = id_of.get(grad.as_str()).and_then(|&id| g.producer(id)) {
+            if let Some(node) = id_of(grad).and_then(|id| g.producer(id)) {
                 param_owner.insert(p.clone(), part.place[&node].0);
             }
         }
@@ -65,21 +106,51 @@ impl<'a> Layout<'a> {
             t,
             s,
             part,
+            name_of,
             consumers,
             feeds,
-            grad_of,
-            grad_tensor,
+            accumulates,
+            loss,
             param_users,
             param_owner,
         }
     }
 
-    /// The physical rank running virtual stage `vs` in `coord`'s data-parallel replica.
-    fn rank_of_vs(&self, vs: usize, coord: Coord) -> usize {
-        self.s.rank_of(Coord {
-            pp: vs % self.s.pp,
-            ..coord
-        })
+    /// The key of `x`'s buffer for micro-batch `mb` (`None`: per step).
+    fn key(&self, x: TensorId, mb: Option<usize>) -> Key {
+        Key {
+            name: self.name_of.get(x.index()).copied().unwrap_or_default(),
+            mb: mb.map_or(0, |mb| mb + 1),
+        }
+    }
+
+    /// The name of tensor `name` ([`Key::name`]).
+    fn name(&self, name: u32) -> &'a str {
+        &self.t.graph.tensor(TensorId(name)).name
+    }
+
+    /// The virtual stage `coord`'s rank runs `task` on.
+    fn task_stage(&self, task: Task, coord: Coord) -> usize {
+        task.chunk * self.s.pp + coord.pp
+    }
+
+    /// Nodes of `vs`'s `phase`, in topological order.
+    fn stage_nodes(&self, vs: usize, phase: Phase) -> &[NodeIndex] {
+        self.part.groups.get(&(vs, phase)).map_or(&[], Vec::as_slice)
+    }
+
+    /// Forward nodes of `vs` that its backward phase runs again.
+    fn recomputed(&self, vs: usize) -> impl Iterator<Item = NodeIndex> + '_ {
+        let policy = self.s.recompute[vs % self.s.pp];
+        let g = &self.t.graph;
+        self.stage_nodes(vs, Phase::Forward)
+            .iter()
+            .copied()
+            .filter(move |&i| match policy {
+                Recompute::None => false,
+                Recompute::Full => true,
+                Recompute::Selective => g.node(i).op.class() == OpClass::Attention,
+            })
     }
 
     /// The ranks of `coord`'s `group`, in order.
@@ -102,9 +173,8 @@ impl<'a> Layout<'a> {
     /// gradients: data-parallel replicas and context-parallel ranks, in (dp, cp) order.
     /// Expert weights (split over an expert-parallel group) have copies only
     /// on the data-parallel ranks at the same place in their own groups.
-    fn dp_group(&self, param: &str, coord: Coord) -> Vec<usize> {
+    fn dp_group(&self, expert: bool, coord: Coord) -> Vec<usize> {
         let s = self.s;
-        let expert = self.t.expert_slices.contains_key(param);
         (0..s.dp)
             .filter(|dp| !expert || dp % s.ep == coord.dp % s.ep)
             .flat_map(|dp| (0..s.cp).map(move |cp| Coord { dp, cp, ..coord }))
@@ -122,18 +192,38 @@ impl<'a> Layout<'a> {
             self.s.chunks,
             self.s.micro_batches,
         )?;
+        // Emission appends a little more than one instruction per node
+        // run: reserving two spares regrowing the longest vector.
+        let runs: usize = order
+            .iter()
+            .map(|&task| {
+                let vs = self.task_stage(task, coord);
+                let again = match task.phase {
+                    Phase::Forward => 0,
+                    Phase::Backward => self.recomputed(vs).count(),
+                };
+                self.stage_nodes(vs, task.phase).len() + again
+            })
+            .sum();
         let mut e = Emitter {
             l: self,
             coord,
             rank,
-            out: Vec::new(),
-            defined: HashSet::new(),
+            stage_ranks: (0..self.s.pp)
+                .map(|pp| self.s.rank_of(Coord { pp, ..coord }))
+                .collect(),
+            comm_groups: Default::default(),
+            dp_groups: Default::default(),
+            out: Vec::with_capacity(2 * runs),
+            lifetimes: Lifetimes::default(),
+            tasks: 0,
+            gathered: Vec::new(),
         };
         for task in &order {
             e.task(*task)?;
         }
         let params = e.optimizer()?;
-        let instructions = free_after_last_use(self, e.out);
+        let instructions = e.with_frees();
         Ok(Program {
             rank,
             coord,
@@ -143,12 +233,176 @@ impl<'a> Layout<'a> {
     }
 }
 
+/// A buffer without its name: the tensor standing for its name
+/// ([`Layout::name_of`]), and its micro-batch plus one (0: a per-step buffer).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Key {
+    name: u32,
+    mb: usize,
+}
+
+/// Marks an empty slot of [`Lifetimes`]' tables.
+const NONE: usize = usize::MAX;
+
+/// Where each buffer is defined and last used, noted as instructions are
+/// emitted, so that every definition can be freed after its last use.
+/// Buffers of one name are a row indexed by [`Key::mb`]: a rank defines
+/// every micro-batch's buffer of the tensors it computes.
+#[derive(Default)]
+struct Lifetimes {
+    /// By name: its row in `rows`, or NONE.
+    row_of: Vec<usize>,
+    /// Names seen so far, each with the instruction that last defined each
+    /// of its buffers (NONE: never).
+    rows: Vec<(u32, Vec<usize>)>,
+    /// By defining instruction: the last instruction using any buffer it
+    /// defined (0: none yet).
+    last_use: Vec<usize>,
+    /// `(instruction, buffer)`: free `buffer` after `instruction`.
+    frees: Vec<(usize, Key)>,
+}
+
+impl Lifetimes {
+    /// The instruction that last defined `key`.
+    fn def(&self, key: Key) -> Option<usize> {
+        let &row = self.row_of.get(key.name as usize)?;
+        let &def = self.rows.get(row)?.1.get(key.mb)?;
+        (def != NONE).then_some(def)
+    }
+
+    fn is_defined(&self, key: Key) -> bool {
+        self.def(key).is_some()
+    }
+
+    /// Instruction `at` reads `key` (if defined).
+    fn used(&mut self, key: Key, at: usize) {
+        if let Some(def) = self.def(key) {
+            if self.last_use.len() <= def {
+                self.last_use.resize(def + 1, 0);
+            }
+            self.last_use[def] = at;
+        }
+    }
+
+    /// Instruction `at` (re)defines `key`: its previous definition is freed
+    /// after that one's last use.
+    fn defined(&mut self, key: Key, at: usize) {
+        let prev = std::mem::replace(self.slot(key), at);
+        if prev != NONE {
+            self.frees.push((self.free_after(prev), key));
+        }
+    }
+
+    /// `key`'s definition slot, made if new.
+    fn slot(&mut self, key: Key) -> &mut usize {
+        let name = key.name as usize;
+        if self.row_of.len() <= name {
+            self.row_of.resize(name + 1, NONE);
+        }
+        if self.row_of[name] == NONE {
+            self.row_of[name] = self.rows.len();
+            self.rows.push((key.name, Vec::new()));
+        }
+        let row = &mut self.rows[self.row_of[name]].1;
+        if row.len() <= key.mb {
+            row.resize(key.mb + 1, NONE);
+        }
+        &mut row[key.mb]
+    }
+
+    fn free_after(&self, def: usize) -> usize {
+        self.last_use.get(def).copied().unwrap_or(0).max(def)
+    }
+
+    /// Every free, the last definitions' included, grouped by the
+    /// instruction (below `instructions`) to free after, each group in the
+    /// order of the buffers' names (`name` of a key) and micro-batches.
+    fn into_frees<'n>(mut self, instructions: usize, name: impl Fn(u32) -> &'n str) -> Groups<Key> {
+        for (tensor, defs) in &self.rows {
+            for (mb, &def) in defs.iter().enumerate() {
+                if def != NONE {
+                    let free = self.free_after(def);
+                    self.frees.push((free, Key { name: *tensor, mb }));
+                }
+            }
+        }
+        let mut by_name: Vec<usize> = (0..self.rows.len()).collect();
+        by_name.sort_unstable_by_key(|&row| name(self.rows[row].0));
+        let mut rank = vec![0; self.rows.len()];
+        for (i, &row) in by_name.iter().enumerate() {
+            rank[row] = i;
+        }
+        let mut frees = Groups::new(instructions, &self.frees);
+        for i in 0..instructions {
+            frees
+                .get_mut(i)
+                .sort_unstable_by_key(|key| (rank[self.row_of[key.name as usize]], key.mb));
+        }
+        frees
+    }
+}
+
+/// Values grouped by an index below a bound, each group in the values'
+/// order (a counting sort): group `k` is `values[start[k]..start[k + 1]]`.
+struct Groups<T> {
+    start: Vec<usize>,
+    values: Vec<T>,
+}
+
+impl<T: Copy + Default> Groups<T> {
+    /// Groups the values of `(index, value)` pairs; indices of `groups`
+    /// and above are dropped.
+    fn new(groups: usize, items: &[(usize, T)]) -> Groups<T> {
+        let mut start = vec![0; groups + 1];
+        for &(k, _) in items.iter().filter(|&&(k, _)| k < groups) {
+            start[k + 1] += 1;
+        }
+        for k in 0..groups {
+            start[k + 1] += start[k];
+        }
+        let mut next = start.clone();
+        let mut values = vec![T::default(); start[groups]];
+        for &(k, value) in items.iter().filter(|&&(k, _)| k < groups) {
+            values[next[k]] = value;
+            next[k] += 1;
+        }
+        Groups { start, values }
+    }
+
+    fn range(&self, k: usize) -> std::ops::Range<usize> {
+        match self.start.get(k..k + 2) {
+            Some(&[from, to]) => from..to,
+            _ => 0..0,
+        }
+    }
+
+    fn get(&self, k: usize) -> &[T] {
+        &self.values[self.range(k)]
+    }
+
+    fn get_mut(&mut self, k: usize) -> &mut [T] {
+        let range = self.range(k);
+        &mut self.values[range]
+    }
+}
+
+/// One rank's program while it is emitted.
 struct Emitter<'l, 'a> {
     l: &'l Layout<'a>,
     coord: Coord,
     rank: usize,
+    /// The rank running each pipeline stage in this rank's replica.
+    stage_ranks: Vec<usize>,
+    /// This rank's context, tensor and expert groups, made on first use.
+    comm_groups: [Option<Vec<usize>>; 3],
+    /// This rank's data-parallel groups for dense and expert weights, made on first use.
+    dp_groups: [Option<Vec<usize>>; 2],
     out: Vec<Instr>,
-    defined: HashSet<Buf>,
+    lifetimes: Lifetimes,
+    /// Tasks emitted so far, and by name the last of them that gathered a
+    /// parameter (ZeRO-3).
+    tasks: usize,
+    gathered: Vec<usize>,
 }
 
 impl Emitter<'_, '_> {
@@ -156,79 +410,112 @@ impl Emitter<'_, '_> {
         self.l.s.zero == 3
     }
 
+    /// The physical rank running virtual stage `vs` in this rank's replica.
+    fn stage_rank(&self, vs: usize) -> usize {
+        self.stage_ranks[vs % self.l.s.pp]
+    }
+
+    fn comm_group(&mut self, group: CommGroup) -> Vec<usize> {
+        let slot = match group {
+            CommGroup::Context => 0,
+            CommGroup::Tensor => 1,
+            CommGroup::Expert => 2,
+        };
+        let (l, coord) = (self.l, self.coord);
+        self.comm_groups[slot]
+            .get_or_insert_with(|| l.comm_group(group, coord))
+            .clone()
+    }
+
+    fn dp_group(&mut self, param: &str) -> Vec<usize> {
+        let expert = self.l.t.expert_slices.contains_key(param);
+        let (l, coord) = (self.l, self.coord);
+        self.dp_groups[usize::from(expert)]
+            .get_or_insert_with(|| l.dp_group(expert, coord))
+            .clone()
+    }
+
+    /// Whether the current task has not gathered `key`'s parameter yet
+    /// (and now has).
+    fn first_gather(&mut self, key: Key) -> bool {
+        let name = key.name as usize;
+        if self.gathered.len() <= name {
+            self.gathered.resize(name + 1, 0);
+        }
+        std::mem::replace(&mut self.gathered[name], self.tasks) != self.tasks
+    }
+
+    /// Appends `instr`, which reads `key`.
+    fn push_use(&mut self, instr: Instr, key: Key) {
+        self.lifetimes.used(key, self.out.len());
+        self.out.push(instr);
+    }
+
+    /// Appends `instr`, which defines `key`.
+    fn push_def(&mut self, instr: Instr, key: Key) {
+        self.lifetimes.defined(key, self.out.len());
+        self.out.push(instr);
+    }
+
     fn task(&mut self, task: Task) -> Result<(), LowerError> {
-        let vs = task.chunk * self.l.s.pp + self.coord.pp;
+        let l = self.l;
+        let vs = l.task_stage(task, self.coord);
         let mb = task.micro_batch;
-        let mut gathered = HashSet::new();
+        self.tasks += 1;
         if task.phase == Phase::Backward {
-            for node in self.recomputed(vs) {
-                self.compute(node, mb, true, &mut gathered)?;
+            for node in l.recomputed(vs) {
+                self.compute(node, mb, true)?;
             }
         }
-        let nodes = self
-            .l
-            .part
-            .groups
-            .get(&(vs, task.phase))
-            .cloned()
-            .unwrap_or_default();
-        for node in nodes {
-            self.compute(node, mb, false, &mut gathered)?;
+        for &node in l.stage_nodes(vs, task.phase) {
+            self.compute(node, mb, false)?;
         }
         Ok(())
     }
 
-    /// Forward nodes of `vs` that its backward phase runs again.
-    fn recomputed(&self, vs: usize) -> Vec<NodeIndex> {
-        let policy = self.l.s.recompute[vs % self.l.s.pp];
-        let g = &self.l.t.graph;
-        let forward = self
-            .l
-            .part
-            .groups
-            .get(&(vs, Phase::Forward))
-            .cloned()
-            .unwrap_or_default();
-        match policy {
-            Recompute::None => Vec::new(),
-            Recompute::Full => forward,
-            Recompute::Selective => forward
-                .into_iter()
-                .filter(|&i| g.node(i).op.class() == OpClass::Attention)
-                .collect(),
-        }
-    }
-
-    fn compute(
-        &mut self,
-        node: NodeIndex,
-        mb: usize,
-        recompute: bool,
-        gathered: &mut HashSet<String>,
-    ) -> Result<(), LowerError> {
-        let g = &self.l.t.graph;
+    /// Node `node` on micro-batch `mb`, after what its inputs need (ZeRO-3
+    /// gathers each parameter once per task), then the sends, loss report
+    /// and gradient accumulation of its outputs unless it is `recompute`d.
+    fn compute(&mut self, node: NodeIndex, mb: usize, recompute: bool) -> Result<(), LowerError> {
+        let l = self.l;
+        let g = &l.t.graph;
         let n = g.node(node);
+        let zero3 = self.zero3();
         for &x in n.inputs.iter().flatten() {
             let tensor = g.tensor(x);
             match tensor.role {
                 Role::Constant => {}
                 Role::Parameter => {
-                    if self.zero3() && gathered.insert(tensor.name.clone()) {
-                        let group = self.l.dp_group(&tensor.name, self.coord);
-                        self.out.push(Instr::GatherParam {
-                            param: tensor.name.clone(),
-                            group,
-                        });
+                    let key = l.key(x, None);
+                    if zero3 && self.first_gather(key) {
+                        let group = self.dp_group(&tensor.name);
+                        let param = tensor.name.clone();
+                        self.push_def(Instr::GatherParam { param, group }, key);
                     }
                 }
                 _ => self.ensure(x, mb)?,
             }
         }
-        self.out.push(match &n.op {
+        let at = self.out.len();
+        for &x in n.inputs.iter().flatten() {
+            match g.tensor(x).role {
+                Role::Constant => {}
+                Role::Parameter if !zero3 => {}
+                Role::Parameter => self.lifetimes.used(l.key(x, None), at),
+                _ => self.lifetimes.used(l.key(x, Some(mb)), at),
+            }
+        }
+        for &o in &n.outputs {
+            self.lifetimes.defined(l.key(o, Some(mb)), at);
+        }
+        let instr = match &n.op {
             Op::Comm {
                 kind, axis, group, ..
             } => {
-                let rank = g.tensor(n.inputs[0].expect("comm input")).ty.shape.rank() as i64;
+                let input = n.inputs.first().copied().flatten().ok_or_else(|| {
+                    LowerError::Internal(format!("communication node '{}' has no input", n.name))
+                })?;
+                let rank = g.tensor(input).ty.shape.rank() as i64;
                 Instr::Collective {
                     node: n.name.clone(),
                     micro_batch: mb,
@@ -238,39 +525,45 @@ impl Emitter<'_, '_> {
                     } else {
                         *axis as usize
                     },
-                    group: self.l.comm_group(*group, self.coord),
+                    group: self.comm_group(*group),
                 }
             }
             _ => Instr::Compute {
                 node: n.name.clone(),
                 micro_batch: mb,
             },
-        });
+        };
+        self.out.push(instr);
+        if recompute {
+            return Ok(());
+        }
         for &o in &n.outputs {
             let name = &g.tensor(o).name;
-            let buf = Buf::of(name, mb);
-            self.defined.insert(buf.clone());
-            if recompute {
-                continue;
-            }
-            let targets: BTreeSet<usize> = self
-                .l
+            let key = l.key(o, Some(mb));
+            let mut targets: Vec<usize> = l
                 .consumers
-                .get(&o)
-                .into_iter()
-                .flatten()
-                .map(|&vs| self.l.rank_of_vs(vs, self.coord))
+                .get(o.index())
+                .iter()
+                .map(|&vs| self.stage_rank(vs))
                 .filter(|&r| r != self.rank)
                 .collect();
+            targets.sort_unstable();
+            targets.dedup();
             for to in targets {
-                self.out.push(Instr::Send { buf: buf.clone(), to });
+                let buf = Buf::of(name, mb);
+                self.push_use(Instr::Send { buf, to }, key);
             }
-            if *name == self.l.t.loss && self.coord.tp == 0 && self.coord.cp == 0 {
-                self.out.push(Instr::ReportLoss { buf: buf.clone() });
+            if l.loss == Some(key.name) && self.coord.tp == 0 && self.coord.cp == 0 {
+                let buf = Buf::of(name, mb);
+                self.push_use(Instr::ReportLoss { buf }, key);
             }
-            if let Some(param) = self.l.grad_of.get(name) {
+            if let Some(&Some((param, grad))) = l.accumulates.get(key.name as usize) {
+                if let Some(name) = grad {
+                    let grad = Key { name, ..key };
+                    self.lifetimes.used(grad, self.out.len());
+                }
                 self.out.push(Instr::AccumulateGrad {
-                    param: param.clone(),
+                    param: param.to_string(),
                     micro_batch: mb,
                 });
             }
@@ -281,37 +574,36 @@ impl Emitter<'_, '_> {
     /// Makes `x` of micro-batch `mb` available: loaded, received, or
     /// already computed here.
     fn ensure(&mut self, x: TensorId, mb: usize) -> Result<(), LowerError> {
-        let g = &self.l.t.graph;
-        let name = &g.tensor(x).name;
-        let buf = Buf::of(name, mb);
-        if self.defined.contains(&buf) {
+        let l = self.l;
+        let key = l.key(x, Some(mb));
+        if self.lifetimes.is_defined(key) {
             return Ok(());
         }
-        if let Some(&feed) = self.l.feeds.get(&x) {
-            let rows_per_replica = self.l.s.micro_batch * self.l.s.micro_batches;
-            let start = self.coord.dp * rows_per_replica + mb * self.l.s.micro_batch;
-            self.out.push(Instr::Load {
-                buf: buf.clone(),
-                feed,
-                rows: (start, start + self.l.s.micro_batch),
-            });
-        } else {
-            let producer = g
-                .producer(x)
-                .ok_or_else(|| LowerError::Internal(format!("tensor '{name}' has no producer")))?;
-            let from = self.l.rank_of_vs(self.l.part.place[&producer].0, self.coord);
-            if from == self.rank {
-                return Err(LowerError::Internal(format!(
-                    "rank {}: {buf} is used before it is computed (schedule order)",
-                    self.rank
-                )));
-            }
-            self.out.push(Instr::Recv {
-                buf: buf.clone(),
-                from,
-            });
+        let g = &l.t.graph;
+        let name = &g.tensor(x).name;
+        let buf = Buf::of(name, mb);
+        if let Some(Some(feed)) = l.feeds.get(x.index()).copied() {
+            let rows_per_replica = l.s.micro_batch * l.s.micro_batches;
+            let start = self.coord.dp * rows_per_replica + mb * l.s.micro_batch;
+            let rows = (start, start + l.s.micro_batch);
+            self.push_def(Instr::Load { buf, feed, rows }, key);
+            return Ok(());
         }
-        self.defined.insert(buf);
+        let producer = g
+            .producer(x)
+            .ok_or_else(|| LowerError::Internal(format!("tensor '{name}' has no producer")))?;
+        let &(vs, _) =
+            l.part.place.get(&producer).ok_or_else(|| {
+                LowerError::Internal(format!("the producer of '{name}' has no pipeline stage"))
+            })?;
+        let from = self.stage_rank(vs);
+        if from == self.rank {
+            return Err(LowerError::Internal(format!(
+                "rank {}: {buf} is used before it is computed (schedule order)",
+                self.rank
+            )));
+        }
+        self.push_def(Instr::Recv { buf, from }, key);
         Ok(())
     }
 
@@ -366,7 +658,7 @@ impl Emitter<'_, '_> {
                 .into_iter()
                 .filter_map(|p| {
                     let vs = *self.l.param_owner.get(p)?;
-                    Some((self.l.rank_of_vs(vs, self.coord), p.clone()))
+                    Some((self.stage_rank(vs), p.clone()))
                 })
                 .fold(BTreeMap::new(), |mut m, (r, p)| {
                     m.entry(r).or_insert_with(Vec::new).push(p);
@@ -381,11 +673,12 @@ impl Emitter<'_, '_> {
             }
         }
         let mut receives = Vec::new();
-        for (param, users) in &self.l.param_users {
+        let l = self.l;
+        for (param, users) in &l.param_users {
             if users.is_disjoint(&my_vs) {
                 continue;
             }
-            let group = self.l.dp_group(param, self.coord);
+            let group = self.dp_group(param);
             let shard = (s.zero > 0).then(|| Shard {
                 index: group.iter().position(|&r| r == self.rank).unwrap_or(0),
                 parts: group.len(),
@@ -394,14 +687,11 @@ impl Emitter<'_, '_> {
                 name: param.clone(),
                 stored_shard: if s.zero == 3 { shard } else { None },
             });
-            let Some(&owner_vs) = self.l.param_owner.get(param) else {
+            let Some(&owner_vs) = l.param_owner.get(param) else {
                 continue;
             };
-            let holders: BTreeSet<usize> = users
-                .iter()
-                .map(|&vs| self.l.rank_of_vs(vs, self.coord))
-                .collect();
-            let owner = self.l.rank_of_vs(owner_vs, self.coord);
+            let holders: BTreeSet<usize> = users.iter().map(|&vs| self.stage_rank(vs)).collect();
+            let owner = self.stage_rank(owner_vs);
             if holders.len() > 1 && s.zero == 3 {
                 return Err(LowerError::Unsupported(format!(
                     "parameter '{param}' is used on two pipeline stages; ZeRO-3 with weights shared across stages"
@@ -423,88 +713,69 @@ impl Emitter<'_, '_> {
         self.out.extend(receives);
         Ok(slots)
     }
+
+    /// The instructions with a `Free` after the last use of every
+    /// definition of a micro-batch buffer (and of gathered parameters), so
+    /// the program itself states each buffer's lifetime.
+    fn with_frees(self) -> Vec<Instr> {
+        let l = self.l;
+        let mut out = self.out;
+        let emitted = out.len();
+        let frees = self.lifetimes.into_frees(emitted, |name| l.name(name));
+        // Spread the instructions in place from the back, filling the gaps
+        // with the frees; `next` is the slot filled last.
+        let mut next = emitted + frees.values.len();
+        out.resize_with(next, || Instr::Free { buf: Buf::step("") });
+        for i in (0..emitted).rev() {
+            for key in frees.get(i).iter().rev() {
+                next -= 1;
+                let buf = Buf {
+                    tensor: l.name(key.name).to_string(),
+                    micro_batch: key.mb.checked_sub(1),
+                };
+                out[next] = Instr::Free { buf };
+            }
+            next -= 1;
+            out.swap(i, next);
+        }
+        out
+    }
 }
 
-/// Inserts a `Free` after the last use of every definition of a
-/// micro-batch buffer (and of gathered parameters), so the program itself
-/// states each buffer's lifetime.
-fn free_after_last_use(l: &Layout, instructions: Vec<Instr>) -> Vec<Instr> {
-    let g = &l.t.graph;
-    let by_name: HashMap<&str, NodeIndex> = g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect();
-    // For every instruction: the buffers it defines and uses.
-    let mut last_use: HashMap<usize, usize> = HashMap::new(); // def index → last index using it
-    let mut current: HashMap<Buf, usize> = HashMap::new();
-    let zero3 = l.s.zero == 3;
-    let mut frees_at: BTreeMap<usize, Vec<Buf>> = BTreeMap::new();
-    for (i, instr) in instructions.iter().enumerate() {
-        let (defs, uses) = defs_and_uses(instr, g, &by_name, zero3, &l.grad_tensor);
-        for b in uses {
-            if let Some(&d) = current.get(&b) {
-                last_use.insert(d, i);
-            }
-        }
-        for b in defs {
-            if let Some(prev) = current.insert(b.clone(), i) {
-                let at = last_use.get(&prev).copied().unwrap_or(prev);
-                frees_at.entry(at).or_default().push(b.clone());
-            }
-        }
-    }
-    for (b, d) in current {
-        let at = last_use.get(&d).copied().unwrap_or(d);
-        frees_at.entry(at).or_default().push(b);
-    }
-    let mut out = Vec::with_capacity(instructions.len() * 2);
-    for (i, instr) in instructions.into_iter().enumerate() {
-        out.push(instr);
-        if let Some(mut bufs) = frees_at.remove(&i) {
-            bufs.sort();
-            out.extend(bufs.into_iter().map(|buf| Instr::Free { buf }));
-        }
-    }
-    out
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn defs_and_uses(
-    instr: &Instr,
-    g: &autopar_ir::Graph,
-    by_name: &HashMap<&str, NodeIndex>,
-    zero3: bool,
-    grad_tensor: &HashMap<String, String>,
-) -> (Vec<Buf>, Vec<Buf>) {
-    match instr {
-        Instr::Load { buf, .. } | Instr::Recv { buf, .. } => (vec![buf.clone()], vec![]),
-        Instr::Send { buf, .. } | Instr::ReportLoss { buf } => (vec![], vec![buf.clone()]),
-        Instr::GatherParam { param, .. } => (vec![Buf::step(param)], vec![]),
-        Instr::AccumulateGrad { param, micro_batch } => {
-            let uses = grad_tensor.get(param).map(|gr| Buf::of(gr, *micro_batch));
-            (vec![], uses.into_iter().collect())
+    #[test]
+    fn groups_keep_each_index_s_values_in_order() {
+        let groups = Groups::new(3, &[(2, 'a'), (0, 'b'), (2, 'c'), (5, 'd')]);
+        assert_eq!(groups.get(0), ['b']);
+        assert_eq!(groups.get(1), [] as [char; 0]);
+        assert_eq!(groups.get(2), ['a', 'c']);
+        assert_eq!(groups.get(3), [] as [char; 0]);
+    }
+
+    #[test]
+    fn each_definition_is_freed_after_the_last_use_of_its_instruction_s_buffers() {
+        let key = |name, mb| Key { name, mb };
+        let (a, b, c) = (key(1, 1), key(2, 1), key(3, 1));
+        let mut l = Lifetimes::default();
+        l.defined(a, 0);
+        l.used(a, 1);
+        // Instruction 1 defines b and c; only b is read, at 2.
+        l.defined(b, 1);
+        l.defined(c, 1);
+        l.used(b, 2);
+        // a again (a recomputation), read at 4; a per-step buffer never read.
+        l.defined(a, 3);
+        l.used(a, 4);
+        l.defined(key(1, 0), 5);
+        assert!(l.is_defined(a) && !l.is_defined(key(1, 2)));
+        let names = ["", "x", "w", "v"];
+        let frees = l.into_frees(6, |name| names[name as usize]);
+        let expected: [&[Key]; 6] = [&[], &[a], &[c, b], &[], &[a], &[key(1, 0)]];
+        for (i, keys) in expected.iter().enumerate() {
+            assert_eq!(frees.get(i), *keys, "after instruction {i}");
         }
-        Instr::Compute { node, micro_batch }
-        | Instr::Collective {
-            node, micro_batch, ..
-        } => {
-            let n = g.node(by_name[node.as_str()]);
-            let uses = n
-                .inputs
-                .iter()
-                .flatten()
-                .filter_map(|&x| {
-                    let t = g.tensor(x);
-                    match t.role {
-                        Role::Constant => None,
-                        Role::Parameter => zero3.then(|| Buf::step(&t.name)),
-                        _ => Some(Buf::of(&t.name, *micro_batch)),
-                    }
-                })
-                .collect();
-            let defs = n
-                .outputs
-                .iter()
-                .map(|&o| Buf::of(&g.tensor(o).name, *micro_batch))
-                .collect();
-            (defs, uses)
-        }
-        _ => (vec![], vec![]),
     }
 }

@@ -36,7 +36,6 @@ pub fn partition(
     virtual_stages: usize,
 ) -> Result<Partition, PartitionError> {
     let g = &t.graph;
-    let by_name: HashMap<&str, NodeIndex> = g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect();
     let last = virtual_stages - 1;
     if g.blocks.is_empty() && virtual_stages > 1 {
         return Err(PartitionError::NoLayers(virtual_stages));
@@ -47,33 +46,35 @@ pub fn partition(
             want: layer_vs.len(),
         });
     }
-    let mut forward_vs: HashMap<NodeIndex, usize> = HashMap::new();
+    let names = NodeNames::new(g);
+    let mut forward_vs: Vec<Option<usize>> = vec![None; names.bound()];
     for (block, &vs) in g.blocks.iter().zip(layer_vs) {
         for name in &block.nodes {
-            if let Some(&i) = by_name.get(name.as_str()) {
-                forward_vs.insert(i, vs);
+            if let Some(i) = names.last(name) {
+                forward_vs[i.index()] = Some(vs);
             }
         }
     }
-    let pre = ancestors_outside_layers(g, &forward_vs);
-    let forward: HashSet<&str> = t.forward.iter().map(String::as_str).collect();
+    let first_layer = names.named(g.blocks.first().map_or(&[], |b| b.nodes.as_slice()));
+    let first_layer = g.node_indices().filter(|i| first_layer[i.index()]).collect();
+    let pre = ancestors_outside_layers(g, first_layer, |i| forward_vs[i.index()].is_some());
+    let forward = names.named(&t.forward);
     let order = g.topo_order()?;
-    let mut place = HashMap::new();
+    let mut place_of: Vec<Option<(usize, Phase)>> = vec![None; names.bound()];
     for &i in &order {
-        let name = g.node(i).name.as_str();
-        let placed = if forward.contains(name) {
-            let vs = forward_vs
-                .get(&i)
-                .copied()
-                .unwrap_or(if pre.contains(&i) || g.blocks.is_empty() {
+        let placed = if forward[i.index()] {
+            let vs = forward_vs[i.index()].unwrap_or_else(|| {
+                if pre.contains(&i) || g.blocks.is_empty() {
                     0
                 } else {
                     last
-                });
+                }
+            });
             (vs, Phase::Forward)
         } else {
-            let vs = match t.origins.get(name).and_then(|o| by_name.get(o.as_str())) {
-                Some(origin) => place.get(origin).map_or(last, |&(vs, _)| vs),
+            let stage_of = |p: NodeIndex| place_of[p.index()].map(|(vs, _)| vs);
+            let vs = match t.origins.get(&g.node(i).name).and_then(|o| names.last(o)) {
+                Some(origin) => stage_of(origin).unwrap_or(last),
                 // A gradient's identity output: with the node producing its value.
                 None => g
                     .node(i)
@@ -81,19 +82,68 @@ pub fn partition(
                     .iter()
                     .flatten()
                     .find_map(|&x| g.producer(x))
-                    .and_then(|p| place.get(&p))
-                    .map_or(last, |&(vs, _): &(usize, Phase)| vs),
+                    .and_then(stage_of)
+                    .unwrap_or(last),
             };
             (vs, Phase::Backward)
         };
-        place.insert(i, placed);
+        place_of[i.index()] = Some(placed);
     }
+    let mut place = HashMap::with_capacity(order.len());
     let mut groups: HashMap<(usize, Phase), Vec<NodeIndex>> = HashMap::new();
     for &i in &order {
-        groups.entry(place[&i]).or_default().push(i);
+        if let Some(placed) = place_of[i.index()] {
+            place.insert(i, placed);
+            groups.entry(placed).or_default().push(i);
+        }
     }
     Ok(Partition { place, groups })
 }
+
+/// Node lookups by name, hashing each name once: graph names need not be
+/// unique, so a name stands for its first node, and a lookup by name finds
+/// its last.
+struct NodeNames<'g> {
+    /// By name: its first and last node.
+    ends: HashMap<&'g str, (NodeIndex, NodeIndex)>,
+    /// By node index: the first node with its name (NONE: no node).
+    first: Vec<usize>,
+}
+
+impl<'g> NodeNames<'g> {
+    fn new(g: &'g Graph) -> NodeNames<'g> {
+        let bound = g.node_indices().map(|i| i.index() + 1).max().unwrap_or(0);
+        let mut ends = HashMap::with_capacity(g.node_count());
+        let mut first = vec![NONE; bound];
+        for i in g.node_indices() {
+            let e = ends.entry(g.node(i).name.as_str()).or_insert((i, i));
+            e.1 = i;
+            first[i.index()] = e.0.index();
+        }
+        NodeNames { ends, first }
+    }
+
+    /// One more than the largest node index.
+    fn bound(&self) -> usize {
+        self.first.len()
+    }
+
+    fn last(&self, name: &str) -> Option<NodeIndex> {
+        self.ends.get(name).map(|&(_, last)| last)
+    }
+
+    /// Whether each node (by index) has one of `names`.
+    fn named(&self, names: &[String]) -> Vec<bool> {
+        let mut marked = vec![false; self.bound()];
+        for (first, _) in names.iter().filter_map(|n| self.ends.get(n.as_str())) {
+            marked[first.index()] = true;
+        }
+        self.first.iter().map(|&f| f != NONE && marked[f]).collect()
+    }
+}
+
+/// Marks an index of no node in [`NodeNames`].
+const NONE: usize = usize::MAX;
 
 /// The nodes outside the repeated layers, split into those the first layer
 /// depends on (embeddings, positions, masks) and the others (head, loss).
@@ -103,7 +153,16 @@ pub fn outside_layers(g: &Graph) -> (HashSet<NodeIndex>, HashSet<NodeIndex>) {
         .filter(|&i| g.blocks.iter().any(|b| b.nodes.contains(&g.node(i).name)))
         .map(|i| (i, 0))
         .collect();
-    let pre = ancestors_outside_layers(g, &in_layers);
+    let first: HashSet<&str> = g
+        .blocks
+        .first()
+        .map(|b| b.nodes.iter().map(String::as_str).collect())
+        .unwrap_or_default();
+    let first_layer = g
+        .node_indices()
+        .filter(|&i| first.contains(g.node(i).name.as_str()))
+        .collect();
+    let pre = ancestors_outside_layers(g, first_layer, |i| in_layers.contains_key(&i));
     let post = g
         .node_indices()
         .filter(|i| !in_layers.contains_key(i) && !pre.contains(i))
@@ -111,26 +170,53 @@ pub fn outside_layers(g: &Graph) -> (HashSet<NodeIndex>, HashSet<NodeIndex>) {
     (pre, post)
 }
 
-/// Nodes outside the layers that the first layer (transitively) depends on:
-/// embeddings, position and mask computations.
-fn ancestors_outside_layers(g: &Graph, in_layers: &HashMap<NodeIndex, usize>) -> HashSet<NodeIndex> {
-    let Some(first) = g.blocks.first() else {
-        return HashSet::new();
-    };
-    let first: HashSet<&str> = first.nodes.iter().map(String::as_str).collect();
-    let mut stack: Vec<NodeIndex> = g
-        .node_indices()
-        .filter(|&i| first.contains(g.node(i).name.as_str()))
-        .collect();
+/// Nodes outside the layers (`in_layers` says which are in) that the first
+/// layer's nodes (`first_layer`) transitively depend on: embeddings,
+/// position and mask computations.
+fn ancestors_outside_layers(
+    g: &Graph,
+    first_layer: Vec<NodeIndex>,
+    in_layers: impl Fn(NodeIndex) -> bool,
+) -> HashSet<NodeIndex> {
+    let mut stack = first_layer;
     let mut seen = HashSet::new();
     while let Some(i) = stack.pop() {
         for &x in g.node(i).inputs.iter().flatten() {
             if let Some(p) = g.producer(x) {
-                if !in_layers.contains_key(&p) && seen.insert(p) {
+                if !in_layers(p) && seen.insert(p) {
                     stack.push(p);
                 }
             }
         }
     }
     seen
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use autopar_ir::{DType, Op, Role, Shape, TensorType, UnaryOp};
+
+    #[test]
+    fn a_repeated_node_name_stands_for_its_first_node_and_finds_its_last() {
+        let mut g = Graph::new("g");
+        let ty = TensorType {
+            dtype: DType::F32,
+            shape: Shape::fixed(&[2]),
+        };
+        let x = g.add_tensor("x", ty.clone(), Role::Input, None);
+        let y = g.add_tensor("y", ty.clone(), Role::Activation, None);
+        let z = g.add_tensor("z", ty.clone(), Role::Activation, None);
+        let w = g.add_tensor("w", ty, Role::Activation, None);
+        let neg = || Op::Unary { func: UnaryOp::Neg };
+        let first = g.add_node("n", neg(), vec![Some(x)], vec![y]).unwrap();
+        let other = g.add_node("m", neg(), vec![Some(y)], vec![z]).unwrap();
+        let last = g.add_node("n", neg(), vec![Some(z)], vec![w]).unwrap();
+        let names = NodeNames::new(&g);
+        assert_eq!(names.last("n"), Some(last));
+        assert_eq!(names.last("k"), None);
+        assert_eq!(names.first[last.index()], first.index());
+        let named = names.named(&["n".to_string()]);
+        assert!(named[first.index()] && named[last.index()] && !named[other.index()]);
+    }
 }

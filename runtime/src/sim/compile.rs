@@ -8,7 +8,7 @@ use super::ranks::Representatives;
 use crate::lower::{Buf, Instr, Program, Reduction};
 use autopar_cost_models::comm::{Algorithm, Collective};
 use autopar_ir::{CommGroup, CommKind, DType, Graph, Op, Role};
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Which stream of a rank an instruction occupies. Collectives of
 /// different communicators run concurrently (as NCCL's do), so tensor-
@@ -74,9 +74,11 @@ pub enum Sync {
         from: u32,
         key: MessageKey,
     },
-    /// A collective over representative set `group`: starts when all arrive.
+    /// A collective over representative set `group` of `size` classes
+    /// (two or more): starts when all arrive.
     Meet {
         group: u32,
+        size: u32,
     },
     /// Releases buffer `slot`.
     Free {
@@ -149,16 +151,19 @@ struct NodeFacts {
     outputs: Vec<u32>,
     forward: bool,
     comm: Option<(CommKind, CommGroup)>,
+    /// Seconds of one micro-batch (computations).
+    seconds: f64,
 }
 
 impl<'g> GraphIndex<'g> {
-    /// Indexes `t`'s graph for a plan with ZeRO stage `zero`.
-    pub fn new(t: &'g crate::lower::TrainingGraph, zero: u8) -> GraphIndex<'g> {
+    /// Indexes `t`'s graph for a plan with ZeRO stage `zero`, with each
+    /// node's seconds from `pricing`.
+    pub fn new(t: &'g crate::lower::TrainingGraph, zero: u8, pricing: &Pricing) -> GraphIndex<'g> {
         let g = &t.graph;
-        let mut tensor_id = HashMap::new();
+        let mut tensor_id = HashMap::default();
         let mut tensor_bytes = Vec::new();
         let mut tensor_dtype = Vec::new();
-        let mut index_of = HashMap::new();
+        let mut index_of = HashMap::default();
         for (id, tensor) in g.tensors() {
             let i = tensor_bytes.len() as u32;
             tensor_id.insert(tensor.name.as_str(), i);
@@ -167,7 +172,7 @@ impl<'g> GraphIndex<'g> {
             tensor_dtype.push(tensor.ty.dtype);
         }
         let forward: HashSet<&str> = t.forward.iter().map(String::as_str).collect();
-        let mut node = HashMap::new();
+        let mut node = HashMap::default();
         for i in g.node_indices() {
             let n = g.node(i);
             let (mut inputs, mut params) = (Vec::new(), Vec::new());
@@ -190,6 +195,7 @@ impl<'g> GraphIndex<'g> {
                     outputs: n.outputs.iter().map(|o| index_of[o]).collect(),
                     forward: forward.contains(n.name.as_str()),
                     comm,
+                    seconds: pricing.node(&n.name),
                 },
             );
         }
@@ -242,34 +248,53 @@ pub struct Compiler<'c, 'g> {
     pub pricing: &'c Pricing<'c>,
     pub reps: &'c Representatives,
     pub labels: bool,
+    /// Micro-batches per step (buffers are laid out per micro-batch).
+    pub micro_batches: usize,
 }
 
 /// Builds one program's compiled form.
 struct Builder<'c, 'g> {
     c: &'c Compiler<'c, 'g>,
     out: Compiled,
-    slot_of: HashMap<(u32, u32), u32>,
-    written: HashSet<u32>,
+    /// First slot of each tensor's block: one slot per micro-batch, then
+    /// its gathered, gradient and updated per-step buffers.
+    base: Vec<u32>,
+    stride: u32,
+    /// Slots some instruction has written (a second write is a recomputation).
+    written: Vec<bool>,
+    scratch: Vec<u32>,
     /// Parts of each parameter this rank's optimizer updates (1: all of it).
     updates: HashMap<u32, f64>,
 }
 
 impl Builder<'_, '_> {
-    fn slot(&mut self, tensor: u32, mb: u32, counted: bool) -> u32 {
-        let next = self.out.slot_bytes.len() as u32;
-        let slot = *self.slot_of.entry((tensor, mb)).or_insert(next);
-        if slot == next {
-            let bytes = if counted { self.c.index.bytes(tensor) } else { 0.0 };
-            self.out.slot_bytes.push(bytes);
+    fn slot(&mut self, tensor: u32, mb: u32) -> u32 {
+        let m = self.stride - 3;
+        let offset = match mb {
+            GATHERED => m,
+            GRADIENT => m + 1,
+            UPDATED => m + 2,
+            mb => mb.min(m - 1),
+        };
+        let t = (tensor as usize).min(self.base.len() - 1);
+        if self.base[t] == u32::MAX {
+            self.base[t] = self.out.slot_bytes.len() as u32;
+            let bytes = self.c.index.bytes(tensor);
+            // Micro-batch buffers and gathered weights count as live memory;
+            // gradients and updated weights are part of the model state.
+            self.out
+                .slot_bytes
+                .extend((0..self.stride).map(|i| if i <= m { bytes } else { 0.0 }));
+            self.written.extend((0..self.stride).map(|_| false));
         }
-        slot
+        self.base[t] + offset
     }
 
     fn buf(&mut self, b: &Buf) -> u32 {
         let t = self.c.index.tensor(&b.tensor);
         match b.micro_batch {
-            Some(mb) => self.slot(t, mb as u32, true),
-            None => self.slot(t, GATHERED, true),
+            Some(mb) => self.slot(t, mb as u32),
+            None => self.slot(t, GATHERED),
         }
     }
 
@@ -297,8 +322,11 @@ impl Builder<'_, '_> {
     }
 
     fn meet(&self, group: &[usize]) -> Sync {
-        Sync::Meet {
-            group: self.c.reps.group_id(group),
+        let (group, size) = self.c.reps.group_id(group);
+        if size <= 1 {
+            Sync::Local
+        } else {
+            Sync::Meet { group, size }
         }
     }
 
@@ -320,15 +348,25 @@ impl Builder<'_, '_> {
                     return;
                 };
                 let mb = *micro_batch as u32;
-                let mut reads: Vec<u32> = f.inputs.iter().map(|&t| self.slot(t, mb, true)).collect();
+                let mut slots = std::mem::take(&mut self.scratch);
+                slots.clear();
+                for &t in &f.inputs {
+                    slots.push(self.slot(t, mb));
+                }
                 if ix.zero3 {
                     for &p in &f.params {
-                        reads.push(self.slot(p, GATHERED, true));
+                        slots.push(self.slot(p, GATHERED));
                     }
                 }
-                let writes: Vec<u32> = f.outputs.iter().map(|&t| self.slot(t, mb, true)).collect();
-                let redo = writes.iter().any(|w| self.written.contains(w));
-                self.written.extend(writes.iter().copied());
+                let n_reads = slots.len();
+                for &t in &f.outputs {
+                    slots.push(self.slot(t, mb));
+                }
+                let (reads, writes) = slots.split_at(n_reads);
+                let redo = writes.iter().any(|&w| self.written[w as usize]);
+                for &w in writes {
+                    self.written[w as usize] = true;
+                }
                 match (instr, f.comm) {
                     (Instr::Collective { group, .. }, Some((kind, which))) => {
                         let (collective, bytes) = match kind {
@@ -357,7 +395,7 @@ impl Builder<'_, '_> {
                         } else {
                             Lane::None
                         };
-                        self.push(lane, activity, seconds, sync, &reads, &writes);
+                        self.push(lane, activity, seconds, sync, reads, writes);
                     }
                     _ => {
                         let activity = match (f.forward, redo) {
@@ -365,16 +403,10 @@ impl Builder<'_, '_> {
                             (true, true) => Activity::Recompute,
                             (false, _) => Activity::Backward,
                         };
-                        self.push(
-                            Lane::Compute,
-                            activity,
-                            pr.node(node),
-                            Sync::Local,
-                            &reads,
-                            &writes,
-                        );
+                        self.push(Lane::Compute, activity, f.seconds, Sync::Local, reads, writes);
                     }
                 }
+                self.scratch = slots;
             }
             Instr::Send { buf, to } => {
                 let s = self.buf(buf);
@@ -412,8 +444,8 @@ impl Builder<'_, '_> {
                 let Some(&grad) = ix.gradient.get(&p) else {
                     return;
                 };
-                let from = self.slot(grad, *micro_batch as u32, true);
-                let acc = self.slot(p, GRADIENT, false);
+                let from = self.slot(grad, *micro_batch as u32);
+                let acc = self.slot(p, GRADIENT);
                 let seconds = pr.accumulation(ix.bytes(grad));
                 self.push(
                     Lane::Compute,
@@ -425,10 +457,7 @@ impl Builder<'_, '_> {
                 );
             }
             Instr::SumTiedGrads { params, group, .. } => {
-                let slots: Vec<u32> = params
-                    .iter()
-                    .map(|p| self.slot(ix.tensor(p), GRADIENT, false))
-                    .collect();
+                let slots: Vec<u32> = params.iter().map(|p| self.slot(ix.tensor(p), GRADIENT)).collect();
                 let bytes = params.first().map_or(0.0, |p| ix.bytes(ix.tensor(p)));
                 let seconds = pr.collective(Collective::AllReduce, Algorithm::Ring, bytes, group);
                 let sync = self.meet(group);
@@ -440,7 +469,7 @@ impl Builder<'_, '_> {
                 reduction,
             } => {
                 let p = ix.tensor(param);
-                let acc = self.slot(p, GRADIENT, false);
+                let acc = self.slot(p, GRADIENT);
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
                     Reduction::ParameterServer => Algorithm::ParameterServer,
@@ -451,15 +480,15 @@ impl Builder<'_, '_> {
             }
             Instr::ReduceScatterGrad { param, group } => {
                 let p = ix.tensor(param);
-                let acc = self.slot(p, GRADIENT, false);
+                let acc = self.slot(p, GRADIENT);
                 let seconds = pr.collective(Collective::ReduceScatter, Algorithm::Ring, ix.bytes(p), group);
                 let sync = self.meet(group);
                 self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &[acc], &[acc]);
             }
             Instr::OptimizerStep { param, shard } => {
                 let p = ix.tensor(param);
-                let acc = self.slot(p, GRADIENT, false);
-                let updated = self.slot(p, UPDATED, false);
+                let acc = self.slot(p, GRADIENT);
+                let updated = self.slot(p, UPDATED);
                 let parts = shard.map_or(1, |s| s.parts) as f64;
                 self.updates.insert(p, parts);
                 let seconds = pr.optimizer(ix.elements(p) / parts, ix.dtype(p));
@@ -474,7 +503,7 @@ impl Builder<'_, '_> {
             }
             Instr::AllGatherParam { param, group } => {
                 let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED, false);
+                let updated = self.slot(p, UPDATED);
                 let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
                 let sync = self.meet(group);
                 self.push(
@@ -488,7 +517,7 @@ impl Builder<'_, '_> {
             }
             Instr::GatherParam { param, group } => {
                 let p = ix.tensor(param);
-                let gathered = self.slot(p, GATHERED, true);
+                let gathered = self.slot(p, GATHERED);
                 let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
                 let sync = self.meet(group);
                 self.push(
@@ -502,7 +531,7 @@ impl Builder<'_, '_> {
             }
             Instr::SendParam { param, to } => {
                 let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED, false);
+                let updated = self.slot(p, UPDATED);
                 let seconds = pr.transfer(ix.bytes(p), rank, *to);
                 let to = c.reps.rep_of(*to);
                 let sync = Sync::Send {
@@ -513,7 +542,7 @@ impl Builder<'_, '_> {
             }
             Instr::RecvParam { param, from } => {
                 let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED, false);
+                let updated = self.slot(p, UPDATED);
                 let from = c.reps.rep_of(*from);
                 let sync = Sync::Recv {
                     from,
@@ -542,9 +571,11 @@ impl Compiler<'_, '_> {
                 rank: p.rank,
                 ..Compiled::default()
             },
-            slot_of: HashMap::new(),
-            written: HashSet::new(),
-            updates: HashMap::new(),
+            base: vec![u32::MAX; self.index.tensor_bytes.len() + 1],
+            stride: self.micro_batches as u32 + 3,
+            written: Vec::new(),
+            scratch: Vec::new(),
+            updates: HashMap::default(),
         };
         for instr in &p.instructions {
             b.instr(p.rank, instr);

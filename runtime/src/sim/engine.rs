@@ -8,8 +8,9 @@
 //! rank (links are not shared between concurrent transfers).
 
 use super::compile::{Activity, Compiled, Lane, MessageKey, Sync};
-use super::ranks::Representatives;
-use std::collections::{BTreeMap, HashMap};
+use rayon::prelude::*;
+use rustc_hash::FxHashMap as HashMap;
+use std::collections::BTreeMap;
 
 /// Where a rank's compute lane spent the step.
 #[derive(Debug, Clone, Default)]
@@ -76,8 +77,8 @@ struct Meeting {
     start: Option<f64>,
 }
 
-/// Replays `programs` (one per class of `reps`, in class order).
-pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timeline>, Deadlock> {
+/// Replays `programs`, one per class of ranks.
+pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
     let mut states: Vec<RankState> = programs
         .iter()
         .map(|p| RankState {
@@ -86,14 +87,13 @@ pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timel
             ready: vec![0.0; p.slot_bytes.len()],
             cause: vec![Activity::Other; p.slot_bytes.len()],
             last_use: vec![0.0; p.slot_bytes.len()],
-            met: HashMap::new(),
+            met: HashMap::default(),
             events: Vec::new(),
             t: Timeline::default(),
         })
         .collect();
-    let mut messages: HashMap<(u32, u32, MessageKey), f64> = HashMap::new();
-    let mut meetings: HashMap<(u32, u32), Meeting> = HashMap::new();
-    let mut group_sizes: HashMap<u32, usize> = HashMap::new();
+    let mut messages: HashMap<(u32, u32, MessageKey), f64> = HashMap::default();
+    let mut meetings: HashMap<(u32, u32), Meeting> = HashMap::default();
     loop {
         let mut moved = false;
         let mut done = true;
@@ -119,11 +119,9 @@ pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timel
                         };
                         start = start.max(arrival);
                     }
-                    Sync::Meet { group } => {
+                    Sync::Meet { group, size } => {
+                        let size = size as usize;
                         let seq = st.met.get(&group).copied().unwrap_or(0);
-                        let size = *group_sizes
-                            .entry(group)
-                            .or_insert_with(|| reps.group(group).len());
                         let m = meetings.entry((group, seq)).or_default();
                         if m.start.is_none() {
                             if !m.arrived.contains(&(me as u32)) {
@@ -223,8 +221,9 @@ pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timel
         .iter()
         .map(|s| s.lane_free.iter().copied().fold(0.0, f64::max))
         .fold(0.0, f64::max);
+    // Each rank's accounting is its own: finish them in parallel.
     Ok(states
-        .into_iter()
+        .into_par_iter()
         .zip(programs)
         .map(|(mut st, p)| {
             let compute_end = st.lane_free[0];
@@ -244,6 +243,7 @@ pub fn replay(programs: &[Compiled], reps: &Representatives) -> Result<Vec<Timel
 fn finish_memory(st: &mut RankState, static_bytes: f64, keep_curve: bool) {
     let mut events = std::mem::take(&mut st.events);
     // Frees before allocations at the same instant.
+    // Nearly sorted already (allocations follow the lanes): the stable sort finds the runs.
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     let mut live = 0.0f64;
     let mut peak = 0.0f64;

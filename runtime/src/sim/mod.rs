@@ -53,15 +53,16 @@ pub fn simulate(
     } else {
         Representatives::per_stage(s)
     };
-    let index = GraphIndex::new(t, s.zero);
+    let index = GraphIndex::new(t, s.zero, pricing);
     let compiler = Compiler {
         index: &index,
         pricing,
         reps: &reps,
         labels: opts.trace,
+        micro_batches: s.micro_batches.max(1),
     };
     let programs = lower::lower_ranks(t, s, &reps.ranks, |p| compiler.compile(&p))?;
-    let timelines = engine::replay(&programs, &reps)?;
+    let timelines = engine::replay(&programs)?;
     let trace = if opts.trace {
         trace_events(&programs, &timelines)
     } else {

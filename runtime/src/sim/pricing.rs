@@ -13,6 +13,8 @@
 //!   kernel): when the calibration holds measured per-op rates
 //!   (`autopar profile`), each node is priced from its op's measured rate.
 
+use crate::cpu::profile::node_time;
+use crate::cpu::Precision;
 use crate::lower::TrainingGraph;
 use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
 use autopar_cost_models::compute::Rates;
@@ -30,6 +32,18 @@ pub struct PricingOptions {
     /// Dropout after attention and on residual branches (priced, as the
     /// analytic model does; the training graph itself has none).
     pub dropout: bool,
+    /// What the CPU interpreter computes in, for pricing from measured per-op rates.
+    pub precision: Precision,
+}
+
+impl Default for PricingOptions {
+    fn default() -> Self {
+        PricingOptions {
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            precision: Precision::F32,
+        }
+    }
 }
 
 /// Seconds of everything a program does, on one cluster.
@@ -41,6 +55,8 @@ pub struct Pricing<'a> {
     node_seconds: HashMap<String, f64>,
     /// Whether nodes were priced from measured per-op rates.
     pub per_node: bool,
+    /// Share of a processor each rank's computation gets (1: its own).
+    core_share: f64,
 }
 
 /// Why a plan cannot be priced.
@@ -157,22 +173,11 @@ impl<'a> Pricing<'a> {
             let layout_only = !per_node && weight_layout(t, i, &by_name, &gradients);
             let seconds = if matches!(n.op, Op::Comm { .. }) || layout_only {
                 0.0
+            } else if per_node {
+                node_time(calibration, &cluster.device, g, i, opts.precision)
             } else {
-                let (works, cost, dtype) = node_kernels(g, i, opts, &n.op)?;
-                let measured = per_node
-                    .then(|| {
-                        calibration.measured_op_time(
-                            &n.op.name(),
-                            dtype,
-                            cost.forward_flops,
-                            cost.bytes_read + cost.bytes_written,
-                        )
-                    })
-                    .flatten();
-                match measured {
-                    Some(s) => s + calibration.kernel_overhead_s,
-                    None => works.iter().map(|w| rates.forward(w)).sum(),
-                }
+                let (works, _, _) = node_kernels(g, i, opts, &n.op)?;
+                works.iter().map(|w| rates.forward(w)).sum()
             };
             own.insert(n.name.clone(), seconds);
         }
@@ -208,12 +213,21 @@ impl<'a> Pricing<'a> {
             rates,
             node_seconds,
             per_node,
+            core_share: 1.0,
         })
+    }
+
+    /// The same prices for `ranks` ranks sharing `cores` processors (CPU
+    /// runs with more ranks than cores): when all compute at once, each
+    /// gets `cores / ranks` of one.
+    pub fn sharing_cores(mut self, ranks: usize, cores: usize) -> Self {
+        self.core_share = (cores.max(1) as f64 / ranks.max(1) as f64).min(1.0);
+        self
     }
 
     /// Seconds of node `name` for one micro-batch.
     pub fn node(&self, name: &str) -> f64 {
-        self.node_seconds.get(name).copied().unwrap_or(0.0)
+        self.node_seconds.get(name).copied().unwrap_or(0.0) / self.core_share
     }
 
     /// Seconds of a collective over `ranks` moving `bytes` (see
@@ -245,7 +259,7 @@ impl<'a> Pricing<'a> {
 
     /// A streaming pass over `bytes` (gradient accumulation, data loads).
     pub fn streaming(&self, bytes: f64) -> f64 {
-        bytes / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s
+        (bytes / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s) / self.core_share
     }
 
     /// Adding one micro-batch's gradient of `bytes` into the step's: a
@@ -266,7 +280,8 @@ impl<'a> Pricing<'a> {
     pub fn optimizer(&self, elements: f64, dtype: DType) -> f64 {
         let weights = elements * dtype.size_bits() as f64 / 8.0;
         let state = elements * optimizer_bytes_per_param(dtype);
-        (2.0 * state + 2.0 * weights) / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s
+        ((2.0 * state + 2.0 * weights) / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s)
+            / self.core_share
     }
 
     /// Bytes per parameter element of the optimizer state.

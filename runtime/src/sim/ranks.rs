@@ -65,14 +65,15 @@ impl Representatives {
         self.class.get(rank).copied().unwrap_or(u32::MAX)
     }
 
-    /// An id for the classes of `ranks` (sorted, deduplicated).
-    pub fn group_id(&self, ranks: &[usize]) -> u32 {
+    /// An id for the classes of `ranks` (sorted, deduplicated), and how many there are.
+    pub fn group_id(&self, ranks: &[usize]) -> (u32, u32) {
         let mut classes: Vec<u32> = ranks.iter().map(|&r| self.rep_of(r)).collect();
         classes.sort_unstable();
         classes.dedup();
+        let size = classes.len() as u32;
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         let next = groups.len() as u32;
-        *groups.entry(classes).or_insert(next)
+        (*groups.entry(classes).or_insert(next), size)
     }
 
     /// The classes of group `id`.
@@ -98,9 +99,10 @@ mod tests {
         assert_eq!(r.members, vec![4, 4, 4]);
         assert!(r.reduced());
         // A tensor-parallel group is one class; ranks of two stages are two.
-        assert_eq!(r.group(r.group_id(&[0, 1])), vec![0]);
-        let across = r.group_id(&[0, s.world() - 1]);
-        assert_eq!(r.group(across), vec![0, 2]);
+        assert_eq!(r.group_id(&[0, 1]).1, 1);
+        assert_eq!(r.group(r.group_id(&[0, 1]).0), vec![0]);
+        let (across, size) = r.group_id(&[0, s.world() - 1]);
+        assert_eq!((r.group(across), size), (vec![0, 2], 2));
         assert!(!Representatives::all(4).reduced());
     }
 }

@@ -17,8 +17,10 @@ pub struct NodeWork {
     /// different speed under one op: for binary element-wise ops whose
     /// inputs are broadcast, ` (repeat)` when one input is cycled over the
     /// other (a scalar, or trailing dims) and ` (strided)` when elements are
-    /// gathered through index tables; ` (bias)` for `Linear` and `Gemm` with
-    /// a bias, which is broadcast into the output before the product.
+    /// gathered through index tables; ` (last axis)` for reductions over
+    /// the innermost axis, whose one running sum per output serialises the
+    /// loop; ` (bias)` for `Linear` and `Gemm` with a bias, which is
+    /// broadcast into the output before the product.
     pub kernel: String,
     pub dtype: DType,
     pub flops: f64,
@@ -73,6 +75,11 @@ pub fn node_work(graph: &Graph, idx: NodeIndex, precision: Precision) -> NodeWor
             kernel += broadcast_loop(&a.shape, &b.shape, &out.shape);
         }
         (Op::Linear | Op::Gemm { .. }, [_, _, Some(_), ..], _) => kernel += " (bias)",
+        (Op::Reduce { axes, .. }, [Some(x), ..], _)
+            if reduces_last_axis(graph, idx, axes.as_deref(), &x.shape) =>
+        {
+            kernel += " (last axis)";
+        }
         _ => {}
     }
     NodeWork {
@@ -110,6 +117,25 @@ fn broadcast_loop(a: &Shape, b: &Shape, out: &Shape) -> &'static str {
         (true, false) if repeats(b) => " (repeat)",
         (false, true) if repeats(a) => " (repeat)",
         _ => " (strided)",
+    }
+}
+
+/// Whether reduction node `idx` (axes from its attribute `axes`, else its
+/// constant second input, else all) sums over the last axis of its input
+/// `x`, and that axis is longer than one.
+fn reduces_last_axis(graph: &Graph, idx: NodeIndex, axes: Option<&[i64]>, x: &Shape) -> bool {
+    let rank = x.0.len() as i64;
+    if rank == 0 || x.0.last() == Some(&Dim::Fixed(1)) {
+        return false;
+    }
+    let from_input = graph.node(idx).inputs.get(1).copied().flatten().map(|t| {
+        let data = graph.tensor(t).data.as_ref();
+        data.and_then(|v| v.as_i64().map(<[i64]>::to_vec))
+            .unwrap_or_default()
+    });
+    match axes.map(<[i64]>::to_vec).or(from_input) {
+        Some(axes) if !axes.is_empty() => axes.iter().any(|&a| a == -1 || a == rank - 1),
+        _ => true,
     }
 }
 
@@ -266,6 +292,16 @@ mod tests {
             "Linear (bias)"
         );
         assert_eq!(kernel(Op::Linear, &[&[4, 3], &[3, 2]], &[4, 2]), "Linear");
+        let sum = |axes: &[i64]| Op::Reduce {
+            kind: autopar_ir::ReduceKind::Sum,
+            axes: Some(axes.to_vec()),
+            keepdims: true,
+            noop_with_empty_axes: false,
+        };
+        assert_eq!(kernel(sum(&[-1]), &[&[4, 3]], &[4, 1]), "ReduceSum (last axis)");
+        assert_eq!(kernel(sum(&[1]), &[&[4, 3]], &[4, 1]), "ReduceSum (last axis)");
+        assert_eq!(kernel(sum(&[0]), &[&[4, 3]], &[1, 3]), "ReduceSum");
+        assert_eq!(kernel(sum(&[1]), &[&[4, 1]], &[4, 1]), "ReduceSum");
     }
 
     #[test]
