@@ -70,6 +70,14 @@ pub fn render(cal: &Calibration, out: &Path) -> String {
             cal.ops.len()
         );
     }
+    if cal.threads.len() > 1 {
+        let list: Vec<String> = cal
+            .threads
+            .iter()
+            .map(|t| format!("{} threads {:.2}x", t.threads, t.slowdown))
+            .collect();
+        s += &format!("per-thread slowdown with threads at once: {}\n", list.join(", "));
+    }
     s
 }
 

@@ -142,7 +142,8 @@ pub fn simulate_plan(
     let mut pricing = Pricing::new(t, &cluster, calibration, &pricing_opts).context("pricing the plan")?;
     if p.inputs.cluster.name == "cpu" {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        pricing = pricing.sharing_cores(s.world(), cores);
+        let slowdown = calibration.thread_slowdown(s.world().min(cores));
+        pricing = pricing.sharing_cores(s.world(), cores, slowdown);
     }
     let per_node = pricing.per_node;
     let sim = simulate(t, s, &pricing, opts).with_context(|| format!("{plan_arg}: simulating"))?;

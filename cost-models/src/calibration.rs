@@ -32,6 +32,35 @@ pub struct Calibration {
     /// Empty (and left out of the file) when not measured.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub ops: Vec<OpRate>,
+    /// How much slower each thread computes when this many run at once
+    /// (shared caches, memory bandwidth, hyper-threads); see
+    /// [`Calibration::thread_slowdown`]. Empty (and left out) when not measured.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub threads: Vec<ThreadSlowdown>,
+    /// What an interpreter adds to its kernels inside a real step (the CPU
+    /// backend); absent (and left out) when not measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interpreter: Option<InterpreterCost>,
+}
+
+/// An interpreter's cost beyond its kernels' timing loops, measured in a
+/// traced training step: kernels run `node_factor` times slower than alone
+/// (fresh buffers, colder caches), and each instruction adds
+/// `instruction_overhead_s` of bookkeeping between kernels.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InterpreterCost {
+    pub node_factor: f64,
+    pub instruction_overhead_s: f64,
+}
+
+/// Per-thread time of a kernel mix with `threads` threads running it at
+/// once, over its time alone.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ThreadSlowdown {
+    pub threads: usize,
+    pub slowdown: f64,
 }
 
 /// The measured speed of one op's kernel in one dtype, on nodes of about
@@ -128,6 +157,8 @@ impl Default for Calibration {
             // each kernel's partially idle ramp and tail.
             kernel_overhead_s: 2e-6,
             ops: Vec::new(),
+            threads: Vec::new(),
+            interpreter: None,
         }
     }
 }
@@ -187,6 +218,17 @@ pub enum CalibrationError {
 }
 
 impl Calibration {
+    /// How much slower each of `threads` concurrent threads computes than
+    /// one alone: the measurement for the largest count not above
+    /// `threads` (1 when none was measured).
+    pub fn thread_slowdown(&self, threads: usize) -> f64 {
+        self.threads
+            .iter()
+            .filter(|t| t.threads <= threads)
+            .max_by_key(|t| t.threads)
+            .map_or(1.0, |t| t.slowdown.max(1.0))
+    }
+
     /// Reads a calibration JSON file; absent fields keep their defaults.
     pub fn load(path: &Path) -> Result<Calibration, CalibrationError> {
         let origin = path.display().to_string();
@@ -228,6 +270,14 @@ impl Calibration {
         for (name, v) in fractions {
             if !(v > 0.0 && v <= 1.0) {
                 return Err(field(name, format!("must be in (0, 1], found {v}")));
+            }
+        }
+        for (i, t) in self.threads.iter().enumerate() {
+            if t.threads == 0 || !(t.slowdown.is_finite() && t.slowdown > 0.0) {
+                return Err(field(
+                    &format!("threads[{i}]"),
+                    "needs threads >= 1 and a positive, finite slowdown".into(),
+                ));
             }
         }
         let positive = [
@@ -435,6 +485,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("speed"), "{err}");
+    }
+
+    #[test]
+    fn thread_slowdown_takes_the_nearest_count_below() {
+        let cal = Calibration {
+            threads: vec![
+                ThreadSlowdown {
+                    threads: 1,
+                    slowdown: 1.0,
+                },
+                ThreadSlowdown {
+                    threads: 2,
+                    slowdown: 1.5,
+                },
+            ],
+            ..Calibration::default()
+        };
+        assert_eq!(cal.thread_slowdown(1), 1.0);
+        assert_eq!(cal.thread_slowdown(2), 1.5);
+        assert_eq!(cal.thread_slowdown(8), 1.5);
+        assert_eq!(Calibration::default().thread_slowdown(4), 1.0);
+        let bad = r#"{"format": "autopar-calibration/1", "threads": [{"threads": 0, "slowdown": 1.0}]}"#;
+        let err = Calibration::from_json(bad, "t.json").unwrap_err();
+        assert!(err.to_string().contains("threads[0]"), "{err}");
     }
 
     #[test]

@@ -5,27 +5,32 @@
 //! analytic estimate (every row of the table is checked by
 //! `cargo bench -p autopar-runtime --bench simulate`).
 
+use autopar_cost_models::calibration::{InterpreterCost, OpRate};
 use autopar_cost_models::published::megatron_sc21;
 use autopar_cost_models::{estimate, AttentionKernel, Calibration, Cluster, Recompute, Workload};
+use autopar_ir::DType;
 use autopar_runtime::lower::{for_strategy, Strategy};
 use autopar_runtime::sim::{simulate, Pricing, PricingOptions, SimOptions, Simulation};
 
 const ZOO: &str = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=16";
 
 fn run(s: &Strategy, every_rank: bool) -> Simulation {
+    run_with(s, every_rank, &Calibration::default())
+}
+
+fn run_with(s: &Strategy, every_rank: bool, calibration: &Calibration) -> Simulation {
     let g = autopar_ir::zoo::build(ZOO).unwrap();
     let t = for_strategy(&g, s, 16).unwrap();
     let cluster = Cluster::preset("dgx-a100-80g")
         .unwrap()
         .with_gpus(s.world())
         .unwrap();
-    let calibration = Calibration::default();
     let opts = PricingOptions {
         attention: AttentionKernel::Fused,
         dropout: false,
         ..PricingOptions::default()
     };
-    let pricing = Pricing::new(&t, &cluster, &calibration, &opts).unwrap();
+    let pricing = Pricing::new(&t, &cluster, calibration, &opts).unwrap();
     let sim_opts = SimOptions {
         every_rank,
         trace: false,
@@ -106,4 +111,38 @@ fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate()
         let sum: f64 = sim.terms(&analytic.breakdown).iter().map(|t| t.simulated_s).sum();
         assert!((sum - sim.step_time_s).abs() < 1e-6 * sim.step_time_s, "{sum}");
     }
+}
+
+#[test]
+fn an_interpreter_runs_each_rank_on_one_lane_with_its_measured_costs() {
+    let s = Strategy::new(2, 2, 4, 1, 4);
+    // Measured per-op rates mark an interpreter (the CPU backend).
+    let rate = OpRate {
+        op: "Add".into(),
+        dtype: DType::F32,
+        at_bytes: None,
+        bytes_per_s: Some(1e9),
+        flops_per_s: None,
+    };
+    let measured = Calibration {
+        ops: vec![rate],
+        ..Calibration::default()
+    };
+    let base = run_with(&s, false, &measured);
+    // On one lane nothing overlaps: the slowest rank is never idle for its own communication.
+    assert!(base.per_rank.iter().any(|r| r.communication_s > 0.0));
+    let slower = Calibration {
+        interpreter: Some(InterpreterCost {
+            node_factor: 2.0,
+            instruction_overhead_s: 1e-3,
+        }),
+        ..measured.clone()
+    };
+    let costly = run_with(&s, false, &slower);
+    assert!(
+        costly.step_time_s > 2.0 * base.step_time_s,
+        "{} vs {}",
+        costly.step_time_s,
+        base.step_time_s
+    );
 }

@@ -22,8 +22,10 @@ use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+mod in_run;
 mod ops;
 mod predict;
+mod threads;
 
 pub use predict::{gemm_shape, node_time, node_work, priced_as_matmul, NodeWork};
 
@@ -65,6 +67,10 @@ struct Plan {
     min_sample_s: f64,
     /// Timed samples per figure; the fastest is kept.
     samples: usize,
+    /// Side of the square product in the concurrent-threads mix.
+    thread_mix_dim: usize,
+    /// Most threads run at once when measuring their slowdown.
+    max_threads: usize,
 }
 
 impl Plan {
@@ -90,6 +96,8 @@ impl Plan {
                 passes: 1,
                 min_sample_s: 1e-4,
                 samples: 3,
+                thread_mix_dim: 16,
+                max_threads: 2,
             };
         }
         let mut matmuls = grid(DType::F32, &[32, 128, 512]);
@@ -127,6 +135,9 @@ impl Plan {
             passes: 3,
             min_sample_s: 2e-3,
             samples: 9,
+            // A 256² product and a 256 Ki-element Gelu: the backend's working sizes.
+            thread_mix_dim: 256,
+            max_threads: 16,
         }
     }
 }
@@ -166,6 +177,8 @@ pub fn profile(options: &ProfileOptions) -> Result<Calibration, ProfileError> {
     cal.network.measured_intra_node_bytes_per_s = Some(ring_rate(&plan)?);
     cal.kernel_overhead_s = kernel_overhead(&plan)?;
     cal.ops = ops::op_rates(&plan, &cal)?;
+    cal.threads = threads::thread_slowdowns(&plan)?;
+    cal.interpreter = Some(in_run::interpreter_cost(&plan, &cal)?);
     Ok(cal)
 }
 
@@ -431,6 +444,14 @@ mod tests {
             .iter()
             .all(|r| !["MatMul", "Linear", "Gemm"].contains(&r.op.as_str())));
         assert!(cal.about.contains("logical cores"), "{}", cal.about);
+        // Thread slowdowns from one thread up, and the interpreter's own cost.
+        assert_eq!(
+            cal.threads.first().map(|t| (t.threads, t.slowdown)),
+            Some((1, 1.0))
+        );
+        assert!(cal.threads.iter().all(|t| t.slowdown >= 1.0));
+        let interpreter = cal.interpreter.expect("interpreter cost");
+        assert!(interpreter.node_factor >= 1.0 && interpreter.instruction_overhead_s >= 0.0);
         // Fractions are not measured here.
         assert_eq!(
             cal.memory.bandwidth_fraction,

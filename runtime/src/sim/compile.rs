@@ -60,6 +60,20 @@ pub enum Activity {
     Pipeline,
 }
 
+impl Activity {
+    /// Moving data between ranks rather than computing.
+    pub fn is_communication(self) -> bool {
+        matches!(
+            self,
+            Activity::TensorComm
+                | Activity::ContextComm
+                | Activity::ExpertComm
+                | Activity::DataComm
+                | Activity::Pipeline
+        )
+    }
+}
+
 /// How an instruction synchronises with other ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sync {
@@ -307,6 +321,14 @@ impl Builder<'_, '_> {
         reads: &[u32],
         writes: &[u32],
     ) {
+        // An interpreter runs a rank's instructions one after another on
+        // one thread: every timed instruction takes the same lane.
+        // Each instruction also costs it some bookkeeping.
+        let (lane, seconds) = if self.c.pricing.serial() {
+            (Lane::Compute, seconds + self.c.pricing.instruction_overhead())
+        } else {
+            (lane, seconds)
+        };
         let r = (self.out.slots.len() as u32, reads.len() as u16);
         self.out.slots.extend_from_slice(reads);
         let w = (self.out.slots.len() as u32, writes.len() as u16);

@@ -157,7 +157,11 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
                 }
                 match step.lane {
                     Lane::Compute => {
-                        st.t.busy_s += step.seconds;
+                        if step.activity.is_communication() {
+                            st.t.comm_busy_s += step.seconds;
+                        } else {
+                            st.t.busy_s += step.seconds;
+                        }
                         st.t.stretch(start, end, step.activity);
                     }
                     Lane::None => {}

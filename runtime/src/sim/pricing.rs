@@ -175,6 +175,7 @@ impl<'a> Pricing<'a> {
                 0.0
             } else if per_node {
                 node_time(calibration, &cluster.device, g, i, opts.precision)
+                    * calibration.interpreter.map_or(1.0, |c| c.node_factor)
             } else {
                 let (works, _, _) = node_kernels(g, i, opts, &n.op)?;
                 works.iter().map(|w| rates.forward(w)).sum()
@@ -217,11 +218,14 @@ impl<'a> Pricing<'a> {
         })
     }
 
-    /// The same prices for `ranks` ranks sharing `cores` processors (CPU
-    /// runs with more ranks than cores): when all compute at once, each
-    /// gets `cores / ranks` of one.
-    pub fn sharing_cores(mut self, ranks: usize, cores: usize) -> Self {
-        self.core_share = (cores.max(1) as f64 / ranks.max(1) as f64).min(1.0);
+    /// The same prices for `ranks` ranks run as threads on `cores`
+    /// processors (the CPU backend): each rank gets `cores / ranks` of one
+    /// when there are more ranks than cores, and computes `slowdown` times
+    /// slower than alone for the threads running at once (measured by
+    /// `autopar profile`).
+    pub fn sharing_cores(mut self, ranks: usize, cores: usize, slowdown: f64) -> Self {
+        let share = (cores.max(1) as f64 / ranks.max(1) as f64).min(1.0);
+        self.core_share = share / slowdown.max(1.0);
         self
     }
 
@@ -245,6 +249,7 @@ impl<'a> Pricing<'a> {
         Span::of(&self.cluster, ranks)
             .and_then(|span| comm::time(&self.cluster, span, collective, algorithm, bytes))
             .unwrap_or(0.0)
+            / self.comm_share()
     }
 
     /// Seconds of one message of `bytes` from rank `from` to rank `to`.
@@ -254,7 +259,32 @@ impl<'a> Pricing<'a> {
         } else {
             self.cluster.inter_node
         };
-        link.latency + bytes / link.bandwidth
+        (link.latency + bytes / link.bandwidth) / self.comm_share()
+    }
+
+    /// Bookkeeping an interpreter spends on every instruction (0 unless measured).
+    pub fn instruction_overhead(&self) -> f64 {
+        match (self.serial(), self.calibration.interpreter) {
+            (true, Some(c)) => c.instruction_overhead_s / self.core_share,
+            _ => 0.0,
+        }
+    }
+
+    /// Whether each rank runs its instructions one at a time on one thread
+    /// (the CPU interpreter, priced node by node): its collectives and
+    /// transfers are work of that thread, not of a separate engine.
+    pub fn serial(&self) -> bool {
+        self.per_node
+    }
+
+    /// Share of a processor a rank's communication gets: collectives are
+    /// thread work when the ranks are threads.
+    fn comm_share(&self) -> f64 {
+        if self.serial() {
+            self.core_share
+        } else {
+            1.0
+        }
     }
 
     /// A streaming pass over `bytes` (gradient accumulation, data loads).

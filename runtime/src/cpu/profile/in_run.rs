@@ -1,0 +1,92 @@
+//! What a node costs inside a real training step rather than in a timing
+//! loop: the CPU backend's rank interpreter feeds each kernel fresh
+//! buffers, stores and frees its outputs and walks the program between
+//! kernels. One short single-rank run of a profile model, traced, gives the
+//! ratio of each node's traced time to its predicted time, and the time
+//! between instructions that no kernel accounts for.
+
+use super::{node_time, Plan, ProfileError};
+use crate::cpu::parallel::{train, TrainOptions};
+use crate::cpu::Precision;
+use crate::lower::{for_strategy, lower, Strategy};
+use crate::trace::TraceEvent;
+use crate::train::{initialize, Optimizer, TokenSource};
+use autopar_cost_models::calibration::InterpreterCost;
+use autopar_cost_models::{Calibration, Cluster};
+use autopar_ir::{ModelSpec, NodeIndex};
+use std::collections::HashMap;
+
+/// Steps run; the first (warm-up) is left out, and each figure is the
+/// median over the others (a shared host disturbs single steps).
+const STEPS: usize = 8;
+
+/// Measures the interpreter's cost on `plan`'s first model under `cal`'s kernel rates.
+pub(super) fn interpreter_cost(plan: &Plan, cal: &Calibration) -> Result<InterpreterCost, ProfileError> {
+    let spec = plan.models.first().copied().unwrap_or_default();
+    let model_error = |message: String| ProfileError::Model {
+        spec: spec.to_string(),
+        message,
+    };
+    let parsed: ModelSpec = spec.parse().map_err(|e| model_error(format!("{e}")))?;
+    let (layers, seq, vocab) = match &parsed {
+        ModelSpec::Gpt(c) => (c.layers, c.seq, c.vocab),
+        ModelSpec::Llama(c) => (c.layers, c.seq, c.vocab),
+        ModelSpec::Bert(c) => (c.layers, c.seq, c.vocab),
+    };
+    let mut g = autopar_ir::zoo::build(spec).map_err(|e| model_error(e.to_string()))?;
+    initialize(&mut g, 1).map_err(|e| model_error(e.to_string()))?;
+    let s = Strategy::new(1, 1, layers, plan.micro_batch, 1);
+    let t = for_strategy(&g, &s, seq).map_err(|e| model_error(e.to_string()))?;
+    let programs = lower(&t, &s).map_err(|e| model_error(e.to_string()))?;
+    let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-3), STEPS);
+    opts.trace = true;
+    let report = train(&t, &programs, &TokenSource::synthetic(vocab, 1), &opts, &|_| {})
+        .map_err(|e| model_error(e.to_string()))?;
+    let device = Cluster::preset("cpu")
+        .map_err(|e| model_error(e.to_string()))?
+        .device;
+    let by_name: HashMap<&str, NodeIndex> = t
+        .graph
+        .node_indices()
+        .map(|i| (t.graph.node(i).name.as_str(), i))
+        .collect();
+    // Per step: traced node seconds, their predicted seconds, all spans.
+    let mut per_step = vec![(0.0, 0.0, 0.0); STEPS];
+    for e in &report.trace {
+        let TraceEvent::Span {
+            name,
+            step,
+            duration_us,
+            ..
+        } = e
+        else {
+            continue;
+        };
+        let Some(sums) = per_step.get_mut(*step) else {
+            continue;
+        };
+        sums.2 += duration_us * 1e-6;
+        let node = name.strip_prefix("compute '").and_then(|n| n.split('\'').next());
+        if let Some(&i) = node.and_then(|n| by_name.get(n)) {
+            sums.0 += duration_us * 1e-6;
+            sums.1 += node_time(cal, &device, &t.graph, i, Precision::F32);
+        }
+    }
+    let instructions = programs[0].instructions.len().max(1) as f64;
+    let (mut factors, mut overheads) = (Vec::new(), Vec::new());
+    for (s, &(traced, predicted, spans)) in report.steps.iter().zip(&per_step).skip(1) {
+        if predicted > 0.0 {
+            factors.push((traced / predicted).max(1.0));
+        }
+        overheads.push(((s.seconds - spans) / instructions).max(0.0));
+    }
+    Ok(InterpreterCost {
+        node_factor: super::four_digits(median(factors).unwrap_or(1.0)),
+        instruction_overhead_s: super::four_digits(median(overheads).unwrap_or(0.0)),
+    })
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
+}
