@@ -65,6 +65,12 @@ struct RankState {
     last_use: Vec<f64>,
     /// Per group, collectives this rank has finished.
     met: HashMap<u32, u32>,
+    /// Live buffer bytes in program order (a buffer is taken when the
+    /// instruction writing it is issued and given back at its `Free`, as a
+    /// stream-ordered caching allocator sees them), and their peak.
+    live: f64,
+    peak: f64,
+    /// `(time, change)` of the live bytes, kept for traces only.
     events: Vec<(f64, f64)>,
     t: Timeline,
 }
@@ -88,6 +94,8 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             cause: vec![Activity::Other; p.slot_bytes.len()],
             last_use: vec![0.0; p.slot_bytes.len()],
             met: HashMap::default(),
+            live: 0.0,
+            peak: 0.0,
             events: Vec::new(),
             t: Timeline::default(),
         })
@@ -98,6 +106,7 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
         let mut moved = false;
         let mut done = true;
         for (me, p) in programs.iter().enumerate() {
+            let keep_curve = !p.labels.is_empty();
             let st = &mut states[me];
             while st.pc < p.steps.len() {
                 let step = &p.steps[st.pc];
@@ -185,7 +194,11 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
                     };
                     let bytes = p.slot_bytes[s as usize];
                     if bytes > 0.0 {
-                        st.events.push((start, bytes));
+                        st.live += bytes;
+                        st.peak = st.peak.max(st.live);
+                        if keep_curve {
+                            st.events.push((start, bytes));
+                        }
                     }
                 }
                 match step.sync {
@@ -195,7 +208,10 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
                     Sync::Free { slot } => {
                         let bytes = p.slot_bytes[slot as usize];
                         if bytes > 0.0 {
-                            st.events.push((st.last_use[slot as usize], -bytes));
+                            st.live -= bytes;
+                            if keep_curve {
+                                st.events.push((st.last_use[slot as usize], -bytes));
+                            }
                         }
                     }
                     _ => {}
@@ -237,32 +253,27 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             st.t.stretch(compute_end, comm_end, Activity::DataComm);
             st.t.stretch(comm_end, step_end, Activity::Pipeline);
             st.t.end_s = comm_end;
-            finish_memory(&mut st, p.static_bytes, !p.labels.is_empty());
+            finish_memory(&mut st, p.static_bytes);
             st.t
         })
         .collect())
 }
 
-/// The peak of live bytes, and their curve when `keep_curve`.
-fn finish_memory(st: &mut RankState, static_bytes: f64, keep_curve: bool) {
+/// The rank's memory peak (weights, gradients and optimizer state plus
+/// live buffers) and, when traced, the curve of live bytes over time.
+fn finish_memory(st: &mut RankState, static_bytes: f64) {
+    st.t.peak_memory_bytes = static_bytes + st.peak;
     let mut events = std::mem::take(&mut st.events);
     // Frees before allocations at the same instant.
-    // Nearly sorted already (allocations follow the lanes): the stable sort finds the runs.
     events.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     let mut live = 0.0f64;
-    let mut peak = 0.0f64;
-    let mut curve = Vec::new();
+    let mut curve: Vec<(f64, f64)> = Vec::new();
     for (t, d) in events {
         live += d;
-        peak = peak.max(live);
-        if !keep_curve {
-            continue;
-        }
         match curve.last_mut() {
             Some((last_t, bytes)) if *last_t == t => *bytes = static_bytes + live,
             _ => curve.push((t, static_bytes + live)),
         }
     }
-    st.t.peak_memory_bytes = static_bytes + peak;
     st.t.memory = curve;
 }
