@@ -352,6 +352,30 @@ impl Builder<'_, '_> {
         }
     }
 
+    /// A collective over a parameter's data-parallel group on the gradient
+    /// lane: it reads the parameter's `read` buffer (if any) and writes its
+    /// `write` buffer (`GRADIENT`, `UPDATED` or `GATHERED`).
+    fn data_parallel(
+        &mut self,
+        param: &str,
+        collective: Collective,
+        algorithm: Algorithm,
+        group: &[usize],
+        read: Option<u32>,
+        write: u32,
+    ) {
+        let ix = self.c.index;
+        let p = ix.tensor(param);
+        let reads: Vec<u32> = read.map(|r| self.slot(p, r)).into_iter().collect();
+        let writes = [self.slot(p, write)];
+        let seconds = self
+            .c
+            .pricing
+            .collective(collective, algorithm, ix.bytes(p), group);
+        let sync = self.meet(group);
+        self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &reads, &writes);
+    }
+
     fn instr(&mut self, rank: usize, instr: &Instr) {
         let c = self.c;
         let ix = c.index;
@@ -490,22 +514,28 @@ impl Builder<'_, '_> {
                 group,
                 reduction,
             } => {
-                let p = ix.tensor(param);
-                let acc = self.slot(p, GRADIENT);
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
                     Reduction::ParameterServer => Algorithm::ParameterServer,
                 };
-                let seconds = pr.collective(Collective::AllReduce, algorithm, ix.bytes(p), group);
-                let sync = self.meet(group);
-                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &[acc], &[acc]);
+                self.data_parallel(
+                    param,
+                    Collective::AllReduce,
+                    algorithm,
+                    group,
+                    Some(GRADIENT),
+                    GRADIENT,
+                );
             }
             Instr::ReduceScatterGrad { param, group } => {
-                let p = ix.tensor(param);
-                let acc = self.slot(p, GRADIENT);
-                let seconds = pr.collective(Collective::ReduceScatter, Algorithm::Ring, ix.bytes(p), group);
-                let sync = self.meet(group);
-                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &[acc], &[acc]);
+                self.data_parallel(
+                    param,
+                    Collective::ReduceScatter,
+                    Algorithm::Ring,
+                    group,
+                    Some(GRADIENT),
+                    GRADIENT,
+                );
             }
             Instr::OptimizerStep { param, shard } => {
                 let p = ix.tensor(param);
@@ -524,31 +554,23 @@ impl Builder<'_, '_> {
                 );
             }
             Instr::AllGatherParam { param, group } => {
-                let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED);
-                let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
-                let sync = self.meet(group);
-                self.push(
-                    Lane::Gradient,
-                    Activity::DataComm,
-                    seconds,
-                    sync,
-                    &[updated],
-                    &[updated],
+                self.data_parallel(
+                    param,
+                    Collective::AllGather,
+                    Algorithm::Ring,
+                    group,
+                    Some(UPDATED),
+                    UPDATED,
                 );
             }
             Instr::GatherParam { param, group } => {
-                let p = ix.tensor(param);
-                let gathered = self.slot(p, GATHERED);
-                let seconds = pr.collective(Collective::AllGather, Algorithm::Ring, ix.bytes(p), group);
-                let sync = self.meet(group);
-                self.push(
-                    Lane::Gradient,
-                    Activity::DataComm,
-                    seconds,
-                    sync,
-                    &[],
-                    &[gathered],
+                self.data_parallel(
+                    param,
+                    Collective::AllGather,
+                    Algorithm::Ring,
+                    group,
+                    None,
+                    GATHERED,
                 );
             }
             Instr::SendParam { param, to } => {

@@ -80,7 +80,8 @@ struct Meeting {
     arrived: Vec<u32>,
     passed: usize,
     latest: f64,
-    start: Option<f64>,
+    /// Every member has arrived; the collective starts at `latest`.
+    complete: bool,
 }
 
 /// Replays `programs`, one per class of ranks.
@@ -132,7 +133,7 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
                         let size = size as usize;
                         let seq = st.met.get(&group).copied().unwrap_or(0);
                         let m = meetings.entry((group, seq)).or_default();
-                        if m.start.is_none() {
+                        if !m.complete {
                             if !m.arrived.contains(&(me as u32)) {
                                 m.arrived.push(me as u32);
                                 m.latest = m.latest.max(start);
@@ -140,7 +141,7 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
                             if m.arrived.len() < size {
                                 break;
                             }
-                            m.start = Some(m.latest);
+                            m.complete = true;
                         }
                         // Waiting for another stage to arrive is pipeline time, not communication.
                         if m.latest - start > step.seconds {
