@@ -125,7 +125,7 @@ struct RunArgs {
     /// `auto`: plan for this host's ranks first; or a plan file for the model given as TARGET.
     #[arg(long)]
     plan: Option<String>,
-    /// Where to run: cpu (threads on this host) or cuda.
+    /// Where to run: cpu (threads on this host) or cuda (every rank on one GPU).
     #[arg(long, default_value = "cpu")]
     backend: String,
     /// Ranks (one thread each); must equal the plan's.
@@ -146,9 +146,9 @@ struct RunArgs {
     /// Seed of the data and of the initial weights of weightless models.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Arithmetic precision.
-    #[arg(long, value_enum, default_value_t = PrecisionArg::F32)]
-    precision: PrecisionArg,
+    /// Arithmetic precision: f32 or f64 on cpu; f32 or bf16 (mixed precision) on cuda.
+    #[arg(long, value_enum, default_value_t = RunPrecisionArg::F32)]
+    precision: RunPrecisionArg,
     /// With `--plan auto`: rows per step (default: 4 per rank × the model's batch).
     #[arg(long)]
     global_batch: Option<usize>,
@@ -283,6 +283,13 @@ enum PrecisionArg {
     F64,
 }
 
+#[derive(Clone, Copy, ValueEnum)]
+enum RunPrecisionArg {
+    F32,
+    F64,
+    Bf16,
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
@@ -358,7 +365,11 @@ fn run_command(a: RunArgs) -> Result<()> {
         optimizer: a.optimizer,
         lr: a.lr,
         seed: a.seed,
-        precision: precision_of(a.precision),
+        precision: match a.precision {
+            RunPrecisionArg::F32 => run::RunPrecision::F32,
+            RunPrecisionArg::F64 => run::RunPrecision::F64,
+            RunPrecisionArg::Bf16 => run::RunPrecision::Bf16,
+        },
         global_batch: a.global_batch,
         seq: a.seq,
         save_plan: a.save_plan,

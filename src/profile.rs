@@ -13,6 +13,8 @@ use std::path::Path;
 pub enum Backend {
     /// This host's CPU through the reference interpreter's kernels.
     Cpu,
+    /// GPU 0 through cuBLAS and the CUDA backend's kernels.
+    Cuda,
 }
 
 /// Profiles `backend` and writes the calibration to `out` as pretty JSON.
@@ -21,6 +23,8 @@ pub fn run(backend: Backend, out: &Path, options: &ProfileOptions) -> Result<Cal
     output::check_folder(out)?;
     let cal = match backend {
         Backend::Cpu => profile(options)?,
+        Backend::Cuda => autopar_runtime::cuda::profile(0, options.quick)
+            .map_err(|e| anyhow::anyhow!("profile --backend cuda: {e}"))?,
     };
     let text = serde_json::to_string_pretty(&cal)? + "\n";
     output::write_atomic(out, text.as_bytes())?;
@@ -32,7 +36,7 @@ pub fn run(backend: Backend, out: &Path, options: &ProfileOptions) -> Result<Cal
 /// measured.
 pub fn render(cal: &Calibration, out: &Path) -> String {
     let mut s = format!("wrote {}\n{}\n", out.display(), cal.about);
-    for dtype in [DType::F32, DType::F64] {
+    for dtype in [DType::Bf16, DType::F32, DType::F64] {
         let samples = cal.matmul.measured.iter().filter(|m| m.dtype == dtype);
         let slowest = samples
             .clone()

@@ -8,13 +8,15 @@ use anyhow::{bail, Context, Result};
 use autopar_cost_models::{AttentionKernel, Calibration};
 use autopar_ir::Graph;
 use autopar_planner::{DegreeLimits, Plan};
-use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions};
+use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
+use autopar_runtime::cuda::{self, CudaOptions, GpuPrecision};
 use autopar_runtime::lower::{for_strategy, lower, Strategy};
 use autopar_runtime::sim::SimOptions;
 use autopar_runtime::trace::chrome_json;
 use autopar_runtime::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -33,7 +35,7 @@ pub struct Request {
     pub optimizer: String,
     pub lr: Option<f64>,
     pub seed: u64,
-    pub precision: Precision,
+    pub precision: RunPrecision,
     /// For `--plan auto`: rows per step (default 4 per rank × the model's batch).
     pub global_batch: Option<usize>,
     pub seq: Option<usize>,
@@ -44,6 +46,68 @@ pub struct Request {
     /// Also predict the step by simulating the plan priced with this
     /// calibration (from `autopar profile`), to set next to the measurement.
     pub calibration: Option<PathBuf>,
+}
+
+/// The arithmetic of a run: f32 or f64 on the CPU; f32 or bf16 mixed
+/// precision (bf16 weights and activations, f32 master weights) on CUDA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunPrecision {
+    F32,
+    F64,
+    Bf16,
+}
+
+/// Which backend runs the programs, with its options.
+enum Target {
+    Cpu,
+    Cuda(CudaOptions),
+}
+
+impl Request {
+    /// The backend and precision asked for, or why they don't go together.
+    fn target(&self) -> Result<Target> {
+        Ok(match (self.backend.as_str(), self.precision) {
+            ("cpu", RunPrecision::F32 | RunPrecision::F64) => Target::Cpu,
+            ("cpu", RunPrecision::Bf16) => {
+                bail!("--precision bf16 needs --backend cuda (the CPU backend computes in f32 or f64)")
+            }
+            ("cuda", RunPrecision::F64) => bail!("--precision f64: the CUDA backend computes in f32 or bf16"),
+            ("cuda", p) => Target::Cuda(CudaOptions {
+                precision: if p == RunPrecision::Bf16 {
+                    GpuPrecision::Bf16
+                } else {
+                    GpuPrecision::F32
+                },
+                device: cuda_device()?,
+            }),
+            (other, _) => bail!("--backend {other}: unknown backend (expected cpu or cuda)"),
+        })
+    }
+
+    /// The host precision the programs' values use (also what the simulator prices).
+    fn host_precision(&self) -> Precision {
+        match self.precision {
+            RunPrecision::F64 => Precision::F64,
+            _ => Precision::F32,
+        }
+    }
+}
+
+/// The GPU this process runs on: `LOCAL_RANK` under a launcher (torchrun,
+/// Slurm), else 0. One process per GPU (NCCL between processes) is not
+/// built yet, so a launcher with more than one process is refused.
+fn cuda_device() -> Result<usize> {
+    let env =
+        cuda::launch::LaunchEnv::from_env().context("--backend cuda: reading the launcher's environment")?;
+    if env.world_size > 1 {
+        bail!(
+            "--backend cuda: {} processes were launched, but runs with one process per GPU (NCCL) are not built yet; \
+             launch one process: every rank of the plan then runs on GPU {} through the same-device path",
+            env.world_size,
+            env.local_rank
+        );
+    }
+    Ok(env.local_rank)
 }
 
 /// What a run did.
@@ -62,6 +126,22 @@ pub struct Report {
     pub median_step_time_s: f64,
     /// The simulator's step time under `--calibration`.
     pub simulated_step_time_s: Option<f64>,
+    /// What ran on the GPU (`--backend cuda` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuSummary>,
+}
+
+/// The device a CUDA run used and the nodes that had to run on the host.
+#[derive(Debug, Clone, Serialize)]
+pub struct GpuSummary {
+    pub device: String,
+    pub precision: String,
+    /// Op name → nodes of that op run on the host (no device kernel), over all ranks and steps.
+    pub host_nodes: BTreeMap<String, usize>,
+    /// Per rank: the planned arena of transient buffers (activations, gradients of a micro-batch).
+    pub planned_arena_bytes: Vec<u64>,
+    /// Per rank: weights, gradient accumulators and optimizer state.
+    pub planned_model_state_bytes: Vec<u64>,
 }
 
 /// The plan's degrees and knobs, in short.
@@ -187,10 +267,10 @@ pub fn run(
     on_plan: &dyn Fn(&PlanSummary, usize),
     on_step: &(dyn Fn(&StepReport, usize) + Sync),
 ) -> Result<Report> {
-    match r.backend.as_str() {
-        "cpu" => {}
-        "cuda" => bail!("--backend cuda: this binary was built without CUDA support"),
-        other => bail!("--backend {other}: unknown backend (expected cpu)"),
+    let target = r.target()?;
+    if let Target::Cuda(o) = &target {
+        // Fail before planning when there is no GPU to run on.
+        cuda::probe(o.device).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
     }
     if r.steps == 0 || r.ranks == 0 {
         bail!("--steps and --ranks must be at least 1");
@@ -223,7 +303,7 @@ pub fn run(
         "sgd" => Optimizer::sgd(r.lr.unwrap_or(DEFAULT_SGD_LR)),
         other => bail!("--optimizer {other}: expected adamw or sgd"),
     };
-    let mut opts = TrainOptions::new(r.precision, optimizer, r.steps);
+    let mut opts = TrainOptions::new(r.host_precision(), optimizer, r.steps);
     opts.trace = r.trace.is_some();
     let par = &p.parallel;
     let summary = PlanSummary {
@@ -245,11 +325,26 @@ pub fn run(
     };
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
     on_plan(&summary, world);
-    let result = train(&t, &programs, &data, &opts, &|s| on_step(s, tokens_per_step))?;
+    let progress = |s: &StepReport| on_step(s, tokens_per_step);
+    let (result, gpu): (TrainReport, Option<GpuSummary>) = match &target {
+        Target::Cpu => (train(&t, &programs, &data, &opts, &progress)?, None),
+        Target::Cuda(options) => {
+            let c = cuda::train(&t, &programs, &data, &opts, options, &progress)?;
+            let summary = GpuSummary {
+                device: c.device.name.clone(),
+                precision: format!("{:?}", options.precision).to_lowercase(),
+                host_nodes: c.host_nodes,
+                planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
+                planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
+            };
+            (c.train, Some(summary))
+        }
+    };
     let simulated_step_time_s = match &calibration {
         Some(cal) => {
             let opts = SimOptions::default();
-            let (sim, _) = simulate::simulate_plan(&p, &r.target, &t, &strategy, cal, r.precision, &opts)?;
+            let (sim, _) =
+                simulate::simulate_plan(&p, &r.target, &t, &strategy, cal, r.host_precision(), &opts)?;
             Some(sim.step_time_s)
         }
         None => None,
@@ -266,6 +361,7 @@ pub fn run(
         losses: result.steps.iter().map(|s| s.loss).collect(),
         median_step_time_s: median_after_warmup(&step_times),
         simulated_step_time_s,
+        gpu,
         step_times_s: step_times,
         tokens_per_step,
         tokens_per_s: result
@@ -364,6 +460,26 @@ pub fn render_summary(r: &Report) -> String {
         );
     }
     out.push('\n');
+    if let Some(g) = &r.gpu {
+        let _ = writeln!(out, "device: {} ({})", g.device, g.precision);
+        for (rank, (arena, state)) in g
+            .planned_arena_bytes
+            .iter()
+            .zip(&g.planned_model_state_bytes)
+            .enumerate()
+        {
+            let _ = writeln!(
+                out,
+                "  rank {rank:>2}: planned device memory {} of buffers + {} of model state",
+                binary(*arena as f64),
+                binary(*state as f64)
+            );
+        }
+        if !g.host_nodes.is_empty() {
+            let ops: Vec<String> = g.host_nodes.iter().map(|(op, n)| format!("{op} ×{n}")).collect();
+            let _ = writeln!(out, "ran on the host (no GPU kernel yet): {}", ops.join(", "));
+        }
+    }
     for rank in &r.per_rank {
         let _ = writeln!(
             out,

@@ -70,7 +70,28 @@ fn missing_output_folder_is_a_clean_error_and_writes_nothing() {
 
 #[test]
 fn unknown_backend_is_a_usage_error() {
-    let (code, _, err) = autopar(&["profile", "--backend", "cuda", "-o", "x.json"]);
+    let (code, _, err) = autopar(&["profile", "--backend", "tpu", "-o", "x.json"]);
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("cuda") && err.contains("cpu"), "{err}");
+    assert!(
+        err.contains("tpu") && err.contains("cpu") && err.contains("cuda"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cuda_without_a_gpu_fails_in_one_line_and_writes_nothing() {
+    if autopar_runtime::cuda::probe(0).is_ok() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gpu.json");
+    let (code, _, err) = autopar(&["profile", "--backend", "cuda", "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 1, "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("--backend cuda") && (err.contains("CUDA") || err.contains("GPU")),
+        "{err}"
+    );
+    assert!(!out.exists());
 }

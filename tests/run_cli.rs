@@ -194,10 +194,24 @@ fn a_truncated_plan_is_named() {
 }
 
 #[test]
-fn cuda_is_refused_in_one_line() {
+fn cuda_without_a_gpu_is_refused_in_one_line() {
+    if autopar_runtime::cuda::probe(0).is_ok() {
+        eprintln!("skipped: this machine has a GPU");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
     assert_run_fails(
-        &[ZOO, "--plan", "auto", "--ranks", "1", "--backend", "cuda"],
-        &["--backend cuda", "without CUDA"],
+        &[&plan, "--ranks", "2", "--steps", "1", "--backend", "cuda"],
+        &["--backend cuda"],
+    );
+}
+
+#[test]
+fn bf16_needs_the_cuda_backend() {
+    assert_run_fails(
+        &[ZOO, "--plan", "auto", "--ranks", "1", "--precision", "bf16"],
+        &["bf16", "--backend cuda"],
     );
 }
 

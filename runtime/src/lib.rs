@@ -1,7 +1,8 @@
 //! Execution of autopar graphs: the CPU reference interpreter (`cpu`),
 //! reverse-mode autodiff (`autodiff`), lowering of a plan to per-rank
 //! programs (`lower`), in-process collectives between rank threads
-//! (`collective`), and the training pieces they run (`train`).
+//! (`collective`), the training pieces they run (`train`), the CUDA backend
+//! (`cuda`, behind the `cuda` feature) and the simulator (`sim`).
 //!
 //! Architecture invariant: the runtime executes what it is given; it never
 //! re-plans or rewrites a graph.
@@ -9,6 +10,7 @@
 pub mod autodiff;
 pub mod collective;
 pub mod cpu;
+pub mod cuda;
 pub mod lower;
 pub mod sim;
 pub mod trace;

@@ -1,9 +1,14 @@
 //! Parallel = single: every strategy the runtime lowers computes the same
 //! losses and gradients as one rank running the whole batch.
+//!
+//! Every test is written once and runs twice: on the CPU backend
+//! (`cpu::...`) and on the CUDA backend (`cuda::...`, all ranks on GPU 0;
+//! skipped with a message where there is no GPU). CUDA computes in f32, so
+//! its copies compare in f32 with a GPU tolerance where the CPU ones use f64.
 
 use autopar_cost_models::{Recompute, Schedule};
 use autopar_ir::Graph;
-use autopar_runtime::cpu::parallel::{train, TrainOptions, TrainReport};
+use autopar_runtime::cpu::parallel::{TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{for_strategy, lower, Reduction, Strategy};
 use autopar_runtime::train::{initialize, Optimizer, TokenSource};
@@ -18,14 +23,63 @@ fn model() -> Graph {
     g
 }
 
-fn run(s: &Strategy, precision: Precision, optimizer: Optimizer, steps: usize) -> TrainReport {
+/// The backend a copy of the tests runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum On {
+    Cpu,
+    Cuda,
+}
+
+/// Trains `programs` on `on` (CUDA runs f64 requests in f32).
+fn train(
+    on: On,
+    t: &autopar_runtime::lower::TrainingGraph,
+    programs: &[autopar_runtime::lower::Program],
+    data: &TokenSource,
+    opts: &TrainOptions,
+) -> TrainReport {
+    match on {
+        On::Cpu => autopar_runtime::cpu::parallel::train(t, programs, data, opts, &|_| {}).unwrap(),
+        On::Cuda => {
+            let mut opts = opts.clone();
+            opts.precision = Precision::F32;
+            let cuda = autopar_runtime::cuda::CudaOptions::default();
+            autopar_runtime::cuda::train(t, programs, data, &opts, &cuda, &|_| {})
+                .unwrap()
+                .train
+        }
+    }
+}
+
+/// The relative tolerance of a comparison in `precision` on `on`: f32
+/// kernels on the GPU sum in other orders (atomics, tiles) than the CPU.
+fn tol(on: On, precision: Precision) -> f64 {
+    match (on, precision) {
+        (On::Cpu, Precision::F64) => 1e-9,
+        (On::Cpu, Precision::F32) => 1e-5,
+        (On::Cuda, _) => 2e-4,
+    }
+}
+
+/// Whether the CUDA copies must skip (no driver, no GPU, or no CUDA build).
+fn gpu_missing() -> bool {
+    match autopar_runtime::cuda::probe(0) {
+        Ok(_) => false,
+        Err(e) => {
+            eprintln!("skipped on CUDA: {e}");
+            true
+        }
+    }
+}
+
+fn run(on: On, s: &Strategy, precision: Precision, optimizer: Optimizer, steps: usize) -> TrainReport {
     let g = model();
     let t = for_strategy(&g, s, SEQ).unwrap();
     let programs = lower(&t, s).unwrap();
     let mut opts = TrainOptions::new(precision, optimizer, steps);
     opts.record_grads = true;
     opts.timeout = std::time::Duration::from_secs(30);
-    train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap()
+    train(on, &t, &programs, &TokenSource::synthetic(64, 3), &opts)
 }
 
 /// Relative error of gradient `a` against `b`: max|a−b| / max|b|, with the
@@ -81,27 +135,21 @@ fn assert_same_losses(a: &TrainReport, b: &TrainReport, tol: f64) {
 
 /// One step's loss and gradients, then (in f64) five steps' losses, against
 /// one rank; an f64 check also runs the one-step check in f32.
-fn check(s: Strategy, precision: Precision) {
-    let tol = match precision {
-        Precision::F64 => 1e-9,
-        Precision::F32 => 1e-5,
-    };
+fn check_on(on: On, s: Strategy, precision: Precision) {
+    let tol = tol(on, precision);
     let single = Strategy::new(1, 1, LAYERS, s.micro_batch, s.global_batch() / s.micro_batch);
-    let a = run(&single, precision, Optimizer::sgd(0.1), 1);
-    let b = run(&s, precision, Optimizer::sgd(0.1), 1);
+    let a = run(on, &single, precision, Optimizer::sgd(0.1), 1);
+    let b = run(on, &s, precision, Optimizer::sgd(0.1), 1);
     assert_same_step(&a, &b, tol);
     if precision == Precision::F64 {
-        let a = run(&single, precision, Optimizer::adamw(1e-2), 5);
-        let b = run(&s, precision, Optimizer::adamw(1e-2), 5);
+        let a = run(on, &single, precision, Optimizer::adamw(1e-2), 5);
+        let b = run(on, &s, precision, Optimizer::adamw(1e-2), 5);
         assert_same_losses(&a, &b, tol);
         assert!(a.steps[4].loss < a.steps[0].loss);
-        check(s, Precision::F32);
+        if on == On::Cpu {
+            check_on(on, s, Precision::F32);
+        }
     }
-}
-
-#[test]
-fn data_parallel_ring() {
-    check(Strategy::new(2, 1, LAYERS, 2, 2), Precision::F64);
 }
 
 fn with(mut s: Strategy, f: impl FnOnce(&mut Strategy)) -> Strategy {
@@ -109,9 +157,35 @@ fn with(mut s: Strategy, f: impl FnOnce(&mut Strategy)) -> Strategy {
     s
 }
 
-#[test]
+/// Instantiates the tests once per backend; inside them `ON` names it.
+macro_rules! on_every_backend {
+    ($($(#[doc = $doc:expr])* fn $name:ident() $body:block)*) => {
+        mod cpu {
+            use super::*;
+            const ON: On = On::Cpu;
+            $($(#[doc = $doc])* #[test] fn $name() $body)*
+        }
+        mod cuda {
+            use super::*;
+            const ON: On = On::Cuda;
+            $($(#[doc = $doc])* #[test] fn $name() {
+                if gpu_missing() {
+                    return;
+                }
+                $body
+            })*
+        }
+    };
+}
+
+on_every_backend! {
+
+fn data_parallel_ring() {
+    check_on(ON, Strategy::new(2, 1, LAYERS, 2, 2), Precision::F64);
+}
+
 fn data_parallel_parameter_server() {
-    check(
+    check_on(ON,
         with(Strategy::new(4, 1, LAYERS, 1, 2), |s| {
             s.reduction = Reduction::ParameterServer
         }),
@@ -119,24 +193,22 @@ fn data_parallel_parameter_server() {
     );
 }
 
-#[test]
 fn zero_stages() {
     for zero in 1..=3 {
-        check(
+        check_on(ON,
             with(Strategy::new(2, 1, LAYERS, 2, 2), |s| s.zero = zero),
             Precision::F64,
         );
     }
     // ZeRO-3 under a pipeline, with the tied embedding's copies on both ends.
-    check(
+    check_on(ON,
         with(Strategy::new(2, 2, LAYERS, 1, 2), |s| s.zero = 3),
         Precision::F64,
     );
 }
 
-#[test]
 fn pipeline_gpipe() {
-    check(
+    check_on(ON,
         with(Strategy::new(1, 2, LAYERS, 2, 4), |s| {
             s.schedule = Schedule::Gpipe
         }),
@@ -144,66 +216,57 @@ fn pipeline_gpipe() {
     );
 }
 
-#[test]
 fn pipeline_1f1b() {
-    check(Strategy::new(1, 4, LAYERS, 1, 4), Precision::F64);
+    check_on(ON, Strategy::new(1, 4, LAYERS, 1, 4), Precision::F64);
 }
 
-#[test]
 fn pipeline_interleaved() {
     let s = with(Strategy::new(1, 2, LAYERS, 1, 4), |s| {
         s.schedule = Schedule::Interleaved;
         s.chunks = 2;
     });
-    check(s, Precision::F64);
+    check_on(ON, s, Precision::F64);
 }
 
-#[test]
 fn recomputation() {
     let s = with(Strategy::new(1, 2, LAYERS, 2, 2), |s| {
         s.recompute = vec![Recompute::Full, Recompute::Selective]
     });
-    check(s, Precision::F64);
+    check_on(ON, s, Precision::F64);
 }
 
-#[test]
 fn hybrid_data_and_pipeline_on_8_ranks() {
     let s = with(Strategy::new(4, 2, LAYERS, 1, 2), |s| s.zero = 1);
-    check(s, Precision::F64);
-    check(Strategy::new(2, 2, LAYERS, 1, 2), Precision::F32);
+    check_on(ON, s, Precision::F64);
+    check_on(ON, Strategy::new(2, 2, LAYERS, 1, 2), Precision::F32);
 }
 
-#[test]
 fn tensor_parallel() {
-    check(
+    check_on(ON,
         Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, false),
         Precision::F64,
     );
-    check(
+    check_on(ON,
         Strategy::new(1, 1, LAYERS, 2, 1).with_tp(4, false),
         Precision::F32,
     );
 }
 
-#[test]
 fn tensor_and_sequence_parallel() {
-    check(Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, true), Precision::F64);
+    check_on(ON, Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, true), Precision::F64);
 }
 
-#[test]
 fn hybrid_dp2_tp2_pp2_on_8_ranks() {
     let s = with(Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, true), |s| s.zero = 1);
-    check(s, Precision::F64);
+    check_on(ON, s, Precision::F64);
 }
 
-#[test]
 fn context_parallel() {
-    check(Strategy::new(1, 1, LAYERS, 2, 2).with_cp(2), Precision::F64);
+    check_on(ON, Strategy::new(1, 1, LAYERS, 2, 2).with_cp(2), Precision::F64);
     let s = with(Strategy::new(2, 2, LAYERS, 1, 2).with_cp(2), |s| s.zero = 2);
-    check(s, Precision::F64);
+    check_on(ON, s, Precision::F64);
 }
 
-#[test]
 fn expert_parallel() {
     let spec = format!("moe:layers=2,hidden=32,ffn=48,heads=4,experts=4,top_k=2,vocab=64,seq={SEQ}");
     let mut g = autopar_ir::zoo::build(&spec).unwrap();
@@ -213,7 +276,7 @@ fn expert_parallel() {
         let programs = lower(&t, s).unwrap();
         let mut opts = TrainOptions::new(Precision::F64, optimizer, steps);
         opts.record_grads = true;
-        train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap()
+        train(ON, &t, &programs, &TokenSource::synthetic(64, 3), &opts)
     };
     let single = Strategy::new(1, 1, 2, 1, 4);
     for s in [
@@ -226,17 +289,16 @@ fn expert_parallel() {
         assert_same_step(
             &run(&single, Optimizer::sgd(0.1), 1),
             &run(&s, Optimizer::sgd(0.1), 1),
-            1e-9,
+            tol(ON, Precision::F64),
         );
         assert_same_losses(
             &run(&single, Optimizer::adamw(1e-2), 5),
             &run(&s, Optimizer::adamw(1e-2), 5),
-            1e-9,
+            tol(ON, Precision::F64),
         );
     }
 }
 
-#[test]
 fn the_bundled_onnx_models_train_in_parallel() {
     // GPT-2 (tied embeddings across pipeline stages) and Llama (rotary) as exported by PyTorch.
     for file in ["gpt2-tiny.ts.onnx", "llama-tiny.dynamo.onnx"] {
@@ -251,7 +313,7 @@ fn the_bundled_onnx_models_train_in_parallel() {
             let programs = lower(&t, s).unwrap();
             let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
             opts.record_grads = true;
-            train(&t, &programs, &TokenSource::synthetic(1000, 3), &opts, &|_| {}).unwrap()
+            train(ON, &t, &programs, &TokenSource::synthetic(1000, 3), &opts)
         };
         let single = run(&Strategy::new(1, 1, layers, 2, 2));
         for s in [
@@ -260,12 +322,11 @@ fn the_bundled_onnx_models_train_in_parallel() {
             Strategy::new(1, 1, layers, 2, 2).with_tp(2, true),
         ] {
             eprintln!("{file}: pp {} tp {} sp {}", s.pp, s.tp, s.sp);
-            assert_same_step(&single, &run(&s), 1e-9);
+            assert_same_step(&single, &run(&s), tol(ON, Precision::F64));
         }
     }
 }
 
-#[test]
 fn expert_parallel_on_mixtral_tiny() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
@@ -281,18 +342,19 @@ fn expert_parallel_on_mixtral_tiny() {
         let programs = lower(&t, s).unwrap();
         let mut opts = TrainOptions::new(Precision::F64, optimizer, steps);
         opts.record_grads = true;
-        train(&t, &programs, &TokenSource::synthetic(1000, 3), &opts, &|_| {}).unwrap()
+        train(ON, &t, &programs, &TokenSource::synthetic(1000, 3), &opts)
     };
     let single = Strategy::new(1, 1, layers, 2, 2);
     let ep = with(Strategy::new(2, 1, layers, 2, 1), |s| s.ep = 2);
     assert_same_step(
         &run(&single, Optimizer::sgd(0.1), 1),
         &run(&ep, Optimizer::sgd(0.1), 1),
-        1e-9,
+        tol(ON, Precision::F64),
     );
     assert_same_losses(
         &run(&single, Optimizer::adamw(1e-2), 5),
         &run(&ep, Optimizer::adamw(1e-2), 5),
-        1e-9,
+        tol(ON, Precision::F64),
     );
+}
 }

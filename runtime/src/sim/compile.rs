@@ -7,7 +7,7 @@ use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
 use crate::lower::{Buf, Instr, Program, Reduction};
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, CommKind, DType, Graph, Op, Role};
+use autopar_ir::{CommGroup, CommKind, DType, Graph, Node, Op, Role, TensorId};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Which stream of a rank an instruction occupies. Collectives of
@@ -190,11 +190,10 @@ impl<'g> GraphIndex<'g> {
         for i in g.node_indices() {
             let n = g.node(i);
             let (mut inputs, mut params) = (Vec::new(), Vec::new());
-            for &x in n.inputs.iter().flatten() {
-                match g.tensor(x).role {
-                    Role::Constant => {}
-                    Role::Parameter => params.push(index_of[&x]),
-                    _ => inputs.push(index_of[&x]),
+            for x in operands(g, n) {
+                match x {
+                    Operand::Param(x) => params.push(index_of[&x]),
+                    Operand::Buffer(x) => inputs.push(index_of[&x]),
                 }
             }
             let comm = match &n.op {
@@ -254,6 +253,28 @@ impl<'g> GraphIndex<'g> {
     pub fn graph(&self) -> &Graph {
         self.g
     }
+}
+
+/// How a node's input reaches it in a program.
+pub(crate) enum Operand {
+    /// The micro-batch's buffer of the tensor.
+    Buffer(TensorId),
+    /// A parameter: held by the rank, or gathered into a per-step buffer (ZeRO-3).
+    Param(TensorId),
+}
+
+/// The inputs of `n` a program provides, in order (constants belong to the
+/// node): the simulator's and the GPU memory planner's one definition of
+/// what a `Compute` reads.
+pub(crate) fn operands<'a>(g: &'a Graph, n: &'a Node) -> impl Iterator<Item = Operand> + 'a {
+    n.inputs
+        .iter()
+        .flatten()
+        .filter_map(move |&x| match g.tensor(x).role {
+            Role::Constant => None,
+            Role::Parameter => Some(Operand::Param(x)),
+            _ => Some(Operand::Buffer(x)),
+        })
 }
 
 /// Compiles `p` (a representative rank's program) against `index` and `pricing`.

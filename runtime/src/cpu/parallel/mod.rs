@@ -5,8 +5,11 @@
 //! broken plan ends with an error naming the rank and instruction, never a
 //! hang.
 
+mod backend;
 mod rank;
 mod slices;
+
+pub use backend::{Backend, CpuBackend};
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
@@ -104,16 +107,35 @@ pub enum ExecError {
     Comm(#[from] CommError),
     #[error("{0} programs for {1} ranks")]
     Ranks(usize, usize),
+    /// The backend could not start (no device, missing library, ...).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// Runs `programs` (one per rank) for `opts.steps` steps from the training
-/// graph's initial weights, calling `progress` after each step.
+/// graph's initial weights on the CPU, calling `progress` after each step.
 pub fn train(
     t: &TrainingGraph,
     programs: &[Program],
     data: &TokenSource,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
+) -> Result<TrainReport, ExecError> {
+    let precision = opts.precision;
+    train_on(t, programs, data, opts, progress, &|_| {
+        Ok(CpuBackend { precision })
+    })
+}
+
+/// [`train`] with each rank's tensors and kernels on the backend that
+/// `backend` makes for that rank (called on the rank's own thread).
+pub fn train_on<B: Backend>(
+    t: &TrainingGraph,
+    programs: &[Program],
+    data: &TokenSource,
+    opts: &TrainOptions,
+    progress: &(dyn Fn(&StepReport) + Sync),
+    backend: &(dyn Fn(usize) -> Result<B, String> + Sync),
 ) -> Result<TrainReport, ExecError> {
     let world = programs.len();
     if programs.iter().enumerate().any(|(i, p)| p.rank != i) {
@@ -139,7 +161,21 @@ pub fn train(
                 let tx = tx.clone();
                 let t = shared.clone();
                 scope.spawn(move || {
-                    let mut run = RankRun::new(&t, program, endpoint, data, opts, epoch);
+                    let dev = match backend(program.rank) {
+                        Ok(dev) => dev,
+                        Err(message) => {
+                            let e = ExecError::Rank {
+                                rank: program.rank,
+                                step: 0,
+                                index: 0,
+                                what: "starting the backend".into(),
+                                message,
+                            };
+                            endpoint.abort(&e.to_string());
+                            return Err((e, Instant::now()));
+                        }
+                    };
+                    let mut run = RankRun::new(dev, &t, program, endpoint, data, opts, epoch);
                     run.run(&tx).map_err(|e| {
                         run.abort(&e.to_string());
                         (e, Instant::now())

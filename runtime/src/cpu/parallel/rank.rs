@@ -1,13 +1,14 @@
 //! One rank's interpreter: buffers by name and micro-batch, weights (whole
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
+use super::backend::Backend;
 use super::slices;
 use super::{ExecError, TrainOptions};
 use crate::collective::{Buffer, Endpoint};
-use crate::cpu::{run_dtype, widen, widen_op};
+use crate::cpu::{run_dtype, widen};
 use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
 use crate::trace::{stream_of, Stream, TraceEvent};
-use crate::train::{decays, State, TokenSource};
+use crate::train::{decays, TokenSource};
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::CommKind;
 use autopar_ir::{DType, Data, Graph, NodeIndex, Role, TensorId, Value};
@@ -40,7 +41,8 @@ pub(super) struct GradPiece {
     pub value: Value,
 }
 
-pub(super) struct RankRun<'a> {
+pub(super) struct RankRun<'a, B: Backend> {
+    dev: B,
     t: &'a TrainingGraph,
     program: &'a Program,
     ep: Endpoint,
@@ -49,12 +51,12 @@ pub(super) struct RankRun<'a> {
     nodes: HashMap<&'a str, NodeIndex>,
     tensors: HashMap<&'a str, TensorId>,
     grad_tensor: HashMap<&'a str, &'a str>,
-    weights: HashMap<String, Arc<Value>>,
+    weights: HashMap<String, B::Tensor>,
     shards: HashMap<String, Shard>,
-    states: HashMap<String, State>,
-    constants: HashMap<TensorId, Arc<Value>>,
-    bufs: HashMap<Buf, Arc<Value>>,
-    grads: HashMap<String, Value>,
+    states: HashMap<String, B::State>,
+    constants: HashMap<TensorId, B::Tensor>,
+    bufs: HashMap<Buf, B::Tensor>,
+    grads: HashMap<String, B::Tensor>,
     live_bytes: u64,
     peak_bytes: u64,
     peak_micro_batches: usize,
@@ -66,29 +68,23 @@ pub(super) struct RankRun<'a> {
     trace: Vec<TraceEvent>,
     /// Live bytes at the last memory sample.
     traced_bytes: Option<u64>,
+    /// Weights as initialised on the host, until [`RankRun::hold_weights`].
+    initial: Vec<(String, Value)>,
 }
 
-fn bytes_of(v: &Value) -> u64 {
-    let per = match v.data {
-        Data::F64(_) | Data::I64(_) => 8,
-        Data::F32(_) => 4,
-        _ => 1,
-    };
-    (v.numel() * per) as u64
-}
-
-impl<'a> RankRun<'a> {
+impl<'a, B: Backend> RankRun<'a, B> {
     pub fn new(
+        dev: B,
         t: &'a TrainingGraph,
         program: &'a Program,
         ep: Endpoint,
         data: &'a TokenSource,
         opts: &'a TrainOptions,
         epoch: Instant,
-    ) -> RankRun<'a> {
+    ) -> RankRun<'a, B> {
         let g = &t.graph;
         let tensors: HashMap<&str, TensorId> = g.tensors().map(|(id, t)| (t.name.as_str(), id)).collect();
-        let mut weights = HashMap::new();
+        let mut initial = Vec::new();
         let mut shards = HashMap::new();
         for slot in &program.params {
             let Some(data) = tensors
@@ -108,9 +104,10 @@ impl<'a> RankRun<'a> {
                 }
                 None => full,
             };
-            weights.insert(slot.name.clone(), Arc::new(stored));
+            initial.push((slot.name.clone(), stored));
         }
         RankRun {
+            dev,
             t,
             program,
             ep,
@@ -123,7 +120,7 @@ impl<'a> RankRun<'a> {
                 .iter()
                 .map(|(p, gr)| (p.as_str(), gr.as_str()))
                 .collect(),
-            weights,
+            weights: HashMap::new(),
             shards,
             states: HashMap::new(),
             constants: HashMap::new(),
@@ -137,7 +134,23 @@ impl<'a> RankRun<'a> {
             epoch,
             trace: Vec::new(),
             traced_bytes: None,
+            initial,
         }
+    }
+
+    /// Moves the initial weights onto the backend.
+    fn hold_weights(&mut self) -> Result<(), ExecError> {
+        for (name, v) in std::mem::take(&mut self.initial) {
+            let held = self.dev.upload(v).map_err(|message| ExecError::Rank {
+                rank: self.program.rank,
+                step: 0,
+                index: 0,
+                what: format!("holding weight '{name}'"),
+                message,
+            })?;
+            self.weights.insert(name, held);
+        }
+        Ok(())
     }
 
     pub fn abort(&self, reason: &str) {
@@ -145,6 +158,7 @@ impl<'a> RankRun<'a> {
     }
 
     pub fn run(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
+        self.hold_weights()?;
         let mut steps = Vec::new();
         let mut gradients = Vec::new();
         for step in 0..self.opts.steps {
@@ -189,6 +203,13 @@ impl<'a> RankRun<'a> {
                     Err(Failure::Other(m)) => return Err(fail(m)),
                 }
             }
+            self.dev.synchronize().map_err(|message| ExecError::Rank {
+                rank: self.program.rank,
+                step,
+                index: self.program.instructions.len(),
+                what: "end of step".into(),
+                message,
+            })?;
             let seconds = start.elapsed().as_secs_f64();
             steps.push((loss, seconds));
             let _ = tx.send(StepDone {
@@ -246,7 +267,7 @@ impl<'a> RankRun<'a> {
         match instr {
             Instr::Load { buf, feed, rows } => {
                 let v = self.load(&buf.tensor, *feed, *rows, step)?;
-                self.put(buf.clone(), v);
+                self.put_host(buf.clone(), v)?;
             }
             Instr::Compute { node, micro_batch } => self.compute(node, *micro_batch)?,
             Instr::Collective {
@@ -260,19 +281,19 @@ impl<'a> RankRun<'a> {
                 self.collective(node, *micro_batch, *kind, *axis, group, &t, what)?;
             }
             Instr::Send { buf, to } => {
-                let v = self.get(buf)?;
+                let v = self.host(&self.get(buf)?)?;
                 self.ep.send(*to, &tag(&buf.to_string()), to_buffer(&v), what)?;
             }
             Instr::Recv { buf, from } => {
                 let got = self.ep.recv(*from, &tag(&buf.to_string()), what)?;
                 let ty = self.ty(&buf.tensor)?;
                 let v = from_buffer(got, ty.0, ty.1)?;
-                self.put(buf.clone(), v);
+                self.put_host(buf.clone(), v)?;
             }
             Instr::Free { buf } => {
                 if let Some(v) = self.bufs.remove(buf) {
                     if let Some(mb) = buf.micro_batch {
-                        self.live_bytes -= bytes_of(&v);
+                        self.live_bytes -= self.dev.bytes(&v);
                         if let Some(n) = self.mb_buffers.get_mut(&mb) {
                             *n -= 1;
                             if *n == 0 {
@@ -286,9 +307,10 @@ impl<'a> RankRun<'a> {
                 let name = self.grad_tensor.get(param.as_str()).copied().unwrap_or_default();
                 let g = self.get(&Buf::of(name, *micro_batch))?;
                 match self.grads.get_mut(param) {
-                    Some(acc) => add_into(acc, &g)?,
+                    Some(acc) => self.dev.accumulate(acc, &g).map_err(Failure::Other)?,
                     None => {
-                        self.grads.insert(param.clone(), (*g).clone());
+                        let copy = self.dev.duplicate(&g).map_err(Failure::Other)?;
+                        self.grads.insert(param.clone(), copy);
                     }
                 }
             }
@@ -297,81 +319,87 @@ impl<'a> RankRun<'a> {
                 group,
                 reduction,
             } => {
-                let grad = self.grad(param)?;
-                let mut b = to_buffer(grad);
+                let grad = self.grad_host(param)?;
+                let mut b = to_buffer(&grad);
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
                     Reduction::ParameterServer => Algorithm::ParameterServer,
                 };
                 self.ep
                     .all_reduce(group, &mut b, algorithm, &tag(&format!("ar/{param}")), what)?;
-                let (dtype, shape) = (grad.dtype, grad.shape.clone());
-                self.grads.insert(param.clone(), from_buffer(b, dtype, shape)?);
+                let v = from_buffer(b, grad.dtype, grad.shape.clone())?;
+                self.set_grad(param, v)?;
             }
             Instr::SumTiedGrads { key, params, group } => {
-                let mut sum = self.grad(&params[0])?.clone();
+                let first = self.grad(&params[0])?.clone();
+                let mut sum = self.dev.duplicate(&first).map_err(Failure::Other)?;
                 for p in &params[1..] {
                     let g = self.grad(p)?.clone();
-                    add_into(&mut sum, &g)?;
+                    self.dev.accumulate(&mut sum, &g).map_err(Failure::Other)?;
                 }
                 if group.len() > 1 {
-                    let mut b = to_buffer(&sum);
+                    let host = self.host(&sum)?;
+                    let mut b = to_buffer(&host);
                     self.ep
                         .all_reduce(group, &mut b, Algorithm::Ring, &tag(&format!("tied/{key}")), what)?;
-                    sum = from_buffer(b, sum.dtype, sum.shape.clone())?;
+                    let v = from_buffer(b, host.dtype, host.shape.clone())?;
+                    sum = self.dev.upload(v).map_err(Failure::Other)?;
                 }
                 for p in params {
-                    self.grads.insert(p.clone(), sum.clone());
+                    let copy = self.dev.duplicate(&sum).map_err(Failure::Other)?;
+                    self.grads.insert(p.clone(), copy);
                 }
             }
             Instr::ReduceScatterGrad { param, group } => {
-                let grad = self.grad(param)?;
-                let padded = padded(grad, group.len());
+                let grad = self.grad_host(param)?;
+                let padded = padded(&grad, group.len());
                 let mine = self
                     .ep
                     .reduce_scatter(group, &padded, &tag(&format!("rs/{param}")), what)?;
-                let dtype = grad.dtype;
                 let len = mine.len();
-                self.grads
-                    .insert(param.clone(), from_buffer(mine, dtype, vec![len])?);
+                let v = from_buffer(mine, grad.dtype, vec![len])?;
+                self.set_grad(param, v)?;
             }
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, step, grads_out)?,
             Instr::AllGatherParam { param, group } => {
-                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let w = self.weight_host(param)?;
                 let shard = Shard {
                     index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
                     parts: group.len(),
                 };
-                let mine = shard_of(w, shard);
+                let mine = shard_of(&w, shard);
                 let all = self
                     .ep
                     .all_gather(group, &to_buffer(&mine), &tag(&format!("ag/{param}")), what)?;
                 let full = unpad(all, w.dtype, w.shape.clone())?;
-                self.weights.insert(param.clone(), Arc::new(full));
+                let held = self.dev.upload(full).map_err(Failure::Other)?;
+                self.weights.insert(param.clone(), held);
             }
             Instr::GatherParam { param, group } => {
                 let k = self.gathers.entry(param.clone()).or_insert(0);
                 *k += 1;
                 let t = tag(&format!("gather/{param}/{k}"));
-                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
-                let all = self.ep.all_gather(group, &to_buffer(w), &t, what)?;
+                let w = self.weight_host(param)?;
+                let all = self.ep.all_gather(group, &to_buffer(&w), &t, what)?;
                 let (dtype, shape) = self.ty(param)?;
                 let full = unpad(all, run_dtype(dtype, self.opts.precision), shape)?;
-                self.bufs.insert(Buf::step(param), Arc::new(full));
+                let held = self.dev.upload(full).map_err(Failure::Other)?;
+                self.bufs.insert(Buf::step(param), held);
             }
             Instr::SendParam { param, to } => {
-                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let w = self.weight_host(param)?;
                 self.ep
-                    .send(*to, &tag(&format!("param/{param}")), to_buffer(w), what)?;
+                    .send(*to, &tag(&format!("param/{param}")), to_buffer(&w), what)?;
             }
             Instr::RecvParam { param, from } => {
                 let got = self.ep.recv(*from, &tag(&format!("param/{param}")), what)?;
-                let w = self.weights.get(param).ok_or_else(|| missing(param))?;
+                let w = self.weight_host(param)?;
                 let v = from_buffer(got, w.dtype, w.shape.clone())?;
-                self.weights.insert(param.clone(), Arc::new(v));
+                let held = self.dev.upload(v).map_err(Failure::Other)?;
+                self.weights.insert(param.clone(), held);
             }
             Instr::ReportLoss { buf } => {
-                let v = self.get(buf)?;
+                let v = self.host(&self.get(buf)?)?;
                 return Ok(Some(v.to_f64_vec().first().copied().unwrap_or(0.0)));
             }
         }
@@ -391,19 +419,31 @@ impl<'a> RankRun<'a> {
         Ok((run_dtype(t.ty.dtype, self.opts.precision), dims))
     }
 
-    fn put(&mut self, buf: Buf, v: Value) {
+    /// A backend tensor as a host value.
+    fn host(&mut self, x: &B::Tensor) -> Result<Arc<Value>, Failure> {
+        self.dev.download(x).map_err(Failure::Other)
+    }
+
+    /// Holds host value `v` as buffer `buf`.
+    fn put_host(&mut self, buf: Buf, v: Value) -> Result<(), Failure> {
+        let x = self.dev.upload(v).map_err(Failure::Other)?;
+        self.put(buf, x);
+        Ok(())
+    }
+
+    fn put(&mut self, buf: Buf, x: B::Tensor) {
         if buf.micro_batch.is_some() {
-            self.live_bytes += bytes_of(&v);
+            self.live_bytes += self.dev.bytes(&x);
             self.peak_bytes = self.peak_bytes.max(self.live_bytes);
         }
         if let Some(mb) = buf.micro_batch {
             *self.mb_buffers.entry(mb).or_insert(0) += 1;
             self.peak_micro_batches = self.peak_micro_batches.max(self.mb_buffers.len());
         }
-        self.bufs.insert(buf, Arc::new(v));
+        self.bufs.insert(buf, x);
     }
 
-    fn get(&self, buf: &Buf) -> Result<Arc<Value>, Failure> {
+    fn get(&self, buf: &Buf) -> Result<B::Tensor, Failure> {
         self.bufs.get(buf).cloned().ok_or_else(|| {
             Failure::Other(format!(
                 "buffer {buf} is not here (freed, never received or never computed)"
@@ -411,10 +451,27 @@ impl<'a> RankRun<'a> {
         })
     }
 
-    fn grad(&self, param: &str) -> Result<&Value, Failure> {
+    fn grad(&self, param: &str) -> Result<&B::Tensor, Failure> {
         self.grads
             .get(param)
             .ok_or_else(|| Failure::Other(format!("no gradient of '{param}' was accumulated")))
+    }
+
+    fn grad_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
+        let g = self.grad(param)?.clone();
+        self.host(&g)
+    }
+
+    fn weight_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
+        let w = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
+        self.host(&w)
+    }
+
+    /// Replaces `param`'s gradient by host value `v` (after a collective).
+    fn set_grad(&mut self, param: &str, v: Value) -> Result<(), Failure> {
+        let x = self.dev.upload(v).map_err(Failure::Other)?;
+        self.grads.insert(param.to_string(), x);
+        Ok(())
     }
 
     fn compute(&mut self, node: &str, mb: usize) -> Result<(), Failure> {
@@ -424,7 +481,7 @@ impl<'a> RankRun<'a> {
             .get(node)
             .ok_or_else(|| Failure::Other(format!("no node '{node}'")))?;
         let n = g.node(idx);
-        let mut args: Vec<Option<Arc<Value>>> = Vec::with_capacity(n.inputs.len());
+        let mut args: Vec<Option<B::Tensor>> = Vec::with_capacity(n.inputs.len());
         for input in &n.inputs {
             let Some(x) = *input else {
                 args.push(None);
@@ -432,20 +489,17 @@ impl<'a> RankRun<'a> {
             };
             args.push(Some(self.input(x, mb)?));
         }
-        let refs: Vec<Option<&Value>> = args.iter().map(|a| a.as_deref()).collect();
-        let op = widen_op(&n.op, self.opts.precision);
-        let outs = op
-            .eval(&refs)
-            .map_err(|e| Failure::Other(format!("node '{node}': {e}")))?;
+        let refs: Vec<Option<&B::Tensor>> = args.iter().map(|a| a.as_ref()).collect();
+        let outs = self.dev.eval(node, &n.op, &refs).map_err(Failure::Other)?;
         let names: Vec<String> = n.outputs.iter().map(|&o| g.tensor(o).name.clone()).collect();
-        for (name, v) in names.iter().zip(outs) {
-            self.put(Buf::of(name, mb), v);
+        for (name, x) in names.iter().zip(outs) {
+            self.put(Buf::of(name, mb), x);
         }
         Ok(())
     }
 
-    /// The value node input `x` reads for micro-batch `mb`.
-    fn input(&mut self, x: TensorId, mb: usize) -> Result<Arc<Value>, Failure> {
+    /// The tensor node input `x` reads for micro-batch `mb`.
+    fn input(&mut self, x: TensorId, mb: usize) -> Result<B::Tensor, Failure> {
         let g: &Graph = &self.t.graph;
         let tensor = g.tensor(x);
         Ok(match tensor.role {
@@ -456,9 +510,10 @@ impl<'a> RankRun<'a> {
                         .data
                         .as_ref()
                         .ok_or_else(|| Failure::Other(format!("constant '{}' has no data", tensor.name)))?;
-                    let v = Arc::new(widen((**data).clone(), self.opts.precision));
-                    self.constants.insert(x, v.clone());
-                    v
+                    let v = widen((**data).clone(), self.opts.precision);
+                    let held = self.dev.upload(v).map_err(Failure::Other)?;
+                    self.constants.insert(x, held.clone());
+                    held
                 }
             },
             Role::Parameter => match self.bufs.get(&Buf::step(&tensor.name)) {
@@ -497,11 +552,17 @@ impl<'a> RankRun<'a> {
         let (input, output) = (g.node(idx).inputs[0], g.node(idx).outputs[0]);
         let out_name = g.tensor(output).name.clone();
         let input = input.ok_or_else(|| Failure::Other(format!("'{node}' has no input")))?;
-        let x = self.input(input, mb)?;
+        let held = self.input(input, mb)?;
+        if kind == CommKind::Copy {
+            let y = self.dev.duplicate(&held).map_err(Failure::Other)?;
+            self.put(Buf::of(&out_name, mb), y);
+            return Ok(());
+        }
+        let x = self.host(&held)?;
         let parts = group.len();
         let pos = group.iter().position(|&r| r == self.program.rank).unwrap_or(0);
         let y = match kind {
-            CommKind::Copy => (*x).clone(),
+            CommKind::Copy => unreachable!("handled above"),
             CommKind::Slice => slices::take(&x, axis, 1, pos, parts),
             CommKind::AllReduce => {
                 let mut b = to_buffer(&x);
@@ -530,8 +591,7 @@ impl<'a> RankRun<'a> {
                 from_buffer(mine, x.dtype, shape)?
             }
         };
-        self.put(Buf::of(&out_name, mb), y);
-        Ok(())
+        self.put_host(Buf::of(&out_name, mb), y)
     }
 
     fn load(&self, tensor: &str, feed: Feed, rows: (usize, usize), step: usize) -> Result<Value, Failure> {
@@ -577,14 +637,18 @@ impl<'a> RankRun<'a> {
             .grads
             .remove(param)
             .ok_or_else(|| Failure::Other(format!("no gradient of '{param}'")))?;
-        let weight = Arc::make_mut(self.weights.get_mut(param).ok_or_else(|| missing(param))?);
+        let weight_numel = self
+            .weights
+            .get(param)
+            .map(|w| self.dev.numel(w))
+            .ok_or_else(|| missing(param))?;
         let rank = self.t.graph.tensor(self.tensors[param]).ty.shape.rank();
         let numel = if self.shards.contains_key(param) {
             grad_numel(&self.t.graph, self.tensors[param])
         } else {
-            weight.numel()
+            weight_numel
         };
-        let full_grad = grad.numel() == numel && shard.is_some();
+        let full_grad = self.dev.numel(&grad) == numel && shard.is_some();
         let (start, len) = match shard {
             None => (0, numel),
             Some(s) => {
@@ -598,28 +662,29 @@ impl<'a> RankRun<'a> {
         } else {
             self.opts.optimizer.without_decay()
         };
-        let state = self
-            .states
-            .entry(param.to_string())
-            .or_insert_with(|| State::new(&optimizer, len, self.opts.precision));
+        if !self.states.contains_key(param) {
+            let state = self.dev.new_state(&optimizer, len).map_err(Failure::Other)?;
+            self.states.insert(param.to_string(), state);
+        }
         let gstart = if full_grad { start } else { 0 };
         let wstart = if self.shards.contains_key(param) { 0 } else { start };
         let n = (step + 1) as u64;
-        let result = match (&mut weight.data, &grad.data) {
-            (Data::F32(w), Data::F32(gr)) => {
-                optimizer.step_f32(state, n, &mut w[wstart..wstart + len], &gr[gstart..gstart + len])
-            }
-            (Data::F64(w), Data::F64(gr)) => {
-                optimizer.step_f64(state, n, &mut w[wstart..wstart + len], &gr[gstart..gstart + len])
-            }
-            _ => {
-                return Err(Failure::Other(format!(
-                    "'{param}': weight and gradient types differ"
-                )))
-            }
+        let (Some(state), Some(weight)) = (self.states.get_mut(param), self.weights.get_mut(param)) else {
+            return Err(missing(param));
         };
-        result.map_err(|e| Failure::Other(e.to_string()))?;
+        self.dev
+            .update(
+                &optimizer,
+                state,
+                n,
+                weight,
+                wstart..wstart + len,
+                &grad,
+                gstart..gstart + len,
+            )
+            .map_err(|e| Failure::Other(format!("'{param}': {e}")))?;
         if self.opts.record_grads && step == 0 {
+            let grad = self.host(&grad)?;
             let recorded = if full_grad {
                 slice(&grad, start, len)
             } else {
@@ -750,19 +815,6 @@ fn slice(v: &Value, start: usize, len: usize) -> Value {
         shape: vec![len],
         data,
     }
-}
-
-fn add_into(acc: &mut Value, g: &Value) -> Result<(), Failure> {
-    match (&mut acc.data, &g.data) {
-        (Data::F32(a), Data::F32(b)) if a.len() == b.len() => a.iter_mut().zip(b).for_each(|(a, b)| *a += b),
-        (Data::F64(a), Data::F64(b)) if a.len() == b.len() => a.iter_mut().zip(b).for_each(|(a, b)| *a += b),
-        _ => {
-            return Err(Failure::Other(
-                "gradient shapes differ between micro-batches".into(),
-            ))
-        }
-    }
-    Ok(())
 }
 
 /// Rebuilds a full gradient from one rank's whole copy or from every rank's shard.

@@ -1,0 +1,138 @@
+//! What a rank's interpreter needs from the machine that holds its tensors.
+//! The instruction loop (buffers, ZeRO shards, collectives, optimizer
+//! slices, loss reports) is written once over this trait; the CPU backend
+//! keeps host values and runs the reference kernels, the CUDA backend keeps
+//! device buffers and runs cuBLAS and NVRTC kernels. Communication goes
+//! through host buffers on the in-process fabric, so ranks that share a
+//! machine (or one GPU) run any plan.
+
+use crate::cpu::{widen_op, Precision};
+use crate::train::{Optimizer, State};
+use autopar_ir::{Data, Op, Value};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// A rank's tensors and kernels.
+pub trait Backend {
+    /// A tensor held by the backend; cloning is cheap (a handle).
+    type Tensor: Clone;
+    /// One parameter's (or shard's) optimizer state.
+    type State;
+
+    /// Holds a host value (already in the run's precision).
+    fn upload(&mut self, v: Value) -> Result<Self::Tensor, String>;
+    /// The tensor as a host value (the run's precision).
+    fn download(&mut self, x: &Self::Tensor) -> Result<Arc<Value>, String>;
+    /// The tensor's size where it is held.
+    fn bytes(&self, x: &Self::Tensor) -> u64;
+    /// The tensor's element count.
+    fn numel(&self, x: &Self::Tensor) -> usize;
+    /// Runs one node: `op` on `args`, giving its outputs in order.
+    fn eval(
+        &mut self,
+        node: &str,
+        op: &Op,
+        args: &[Option<&Self::Tensor>],
+    ) -> Result<Vec<Self::Tensor>, String>;
+    /// A copy that later in-place updates of either do not share.
+    fn duplicate(&mut self, x: &Self::Tensor) -> Result<Self::Tensor, String>;
+    /// `acc += g` (same element count).
+    fn accumulate(&mut self, acc: &mut Self::Tensor, g: &Self::Tensor) -> Result<(), String>;
+    /// Fresh optimizer state for `len` elements.
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<Self::State, String>;
+    /// One optimizer step (`step` counts from 1) of `weight[w]` by `grad[g]`
+    /// (flattened ranges of equal length).
+    #[allow(clippy::too_many_arguments)]
+    fn update(
+        &mut self,
+        optimizer: &Optimizer,
+        state: &mut Self::State,
+        step: u64,
+        weight: &mut Self::Tensor,
+        w: Range<usize>,
+        grad: &Self::Tensor,
+        g: Range<usize>,
+    ) -> Result<(), String>;
+    /// Waits for queued work, so step times are wall times.
+    fn synchronize(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The reference backend: host values, `Op::eval`.
+pub struct CpuBackend {
+    pub precision: Precision,
+}
+
+impl Backend for CpuBackend {
+    type Tensor = Arc<Value>;
+    type State = State;
+
+    fn upload(&mut self, v: Value) -> Result<Arc<Value>, String> {
+        Ok(Arc::new(v))
+    }
+
+    fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+        Ok(x.clone())
+    }
+
+    fn bytes(&self, x: &Arc<Value>) -> u64 {
+        let per = match x.data {
+            Data::F64(_) | Data::I64(_) => 8,
+            Data::F32(_) => 4,
+            _ => 1,
+        };
+        (x.numel() * per) as u64
+    }
+
+    fn numel(&self, x: &Arc<Value>) -> usize {
+        x.numel()
+    }
+
+    fn eval(&mut self, node: &str, op: &Op, args: &[Option<&Arc<Value>>]) -> Result<Vec<Arc<Value>>, String> {
+        let refs: Vec<Option<&Value>> = args.iter().map(|a| a.map(|v| &**v)).collect();
+        let outs = widen_op(op, self.precision)
+            .eval(&refs)
+            .map_err(|e| format!("node '{node}': {e}"))?;
+        Ok(outs.into_iter().map(Arc::new).collect())
+    }
+
+    fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+        Ok(Arc::new((**x).clone()))
+    }
+
+    fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), String> {
+        match (&mut Arc::make_mut(acc).data, &g.data) {
+            (Data::F32(a), Data::F32(b)) if a.len() == b.len() => {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b)
+            }
+            (Data::F64(a), Data::F64(b)) if a.len() == b.len() => {
+                a.iter_mut().zip(b).for_each(|(a, b)| *a += b)
+            }
+            _ => return Err("gradient shapes differ between micro-batches".into()),
+        }
+        Ok(())
+    }
+
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, String> {
+        Ok(State::new(optimizer, len, self.precision))
+    }
+
+    fn update(
+        &mut self,
+        optimizer: &Optimizer,
+        state: &mut State,
+        step: u64,
+        weight: &mut Arc<Value>,
+        w: Range<usize>,
+        grad: &Arc<Value>,
+        g: Range<usize>,
+    ) -> Result<(), String> {
+        let result = match (&mut Arc::make_mut(weight).data, &grad.data) {
+            (Data::F32(wv), Data::F32(gv)) => optimizer.step_f32(state, step, &mut wv[w], &gv[g]),
+            (Data::F64(wv), Data::F64(gv)) => optimizer.step_f64(state, step, &mut wv[w], &gv[g]),
+            _ => return Err("weight and gradient types differ".into()),
+        };
+        result.map_err(|e| e.to_string())
+    }
+}

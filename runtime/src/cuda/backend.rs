@@ -1,0 +1,311 @@
+//! The CUDA [`Backend`]: a rank's tensors live in GPU memory (stream-ordered
+//! allocations from the driver's pool, so freed buffers are reused), nodes
+//! run as cuBLAS GEMMs and NVRTC kernels on the rank's stream, and the
+//! optimizer steps flat f32 master slices on the device. Nodes without a
+//! device kernel run on the host through the reference kernels and are
+//! counted, so a run can say what did not run on the GPU.
+
+use super::module::Kernels;
+use super::ops::{self, grid, launch, Gpu};
+use super::tensor::{self, GpuTensor, Storage};
+use super::CudaError;
+use super::GpuPrecision;
+use crate::cpu::parallel::Backend;
+use crate::train::Optimizer;
+use autopar_ir::{Op, Value};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice};
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Op name → nodes of that op that ran on the host.
+pub(crate) type HostNodes = Arc<Mutex<BTreeMap<String, usize>>>;
+
+/// One rank's device state.
+pub struct CudaBackend {
+    gpu: Gpu,
+    /// Op name → nodes of that op run on the host (no device kernel for
+    /// them), shared by every rank of the run.
+    host_nodes: HostNodes,
+}
+
+/// Optimizer state of one parameter (or shard): f32 moments, and an f32
+/// master copy when weights are bf16.
+pub struct GpuState {
+    master: Option<CudaSlice<f32>>,
+    first: Option<CudaSlice<f32>>,
+    second: Option<CudaSlice<f32>>,
+}
+
+fn err(e: impl std::fmt::Display) -> String {
+    e.to_string()
+}
+
+impl CudaBackend {
+    /// A backend on its own stream of `ctx`.
+    pub(crate) fn new(
+        ctx: &Arc<CudaContext>,
+        kernels: Arc<Kernels>,
+        precision: GpuPrecision,
+        host_nodes: HostNodes,
+    ) -> Result<CudaBackend, CudaError> {
+        // SAFETY: only tries to dlopen libcublas.
+        if !unsafe { cudarc::cublas::sys::is_culib_present() } {
+            return Err(CudaError::MissingLibrary {
+                library: "libcublas",
+                hint: "install the CUDA toolkit's cuBLAS (or the nvidia-cublas wheel) and add its lib folder to LD_LIBRARY_PATH".into(),
+            });
+        }
+        let stream = ctx.new_stream().map_err(|e| CudaError::Driver(e.to_string()))?;
+        let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Driver(format!("cuBLAS: {e}")))?;
+        Ok(CudaBackend {
+            gpu: Gpu {
+                stream,
+                blas,
+                kernels,
+                precision,
+            },
+            host_nodes,
+        })
+    }
+
+    /// A device copy of `x` with its own buffer.
+    fn copy(&self, x: &GpuTensor) -> Result<GpuTensor, CudaError> {
+        let mut y = tensor::empty(&self.gpu.stream, x.dtype, x.storage, x.shape.clone())?;
+        y.ints = x.ints.clone();
+        // SAFETY: both buffers hold at least `x.bytes()` bytes; same stream.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                self.gpu.ptr(&y),
+                self.gpu.ptr(x),
+                x.bytes(),
+                self.gpu.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| CudaError::Driver(e.to_string()))?;
+        Ok(y)
+    }
+
+    /// `x` as a tensor whose buffer nobody else holds (copied if shared).
+    fn owned<'t>(&self, x: &'t mut Arc<GpuTensor>) -> Result<&'t mut GpuTensor, String> {
+        let unique = Arc::get_mut(x).is_some_and(|t| Arc::get_mut(&mut t.buf).is_some());
+        if !unique {
+            *x = Arc::new(self.copy(x).map_err(err)?);
+        }
+        Arc::get_mut(x).ok_or_else(|| "a tensor being updated is shared".to_string())
+    }
+
+    /// Runs `op` through the reference kernels on host copies of `args`.
+    fn on_host(
+        &mut self,
+        node: &str,
+        op: &Op,
+        args: &[Option<&Arc<GpuTensor>>],
+    ) -> Result<Vec<Arc<GpuTensor>>, String> {
+        if let Ok(mut counts) = self.host_nodes.lock() {
+            *counts.entry(op.name()).or_insert(0) += 1;
+        }
+        let host: Vec<Option<Value>> = args
+            .iter()
+            .map(|a| a.map(|x| tensor::download(&self.gpu.stream, x)).transpose())
+            .collect::<Result<_, _>>()
+            .map_err(err)?;
+        let refs: Vec<Option<&Value>> = host.iter().map(|v| v.as_ref()).collect();
+        let outs = op
+            .eval(&refs)
+            .map_err(|e| format!("node '{node}' (on the host): {e}"))?;
+        outs.iter()
+            .map(|v| {
+                tensor::upload(&self.gpu.stream, v, self.gpu.precision)
+                    .map(Arc::new)
+                    .map_err(err)
+            })
+            .collect()
+    }
+}
+
+impl Backend for CudaBackend {
+    type Tensor = Arc<GpuTensor>;
+    type State = GpuState;
+
+    fn upload(&mut self, v: Value) -> Result<Arc<GpuTensor>, String> {
+        tensor::upload(&self.gpu.stream, &v, self.gpu.precision)
+            .map(Arc::new)
+            .map_err(err)
+    }
+
+    fn download(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<Value>, String> {
+        tensor::download(&self.gpu.stream, x).map(Arc::new).map_err(err)
+    }
+
+    fn bytes(&self, x: &Arc<GpuTensor>) -> u64 {
+        x.bytes() as u64
+    }
+
+    fn numel(&self, x: &Arc<GpuTensor>) -> usize {
+        x.numel()
+    }
+
+    fn eval(
+        &mut self,
+        node: &str,
+        op: &Op,
+        args: &[Option<&Arc<GpuTensor>>],
+    ) -> Result<Vec<Arc<GpuTensor>>, String> {
+        let plain: Vec<Option<&GpuTensor>> = args.iter().map(|a| a.map(|x| &**x)).collect();
+        match ops::eval(&self.gpu, op, &plain).map_err(|e| format!("node '{node}': {e}"))? {
+            Some(outs) => Ok(outs.into_iter().map(Arc::new).collect()),
+            None => self.on_host(node, op, args),
+        }
+    }
+
+    fn duplicate(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<GpuTensor>, String> {
+        self.copy(x).map(Arc::new).map_err(err)
+    }
+
+    fn accumulate(&mut self, acc: &mut Arc<GpuTensor>, g: &Arc<GpuTensor>) -> Result<(), String> {
+        if acc.numel() != g.numel() || acc.storage != g.storage || !g.storage.is_float() {
+            return Err("gradient shapes differ between micro-batches".into());
+        }
+        let gpu = &self.gpu;
+        let n = g.numel() as i64;
+        let pg = gpu.ptr(g);
+        let suffix = g.storage.suffix();
+        let target = self.owned(acc)?;
+        let pa = self.gpu.ptr(target);
+        (|| {
+            launch!(
+                self.gpu,
+                format!("add_inplace_{suffix}"),
+                grid(n as usize),
+                pa,
+                pg,
+                n
+            )
+        })()
+        .map_err(err)
+    }
+
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<GpuState, String> {
+        let zeros = |on: bool| -> Result<Option<CudaSlice<f32>>, String> {
+            on.then(|| self.gpu.stream.alloc_zeros::<f32>(len.max(1)).map_err(err))
+                .transpose()
+        };
+        let (first, second) = match optimizer {
+            Optimizer::AdamW { .. } => (zeros(true)?, zeros(true)?),
+            Optimizer::Sgd { momentum, .. } => (zeros(*momentum != 0.0)?, None),
+        };
+        Ok(GpuState {
+            master: None,
+            first,
+            second,
+        })
+    }
+
+    fn update(
+        &mut self,
+        optimizer: &Optimizer,
+        state: &mut GpuState,
+        step: u64,
+        weight: &mut Arc<GpuTensor>,
+        w: Range<usize>,
+        grad: &Arc<GpuTensor>,
+        g: Range<usize>,
+    ) -> Result<(), String> {
+        let storage = weight.storage;
+        if storage != grad.storage || !storage.is_float() {
+            return Err("weight and gradient types differ".into());
+        }
+        let size = storage.size() as u64;
+        let n = w.len() as i64;
+        let pg = self.gpu.ptr(grad) + g.start as u64 * size;
+        let target = self.owned(weight)?;
+        let pw = self.gpu.ptr(target) + w.start as u64 * size;
+        // The f32 master copy: the weights themselves in f32 runs, a slice
+        // kept in the state (seeded from the bf16 weights) otherwise.
+        let pm = match storage {
+            Storage::F32 => pw,
+            _ => {
+                if state.master.is_none() {
+                    let master = self.gpu.stream.alloc_zeros::<f32>(w.len().max(1)).map_err(err)?;
+                    let (p, _) = cudarc::driver::DevicePtr::device_ptr(&master, &self.gpu.stream);
+                    (|| launch!(self.gpu, "cast_bf16_f32", grid(n as usize), p, pw, n))().map_err(err)?;
+                    state.master = Some(master);
+                }
+                slice_ptr(&self.gpu, state.master.as_ref())
+            }
+        };
+        let (pm1, pm2) = (
+            slice_ptr(&self.gpu, state.first.as_ref()),
+            slice_ptr(&self.gpu, state.second.as_ref()),
+        );
+        let suffix = storage.suffix();
+        let launched = match *optimizer {
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                eps,
+                weight_decay,
+            } => {
+                let t = step as f64;
+                let step_size = (lr / (1.0 - beta1.powf(t))) as f32;
+                let bc2_sqrt = (1.0 - beta2.powf(t)).sqrt() as f32;
+                let decay = (1.0 - lr * weight_decay) as f32;
+                let (b1, b2, eps) = (beta1 as f32, beta2 as f32, eps as f32);
+                (|| {
+                    launch!(
+                        self.gpu,
+                        format!("adamw_{suffix}"),
+                        grid(n as usize),
+                        pm,
+                        pw,
+                        pm1,
+                        pm2,
+                        pg,
+                        n,
+                        step_size,
+                        bc2_sqrt,
+                        b1,
+                        b2,
+                        eps,
+                        decay
+                    )
+                })()
+            }
+            Optimizer::Sgd {
+                lr,
+                momentum,
+                weight_decay,
+            } => {
+                let (lr, mu, wd) = (lr as f32, momentum as f32, weight_decay as f32);
+                (|| {
+                    launch!(
+                        self.gpu,
+                        format!("sgd_{suffix}"),
+                        grid(n as usize),
+                        pm,
+                        pw,
+                        pm1,
+                        pg,
+                        n,
+                        lr,
+                        mu,
+                        wd
+                    )
+                })()
+            }
+        };
+        launched.map_err(err)
+    }
+
+    fn synchronize(&mut self) -> Result<(), String> {
+        self.gpu.stream.synchronize().map_err(err)
+    }
+}
+
+/// The device address of an optional state slice (0, a null pointer, when absent).
+fn slice_ptr(gpu: &Gpu, s: Option<&CudaSlice<f32>>) -> u64 {
+    s.map_or(0, |s| cudarc::driver::DevicePtr::device_ptr(s, &gpu.stream).0)
+}

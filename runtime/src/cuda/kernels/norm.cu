@@ -1,0 +1,86 @@
+// LayerNorm and RMSNorm over the last dimension, ONE BLOCK PER ROW
+// (blockDim.x a power of two in [32, 1024]). Statistics in float:
+// y = (x − mean)·rstd·gamma (+ beta), rstd = 1/sqrt(var + eps) with the
+// biased variance; RMSNorm is the same with mean = 0.
+// Backward: dgamma/dbeta are float[cols] accumulated with atomicAdd (the
+// executor zeroes them); either may be null (not computed).
+
+template <bool Centre, typename T>
+__device__ __forceinline__ void norm_fwd(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma,
+                                         const T* beta, long long rows, long long cols, float eps) {
+    ROW_LOOP(r, rows) {
+        const T* xr = x + r * cols;
+        T* yr = y + r * cols;
+        float mean = 0.0f;
+        if (Centre) {
+            float s = 0.0f;
+            for (long long c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
+            mean = block_sum(s) / (float)cols;
+        }
+        float ss = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float d = to_float(xr[c]) - mean;
+            ss += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(block_sum(ss) / (float)cols + eps);
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+            float v = (to_float(xr[c]) - mean) * rstd * to_float(gamma[c]);
+            if (beta) v += to_float(beta[c]);
+            yr[c] = from_float<T>(v);
+        }
+        if (threadIdx.x == 0) {
+            if (mean_out) mean_out[r] = mean;
+            if (rstd_out) rstd_out[r] = rstd;
+        }
+    }
+}
+
+// dx = rstd·(g − mean(g) − x̂·mean(g·x̂)) with g = dy·gamma, x̂ = (x − mean)·rstd
+// (RMSNorm: no mean(g) term); dgamma += dy·x̂, dbeta += dy.
+template <bool Centre, typename T>
+__device__ __forceinline__ void norm_bwd(T* dx, float* dgamma, float* dbeta, const T* dy, const T* x,
+                                         const float* mean_in, const float* rstd_in, const T* gamma,
+                                         long long rows, long long cols) {
+    ROW_LOOP(r, rows) {
+        const T* xr = x + r * cols;
+        const T* dyr = dy + r * cols;
+        const float mean = Centre ? mean_in[r] : 0.0f, rstd = rstd_in[r];
+        float sum_g = 0.0f, sum_gx = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float xhat = (to_float(xr[c]) - mean) * rstd, d = to_float(dyr[c]);
+            const float g = d * to_float(gamma[c]);
+            sum_g += g;
+            sum_gx += g * xhat;
+            if (dgamma) atomicAdd(dgamma + c, d * xhat);
+            if (Centre && dbeta) atomicAdd(dbeta + c, d);
+        }
+        const float mean_g = Centre ? block_sum(sum_g) / (float)cols : 0.0f;
+        const float mean_gx = block_sum(sum_gx) / (float)cols;
+        T* dxr = dx + r * cols;
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float xhat = (to_float(xr[c]) - mean) * rstd;
+            const float g = to_float(dyr[c]) * to_float(gamma[c]);
+            dxr[c] = from_float<T>(rstd * (g - mean_g - xhat * mean_gx));
+        }
+    }
+}
+
+#define NORM_KERNELS(T, S)                                                                             \
+    KERNEL layernorm_fwd_##S(T* y, float* mean, float* rstd, const T* x, const T* gamma,               \
+                             const T* beta_or_null, long long rows, long long cols, float eps) {       \
+        norm_fwd<true>(y, mean, rstd, x, gamma, beta_or_null, rows, cols, eps);                        \
+    }                                                                                                  \
+    KERNEL layernorm_bwd_##S(T* dx, float* dgamma, float* dbeta, const T* dy, const T* x,              \
+                             const float* mean, const float* rstd, const T* gamma, long long rows,     \
+                             long long cols) {                                                         \
+        norm_bwd<true>(dx, dgamma, dbeta, dy, x, mean, rstd, gamma, rows, cols);                       \
+    }                                                                                                  \
+    KERNEL rmsnorm_fwd_##S(T* y, float* rstd, const T* x, const T* gamma, long long rows, long long cols, \
+                           float eps) {                                                                \
+        norm_fwd<false>(y, (float*)0, rstd, x, gamma, (const T*)0, rows, cols, eps);                   \
+    }                                                                                                  \
+    KERNEL rmsnorm_bwd_##S(T* dx, float* dgamma, const T* dy, const T* x, const float* rstd,           \
+                           const T* gamma, long long rows, long long cols) {                           \
+        norm_bwd<false>(dx, dgamma, (float*)0, dy, x, (const float*)0, rstd, gamma, rows, cols);       \
+    }
+FOR_EACH_TYPE(NORM_KERNELS)

@@ -1,0 +1,176 @@
+//! The CUDA backend: per-rank [`Program`](crate::lower::Program)s executed on
+//! NVIDIA GPUs with cuBLAS GEMMs, kernels compiled at run time by NVRTC from
+//! the `.cu` sources in `kernels/`, and NCCL collectives (or an in-process
+//! path for ranks that share one GPU).
+//!
+//! Everything CUDA is loaded at run time (cudarc's dynamic loading), so the
+//! `cuda` feature builds on machines with no CUDA at all; every entry point
+//! checks that the libraries and a device are there and returns
+//! [`CudaError`] instead of letting the loader panic. Without the feature the
+//! same entry points exist and say the binary was built without CUDA, so no
+//! `cfg` leaks out of this module.
+
+pub mod kernels;
+pub mod launch;
+pub mod memory;
+
+#[cfg(feature = "cuda")]
+mod backend;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+pub(crate) mod module;
+#[cfg(feature = "cuda")]
+mod nvrtc;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(feature = "cuda")]
+mod profile;
+#[cfg(feature = "cuda")]
+mod run;
+#[cfg(feature = "cuda")]
+mod tensor;
+
+/// Why the CUDA backend cannot do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum CudaError {
+    #[error("this binary was built without CUDA support (rebuild with `--features cuda`)")]
+    NotBuilt,
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    #[error("no GPU: {0}")]
+    NoDevice(String),
+    #[error("{library} not found: {hint}")]
+    MissingLibrary { library: &'static str, hint: String },
+    #[error("compiling kernel source '{source_name}' for {arch}: {log}")]
+    Compile {
+        source_name: String,
+        arch: String,
+        log: String,
+    },
+    #[error("{0}")]
+    Driver(String),
+    #[error("no CUDA kernel named '{name}' was compiled for {arch} (the names are in runtime/src/cuda/kernels.rs)")]
+    UnknownKernel { name: String, arch: String },
+}
+
+/// What [`probe`] found: the device a rank would run on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    /// Compute capability, e.g. (9, 0) for H100/H200.
+    pub compute_capability: (u32, u32),
+    pub memory_bytes: u64,
+    pub devices: usize,
+}
+
+/// Checks that the CUDA driver is loadable and device `ordinal` exists.
+pub fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
+    #[cfg(feature = "cuda")]
+    {
+        device::probe(ordinal)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = ordinal;
+        Err(CudaError::NotBuilt)
+    }
+}
+
+/// Register use of one compiled kernel, from ptxas.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelReport {
+    pub source: String,
+    pub kernel: String,
+    pub registers: u32,
+    pub spill_store_bytes: u64,
+    pub spill_load_bytes: u64,
+}
+
+/// Compiles every kernel source to machine code for `arch` (e.g. `sm_90`)
+/// with NVRTC, which needs no GPU, and reports each kernel's registers and
+/// spills.
+pub fn compile_all(arch: &str) -> Result<Vec<KernelReport>, CudaError> {
+    #[cfg(feature = "cuda")]
+    {
+        nvrtc::compile_all(arch)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = arch;
+        Err(CudaError::NotBuilt)
+    }
+}
+
+/// How float tensors are stored on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuPrecision {
+    /// Everything in f32: results match the CPU backend closely.
+    #[default]
+    F32,
+    /// bf16 weights and activations, f32 master weights and optimizer state.
+    Bf16,
+}
+
+/// How to train on the GPU.
+#[derive(Debug, Clone, Default)]
+pub struct CudaOptions {
+    pub precision: GpuPrecision,
+    /// The device every rank of this process runs on.
+    pub device: usize,
+}
+
+/// A CUDA run: the same report as the CPU backend's, plus the device and
+/// the nodes that had no device kernel and ran on the host.
+#[derive(Debug, Clone)]
+pub struct CudaReport {
+    pub train: crate::cpu::parallel::TrainReport,
+    pub device: DeviceInfo,
+    /// Op name → nodes of that op run on the host, summed over ranks and steps.
+    pub host_nodes: std::collections::BTreeMap<String, usize>,
+    /// Per rank: the planned arena of its transient buffers and its model
+    /// state (weights, gradients, optimizer), from [`memory::plan_memory`]
+    /// at the run's float type.
+    pub planned: Vec<memory::MemoryPlan>,
+}
+
+/// Runs `programs` (one per rank) on one GPU: every rank is a thread with
+/// its own stream and cuBLAS handle on device `cuda.device`, and ranks talk
+/// through the in-process fabric (host-staged), so any plan (DP, TP, PP,
+/// ZeRO, EP) runs on a single GPU.
+pub fn train(
+    t: &crate::lower::TrainingGraph,
+    programs: &[crate::lower::Program],
+    data: &crate::train::TokenSource,
+    opts: &crate::cpu::parallel::TrainOptions,
+    cuda: &CudaOptions,
+    progress: &(dyn Fn(&crate::cpu::parallel::StepReport) + Sync),
+) -> Result<CudaReport, crate::cpu::parallel::ExecError> {
+    #[cfg(feature = "cuda")]
+    {
+        run::train(t, programs, data, opts, cuda, progress)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (t, programs, data, opts, cuda, progress);
+        Err(crate::cpu::parallel::ExecError::Backend(
+            CudaError::NotBuilt.to_string(),
+        ))
+    }
+}
+
+/// Measures GPU `ordinal` (GEMM rates, streaming bandwidth, launch cost)
+/// as a calibration file for the cost models. `quick` checks the
+/// machinery with small shapes.
+pub fn profile(ordinal: usize, quick: bool) -> Result<autopar_cost_models::Calibration, CudaError> {
+    #[cfg(feature = "cuda")]
+    {
+        profile::profile(ordinal, quick)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ordinal, quick);
+        Err(CudaError::NotBuilt)
+    }
+}

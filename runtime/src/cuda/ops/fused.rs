@@ -1,0 +1,481 @@
+//! Reductions, normalisations, activations, softmax, flash attention and
+//! the gathers with their scatter-add adjoints, as NVRTC kernels.
+
+use super::elementwise::norm;
+use super::{grid, launch, rows, Gpu, View};
+use crate::cuda::kernels::{FLASH_BLOCK_K, FLASH_BLOCK_Q, FLASH_MAX_HEAD_DIM, FLASH_THREADS};
+use crate::cuda::module::row_major_strides as strides;
+use crate::cuda::tensor::{empty, zeros, GpuTensor, Storage};
+use crate::cuda::CudaError;
+use autopar_ir::{DType, GeluApprox, Op, ReduceKind, TensorType};
+use cudarc::driver::LaunchConfig;
+
+/// A float scratch buffer (f32 whatever the run's precision).
+fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, CudaError> {
+    if zeroed {
+        zeros(&gpu.stream, DType::F32, Storage::F32, shape)
+    } else {
+        empty(&gpu.stream, DType::F32, Storage::F32, shape)
+    }
+}
+
+/// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.
+fn finish(gpu: &Gpu, acc: GpuTensor, ty: &TensorType) -> Result<GpuTensor, CudaError> {
+    if gpu.float() == Storage::F32 {
+        let shape = acc.shape.clone();
+        return Ok(acc.alias(ty.dtype, shape));
+    }
+    let y = gpu.output(ty)?;
+    let (o, i, n) = (gpu.ptr(&y), gpu.ptr(&acc), acc.numel() as i64);
+    launch!(gpu, "cast_f32_bf16", grid(acc.numel()), o, i, n)?;
+    Ok(y)
+}
+
+/// Product of `dims`.
+fn prod(dims: &[usize]) -> i64 {
+    dims.iter().product::<usize>() as i64
+}
+
+fn suffix(x: &GpuTensor) -> &'static str {
+    x.storage.suffix()
+}
+
+pub(super) fn eval(
+    gpu: &Gpu,
+    op: &Op,
+    args: &[Option<&GpuTensor>],
+    out: &[TensorType],
+) -> Result<Option<Vec<GpuTensor>>, CudaError> {
+    let arg = |i: usize| args.get(i).copied().flatten();
+    let float = |i: usize| super::float_arg(args, i);
+    let ints = |i: usize| arg(i).filter(|x| x.storage == Storage::I64);
+    let Some(x) = arg(0) else { return Ok(None) };
+    let ty = &out[0];
+    Ok(match op {
+        Op::Reduce {
+            kind,
+            axes,
+            noop_with_empty_axes,
+            ..
+        } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            let listed: Vec<i64> = match axes {
+                Some(a) => a.clone(),
+                None => match arg(1) {
+                    Some(t) => match &t.ints {
+                        Some(v) => (**v).clone(),
+                        None => return Ok(None),
+                    },
+                    None => Vec::new(),
+                },
+            };
+            let mut reduced: Vec<usize> = if listed.is_empty() {
+                if *noop_with_empty_axes {
+                    return Ok(Some(vec![x.alias(ty.dtype, x.shape.clone())]));
+                }
+                (0..rank).collect()
+            } else {
+                listed.iter().map(|&a| norm(a, rank)).collect()
+            };
+            reduced.sort_unstable();
+            reduced.dedup();
+            reduce(gpu, *kind, x, &reduced, ty)?.map(|y| vec![y])
+        }
+        Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } if x.storage.is_float() => {
+            let Some(scale) = float(1) else { return Ok(None) };
+            let axis = norm(*axis, x.shape.len());
+            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+            if scale.numel() as i64 != cols || out.len() > 1 {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let (py, px, pg, eps, null) = (gpu.ptr(&y), gpu.ptr(x), gpu.ptr(scale), *epsilon as f32, 0u64);
+            if matches!(op, Op::LayerNorm { .. }) {
+                let pb = match float(2) {
+                    Some(b) if b.numel() as i64 == cols => gpu.ptr(b),
+                    Some(_) => return Ok(None),
+                    None => 0u64,
+                };
+                let k = format!("layernorm_fwd_{}", suffix(x));
+                launch!(
+                    gpu,
+                    k,
+                    rows(rows_n as usize),
+                    py,
+                    null,
+                    null,
+                    px,
+                    pg,
+                    pb,
+                    rows_n,
+                    cols,
+                    eps
+                )?;
+            } else {
+                let k = format!("rmsnorm_fwd_{}", suffix(x));
+                launch!(gpu, k, rows(rows_n as usize), py, null, px, pg, rows_n, cols, eps)?;
+            }
+            Some(vec![y])
+        }
+        Op::Gelu { approximate } if x.storage.is_float() => {
+            let y = gpu.output(ty)?;
+            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+            let tanh = i32::from(*approximate == GeluApprox::Tanh);
+            launch!(
+                gpu,
+                format!("gelu_fwd_{}", suffix(x)),
+                grid(x.numel()),
+                py,
+                px,
+                n,
+                tanh
+            )?;
+            Some(vec![y])
+        }
+        Op::Silu if x.storage.is_float() => {
+            let y = gpu.output(ty)?;
+            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+            launch!(gpu, format!("silu_fwd_{}", suffix(x)), grid(x.numel()), py, px, n)?;
+            Some(vec![y])
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            if norm(*axis, rank) != rank - 1 {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let cols = x.shape[rank - 1] as i64;
+            let rows_n = x.numel() as i64 / cols.max(1);
+            let log = i32::from(matches!(op, Op::LogSoftmax { .. }));
+            let (py, px) = (gpu.ptr(&y), gpu.ptr(x));
+            launch!(
+                gpu,
+                format!("softmax_fwd_{}", suffix(x)),
+                rows(rows_n as usize),
+                py,
+                px,
+                rows_n,
+                cols,
+                log
+            )?;
+            Some(vec![y])
+        }
+        Op::Attention { scale, causal } => match Flash::of(args, *scale, *causal, 3) {
+            Some(f) => {
+                let (o, _lse) = f.forward(gpu, ty)?;
+                Some(vec![o])
+            }
+            None => None,
+        },
+        Op::AttentionGrad {
+            scale,
+            causal,
+            mask_grad: false,
+        } => match (Flash::of(args, *scale, *causal, 4), float(3)) {
+            (Some(f), Some(dout)) if dout.shape == f.q.shape => Some(f.backward(gpu, dout, out)?),
+            _ => None,
+        },
+        Op::Embedding => {
+            let (Some(table), Some(ids)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            if table.shape.len() != 2 {
+                return Ok(None);
+            }
+            // A row gather, so ids wrap and bound as the reference's do.
+            let y = gpu.output(ty)?;
+            let (py, pt, pi) = (gpu.ptr(&y), gpu.ptr(table), gpu.ptr(ids));
+            let (outer, n, vocab, hidden) = (
+                1i64,
+                ids.numel() as i64,
+                table.shape[0] as i64,
+                table.shape[1] as i64,
+            );
+            let k = format!("gather_{}", suffix(table));
+            launch!(gpu, k, grid(y.numel()), py, pt, pi, outer, n, vocab, hidden)?;
+            Some(vec![y])
+        }
+        Op::Gather { axis } => {
+            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, data.shape.len());
+            let y = gpu.output(ty)?;
+            let (outer, len, inner) = split_at(&data.shape, axis);
+            let (py, pd, pi, n) = (gpu.ptr(&y), gpu.ptr(data), gpu.ptr(idx), idx.numel() as i64);
+            launch!(
+                gpu,
+                format!("gather_{}", suffix(data)),
+                grid(y.numel()),
+                py,
+                pd,
+                pi,
+                outer,
+                n,
+                len,
+                inner
+            )?;
+            Some(vec![y])
+        }
+        Op::GatherGrad { axis } => {
+            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let dims = super::fixed(ty)?;
+            let axis = norm(*axis, dims.len());
+            let acc = scratch(gpu, dims.clone(), true)?;
+            let (outer, len, inner) = split_at(&dims, axis);
+            let (pa, pg, pi, n) = (gpu.ptr(&acc), gpu.ptr(g), gpu.ptr(idx), idx.numel() as i64);
+            launch!(
+                gpu,
+                format!("gather_grad_{}", suffix(g)),
+                grid(g.numel()),
+                pa,
+                pg,
+                pi,
+                outer,
+                n,
+                len,
+                inner
+            )?;
+            Some(vec![finish(gpu, acc, ty)?])
+        }
+        Op::GatherElements { axis } => {
+            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, data.shape.len());
+            if !same_except(&data.shape, &idx.shape, axis) {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let (outer, j, inner) = split_at(&idx.shape, axis);
+            let len = data.shape[axis] as i64;
+            let (py, pd, pi) = (gpu.ptr(&y), gpu.ptr(data), gpu.ptr(idx));
+            let k = format!("gather_elements_{}", suffix(data));
+            launch!(gpu, k, grid(y.numel()), py, pd, pi, outer, j, len, inner)?;
+            Some(vec![y])
+        }
+        Op::GatherElementsGrad { axis } => {
+            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let dims = super::fixed(ty)?;
+            let axis = norm(*axis, dims.len());
+            if !same_except(&dims, &idx.shape, axis) || g.shape != idx.shape {
+                return Ok(None);
+            }
+            let acc = scratch(gpu, dims.clone(), true)?;
+            let (outer, j, inner) = split_at(&idx.shape, axis);
+            let len = dims[axis] as i64;
+            let (pa, pg, pi) = (gpu.ptr(&acc), gpu.ptr(g), gpu.ptr(idx));
+            let k = format!("gather_elements_grad_{}", suffix(g));
+            launch!(gpu, k, grid(g.numel()), pa, pg, pi, outer, j, len, inner)?;
+            Some(vec![finish(gpu, acc, ty)?])
+        }
+        _ => None,
+    })
+}
+
+/// `dims` as (outer, dims[axis], inner).
+fn split_at(dims: &[usize], axis: usize) -> (i64, i64, i64) {
+    (prod(&dims[..axis]), dims[axis] as i64, prod(&dims[axis + 1..]))
+}
+
+/// Whether `a` and `b` agree on every dim but `axis`.
+fn same_except(a: &[usize], b: &[usize], axis: usize) -> bool {
+    a.len() == b.len() && a.iter().zip(b).enumerate().all(|(i, (x, y))| i == axis || x == y)
+}
+
+/// Reduces `x` over the sorted axes `reduced`: kept dims become rows (by a
+/// transposing copy when the reduced dims are not already the trailing ones).
+fn reduce(
+    gpu: &Gpu,
+    kind: ReduceKind,
+    x: &GpuTensor,
+    reduced: &[usize],
+    ty: &TensorType,
+) -> Result<Option<GpuTensor>, CudaError> {
+    let name = match kind {
+        ReduceKind::Sum => "sum",
+        ReduceKind::Mean => "mean",
+        ReduceKind::Max => "max",
+        ReduceKind::Min => "min",
+        ReduceKind::Prod => return Ok(None),
+    };
+    let rank = x.shape.len();
+    let kept: Vec<usize> = (0..rank).filter(|a| !reduced.contains(a)).collect();
+    let cols = reduced.iter().map(|&a| x.shape[a]).product::<usize>() as i64;
+    let rows_n = kept.iter().map(|&a| x.shape[a]).product::<usize>() as i64;
+    let trailing = reduced
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| a == rank - reduced.len() + i);
+    let moved;
+    let input = if trailing {
+        x
+    } else {
+        let order: Vec<usize> = kept.iter().chain(reduced).copied().collect();
+        let dims: Vec<usize> = order.iter().map(|&a| x.shape[a]).collect();
+        let own = strides(&x.shape);
+        let s: Vec<i64> = order.iter().map(|&a| own[a]).collect();
+        let (Some(iv), Some(ov)) = (View::new(&dims, &s), View::contiguous(&dims)) else {
+            return Ok(None);
+        };
+        moved = empty(&gpu.stream, x.dtype, x.storage, dims)?;
+        gpu.copy_view(&moved, ov, x, iv, x.numel())?;
+        &moved
+    };
+    let y = gpu.output(ty)?;
+    let (py, px) = (gpu.ptr(&y), gpu.ptr(input));
+    launch!(
+        gpu,
+        format!("reduce_rows_{name}_{}", suffix(x)),
+        rows(rows_n as usize),
+        py,
+        px,
+        rows_n,
+        cols
+    )?;
+    Ok(Some(y))
+}
+
+/// The operands of a flash-attention call without a mask.
+struct Flash<'a> {
+    q: &'a GpuTensor,
+    k: &'a GpuTensor,
+    v: &'a GpuTensor,
+    scale: f32,
+    causal: i32,
+    dims: [i32; 6],
+}
+
+impl<'a> Flash<'a> {
+    /// `None` when a mask (operand `mask_at`) is given or the shapes are
+    /// outside the kernel's range (then the host runs the node).
+    fn of(
+        args: &[Option<&'a GpuTensor>],
+        scale: Option<f64>,
+        causal: bool,
+        mask_at: usize,
+    ) -> Option<Flash<'a>> {
+        let float = |i: usize| super::float_arg(args, i);
+        let (q, k, v) = (float(0)?, float(1)?, float(2)?);
+        if args.get(mask_at).copied().flatten().is_some() {
+            return None;
+        }
+        if q.shape.len() != 4 || k.shape.len() != 4 || v.shape != k.shape {
+            return None;
+        }
+        let [b, hq, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
+        let [bk, hk, sk, dk] = [k.shape[0], k.shape[1], k.shape[2], k.shape[3]];
+        if b != bk || d != dk || hk == 0 || hq % hk != 0 || d > FLASH_MAX_HEAD_DIM as usize {
+            return None;
+        }
+        // Empty sequences and grids past the launch limit go to the host.
+        if [b, hq, sq, sk, d].contains(&0) || b * hq > 65_535 {
+            return None;
+        }
+        let scale = scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32;
+        let dims = [b, hq, hk, sq, sk, d].map(|x| x as i32);
+        Some(Flash {
+            q,
+            k,
+            v,
+            scale,
+            causal: i32::from(causal),
+            dims,
+        })
+    }
+
+    fn config(&self, block: usize, seq: i32) -> LaunchConfig {
+        let [b, hq, ..] = self.dims;
+        LaunchConfig {
+            grid_dim: ((seq as usize).div_ceil(block) as u32, (b * hq) as u32, 1),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The output and the rows' log-sum-exp (for the backward pass).
+    fn forward(&self, gpu: &Gpu, ty: &TensorType) -> Result<(GpuTensor, GpuTensor), CudaError> {
+        let [b, hq, hk, sq, sk, d] = self.dims;
+        let o = gpu.output(ty)?;
+        let lse = scratch(gpu, vec![(b * hq * sq) as usize], false)?;
+        let (po, pl, pq, pk, pv) = (
+            gpu.ptr(&o),
+            gpu.ptr(&lse),
+            gpu.ptr(self.q),
+            gpu.ptr(self.k),
+            gpu.ptr(self.v),
+        );
+        let (scale, causal) = (self.scale, self.causal);
+        let k = format!("flash_attn_fwd_{}", suffix(self.q));
+        launch!(
+            gpu,
+            k,
+            self.config(FLASH_BLOCK_Q as usize, sq),
+            po,
+            pl,
+            pq,
+            pk,
+            pv,
+            b,
+            hq,
+            hk,
+            sq,
+            sk,
+            d,
+            scale,
+            causal
+        )?;
+        Ok((o, lse))
+    }
+
+    /// (dq, dk, dv): the forward pass again for the output and log-sum-exp,
+    /// the rows' `Σ o·dO`, then the tiled backward into f32 accumulators.
+    fn backward(&self, gpu: &Gpu, dout: &GpuTensor, out: &[TensorType]) -> Result<Vec<GpuTensor>, CudaError> {
+        let [b, hq, hk, sq, sk, d] = self.dims;
+        let (o, lse) = self.forward(gpu, &out[0])?;
+        let rows_n = (b * hq * sq) as i64;
+        let delta = scratch(gpu, vec![rows_n as usize], false)?;
+        let (pdelta, po, pdo) = (gpu.ptr(&delta), gpu.ptr(&o), gpu.ptr(dout));
+        let pre = format!("flash_attn_bwd_pre_{}", suffix(self.q));
+        // One warp per row.
+        launch!(gpu, pre, grid(rows_n as usize * 32), pdelta, po, pdo, rows_n, d)?;
+        let dq = scratch(gpu, self.q.shape.clone(), true)?;
+        let dk = scratch(gpu, self.k.shape.clone(), true)?;
+        let dv = scratch(gpu, self.v.shape.clone(), true)?;
+        let (pdq, pdk, pdv) = (gpu.ptr(&dq), gpu.ptr(&dk), gpu.ptr(&dv));
+        let (pq, pk, pv, pl) = (gpu.ptr(self.q), gpu.ptr(self.k), gpu.ptr(self.v), gpu.ptr(&lse));
+        let (scale, causal) = (self.scale, self.causal);
+        let k = format!("flash_attn_bwd_{}", suffix(self.q));
+        launch!(
+            gpu,
+            k,
+            self.config(FLASH_BLOCK_K as usize, sk),
+            pdq,
+            pdk,
+            pdv,
+            pq,
+            pk,
+            pv,
+            pdo,
+            pl,
+            pdelta,
+            b,
+            hq,
+            hk,
+            sq,
+            sk,
+            d,
+            scale,
+            causal
+        )?;
+        Ok(vec![
+            finish(gpu, dq, &out[0])?,
+            finish(gpu, dk, &out[1])?,
+            finish(gpu, dv, &out[2])?,
+        ])
+    }
+}

@@ -1,0 +1,172 @@
+//! One training-graph node on the GPU: output types from the op's own shape
+//! inference, then cuBLAS or an NVRTC kernel. Ops without a device kernel
+//! return `None`, and the backend runs them on the host with the reference
+//! kernels (correct, slower, and reported), so every graph runs.
+
+mod elementwise;
+mod fused;
+pub(crate) mod linalg;
+
+use super::module::{Kernels, View};
+use super::tensor::{empty, GpuTensor, Storage};
+use super::CudaError;
+use super::GpuPrecision;
+use autopar_ir::{InferInput, Op, Shape, TensorType};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaStream, LaunchConfig};
+use std::sync::Arc;
+
+/// What kernels need: the rank's stream, its cuBLAS handle, the compiled
+/// kernels and the compute type.
+pub(crate) struct Gpu {
+    pub stream: Arc<CudaStream>,
+    pub blas: CudaBlas,
+    pub kernels: Arc<Kernels>,
+    pub precision: GpuPrecision,
+}
+
+/// Launches kernel `$name` with `$cfg` and the given (already bound) arguments.
+macro_rules! launch {
+    ($gpu:expr, $name:expr, $cfg:expr $(, $arg:expr)* $(,)?) => {{
+        let name: &str = &$name;
+        let f = $gpu.kernels.get(name)?;
+        let mut b = $gpu.stream.launch_builder(&f);
+        $( cudarc::driver::PushKernelArg::arg(&mut b, &$arg); )*
+        // SAFETY: argument lists follow kernels/*.cu (the kernel spec).
+        unsafe { b.launch($cfg) }
+            .map(|_| ())
+            .map_err(|e| CudaError::Driver(format!("launching {name}: {e}")))
+    }};
+}
+pub(crate) use launch;
+
+/// Threads per block of element-wise and per-row kernels.
+pub(crate) const THREADS: u32 = 256;
+
+/// A grid-stride launch over `n` elements.
+pub(crate) fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(THREADS as usize).clamp(1, 65_536) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block per row.
+pub(crate) fn rows(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.max(1) as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl Gpu {
+    /// The storage of float tensors in this run.
+    pub fn float(&self) -> Storage {
+        match self.precision {
+            GpuPrecision::F32 => Storage::F32,
+            GpuPrecision::Bf16 => Storage::Bf16,
+        }
+    }
+
+    /// A new output tensor of type `ty` (fixed shape).
+    pub fn output(&self, ty: &TensorType) -> Result<GpuTensor, CudaError> {
+        let shape = fixed(ty)?;
+        let storage = super::tensor::storage_of(ty.dtype, self.precision)
+            .ok_or_else(|| CudaError::Driver(format!("{} outputs cannot live on the GPU", ty.dtype)))?;
+        empty(&self.stream, ty.dtype, storage, shape)
+    }
+
+    pub fn ptr(&self, x: &GpuTensor) -> u64 {
+        x.ptr(&self.stream)
+    }
+
+    /// `y = x` element for element through views (transpose, expand, concat pieces).
+    pub fn copy_view(
+        &self,
+        out: &GpuTensor,
+        ov: View,
+        x: &GpuTensor,
+        xv: View,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let (o, i, n) = (self.ptr(out), self.ptr(x), n as i64);
+        let name = match x.storage {
+            Storage::I64 => "copy_view_i64".to_string(),
+            s => format!("copy_view_{}", s.suffix()),
+        };
+        launch!(self, name, grid(n as usize), o, ov, i, xv, n)
+    }
+}
+
+fn fixed(ty: &TensorType) -> Result<Vec<usize>, CudaError> {
+    ty.shape
+        .0
+        .iter()
+        .map(|d| d.fixed())
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| CudaError::Driver(format!("output shape {} is not fixed", ty.shape)))
+}
+
+/// The node's output types from its inputs, by the op's own inference.
+fn infer(op: &Op, args: &[Option<&GpuTensor>]) -> Result<Vec<TensorType>, CudaError> {
+    let types: Vec<Option<(TensorType, Option<autopar_ir::Value>)>> = args
+        .iter()
+        .map(|a| {
+            a.map(|x| {
+                (
+                    TensorType {
+                        dtype: x.dtype,
+                        shape: Shape::fixed(&x.shape),
+                    },
+                    x.host_ints(),
+                )
+            })
+        })
+        .collect();
+    let inputs: Vec<Option<InferInput>> = types
+        .iter()
+        .map(|t| {
+            t.as_ref().map(|(ty, v)| InferInput {
+                ty,
+                value: v.as_ref(),
+            })
+        })
+        .collect();
+    op.infer(&inputs).map_err(|e| CudaError::Driver(e.to_string()))
+}
+
+/// Runs `op` on the device, or `None` when it has no device kernel for
+/// these operands.
+pub(crate) fn eval(
+    gpu: &Gpu,
+    op: &Op,
+    args: &[Option<&GpuTensor>],
+) -> Result<Option<Vec<GpuTensor>>, CudaError> {
+    // Every operand a kernel reads must be on the device in a known layout.
+    let floats_ok = args
+        .iter()
+        .flatten()
+        .all(|x| x.storage != Storage::F32 || gpu.float() == Storage::F32);
+    if !floats_ok {
+        return Ok(None);
+    }
+    // Ops whose shapes need values the device does not mirror run on the host.
+    let Ok(out) = infer(op, args) else {
+        return Ok(None);
+    };
+    if let Some(y) = elementwise::eval(gpu, op, args, &out)? {
+        return Ok(Some(y));
+    }
+    if let Some(y) = linalg::eval(gpu, op, args, &out)? {
+        return Ok(Some(y));
+    }
+    fused::eval(gpu, op, args, &out)
+}
+
+/// The float operand `i`, if present and stored as a float.
+pub(crate) fn float_arg<'a>(args: &[Option<&'a GpuTensor>], i: usize) -> Option<&'a GpuTensor> {
+    args.get(i).copied().flatten().filter(|x| x.storage.is_float())
+}
