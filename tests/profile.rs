@@ -87,7 +87,7 @@ fn cuda_without_a_gpu_fails_in_one_line_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("gpu.json");
     let (code, _, err) = autopar(&["profile", "--backend", "cuda", "-o", out.to_str().unwrap()]);
-    assert_eq!(code, 1, "{err}");
+    assert_eq!(code, 2, "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
         err.contains("--backend cuda") && (err.contains("CUDA") || err.contains("GPU")),

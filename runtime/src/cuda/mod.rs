@@ -174,3 +174,41 @@ pub fn profile(ordinal: usize, quick: bool) -> Result<autopar_cost_models::Calib
         Err(CudaError::NotBuilt)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::parallel::TrainOptions;
+    use crate::cpu::Precision;
+    use crate::lower::{for_strategy, lower, Strategy};
+    use crate::train::{Optimizer, TokenSource};
+
+    /// Every entry point says why there is no GPU (no driver, or a build
+    /// without CUDA) instead of panicking in the library loader.
+    #[test]
+    fn without_a_gpu_every_entry_point_is_an_error() {
+        if probe(0).is_ok() {
+            eprintln!("skipped: this machine has a GPU");
+            return;
+        }
+        let why = probe(0).unwrap_err();
+        let expected = if cfg!(feature = "cuda") {
+            "no CUDA driver"
+        } else {
+            "without CUDA"
+        };
+        assert!(why.to_string().contains(expected), "{why}");
+        assert!(profile(0, true).unwrap_err().to_string().contains(expected));
+        let g = autopar_ir::zoo::build("gpt:layers=1,hidden=16,heads=2,vocab=32,seq=4").unwrap();
+        let s = Strategy::new(1, 1, 1, 1, 1);
+        let t = for_strategy(&g, &s, 4).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
+        let data = TokenSource::synthetic(32, 1);
+        let err = train(&t, &programs, &data, &opts, &CudaOptions::default(), &|_| {}).unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+        if !cfg!(feature = "cuda") {
+            assert!(matches!(compile_all("sm_90"), Err(CudaError::NotBuilt)));
+        }
+    }
+}

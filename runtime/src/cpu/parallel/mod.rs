@@ -1,9 +1,9 @@
-//! The CPU backend for per-rank programs: one thread per rank, each
-//! interpreting its [`Program`] with the reference kernels, talking to the
-//! others through in-process collectives that run the real algorithms and
-//! count bytes. A rank that fails or waits too long aborts every rank, so a
-//! broken plan ends with an error naming the rank and instruction, never a
-//! hang.
+//! Running per-rank programs: one thread per rank, each interpreting its
+//! [`Program`] over a [`Backend`] (the reference kernels on the host here;
+//! `runtime::cuda` on a GPU), talking to the others through in-process
+//! collectives that run the real algorithms and count bytes. A rank that
+//! fails or waits too long aborts every rank, so a broken plan ends with an
+//! error naming the rank and instruction, never a hang.
 
 mod backend;
 mod rank;
