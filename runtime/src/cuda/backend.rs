@@ -253,7 +253,9 @@ impl Backend for CudaBackend {
                 let step_size = (lr / (1.0 - beta1.powf(t))) as f32;
                 let bc2_sqrt = (1.0 - beta2.powf(t)).sqrt() as f32;
                 let decay = (1.0 - lr * weight_decay) as f32;
-                let (b1, b2, eps) = (beta1 as f32, beta2 as f32, eps as f32);
+                // Formed in f64 and rounded, exactly as the CPU oracle forms them.
+                let (w1, rest1) = ((1.0 - beta1) as f32, (1.0 - (1.0 - beta1)) as f32);
+                let (b2, w2, eps) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
                 (|| {
                     launch!(
                         self.gpu,
@@ -267,8 +269,10 @@ impl Backend for CudaBackend {
                         n,
                         step_size,
                         bc2_sqrt,
-                        b1,
+                        w1,
+                        rest1,
                         b2,
+                        w2,
                         eps,
                         decay
                     )

@@ -12,17 +12,18 @@ __device__ __forceinline__ float lerp_two_sided(float a, float b, float w, float
     return fabsf(w) < 0.5f ? ADD(a, MUL(w, SUB(b, a))) : SUB(b, MUL(SUB(b, a), one_minus_w));
 }
 
-// AdamW: p = master·decay; m = lerp(m, g, 1 − b1); v = v·b2 + (1 − b2)·g·g;
-// p −= step_size·m / (sqrt(v)/bc2_sqrt + eps). For T = float, param may alias master.
+// AdamW: p = master·decay; m = lerp(m, g, w1); v = v·b2 + w2·g·g;
+// p −= step_size·m / (sqrt(v)/bc2_sqrt + eps). w1 = 1 − β₁, rest1 = 1 − w1 and
+// w2 = 1 − β₂ come from the host, formed in f64 and rounded, as the CPU oracle
+// forms them. For T = float, param may alias master.
 template <typename T>
 __device__ __forceinline__ void adamw(float* master, T* param, float* m, float* v, const T* grad, long long n,
-                                      float step_size, float bc2_sqrt, float beta1, float beta2, float eps,
-                                      float decay) {
-    const float w1 = SUB(1.0f, beta1), w2 = SUB(1.0f, beta2);
+                                      float step_size, float bc2_sqrt, float w1, float rest1, float beta2,
+                                      float w2, float eps, float decay) {
     GRID_STRIDE(i, n) {
         const float g = to_float(grad[i]);
         float p = MUL(master[i], decay);
-        const float mi = lerp_two_sided(m[i], g, w1, beta1);
+        const float mi = lerp_two_sided(m[i], g, w1, rest1);
         const float vi = ADD(MUL(v[i], beta2), MUL(MUL(w2, g), g));
         const float denom = ADD(__fdiv_rn(__fsqrt_rn(vi), bc2_sqrt), eps);
         p = SUB(p, __fdiv_rn(MUL(step_size, mi), denom));
@@ -53,8 +54,9 @@ __device__ __forceinline__ void sgd(float* master, T* param, float* buf, const T
 
 #define OPTIMIZER_KERNELS(T, S)                                                                       \
     KERNEL adamw_##S(float* master, T* param, float* m, float* v, const T* grad, long long n,         \
-                     float step_size, float bc2_sqrt, float beta1, float beta2, float eps, float decay) { \
-        adamw(master, param, m, v, grad, n, step_size, bc2_sqrt, beta1, beta2, eps, decay);           \
+                     float step_size, float bc2_sqrt, float w1, float rest1, float beta2, float w2,    \
+                     float eps, float decay) {                                                        \
+        adamw(master, param, m, v, grad, n, step_size, bc2_sqrt, w1, rest1, beta2, w2, eps, decay);   \
     }                                                                                                 \
     KERNEL sgd_##S(float* master, T* param, float* buf_or_null, const T* grad, long long n, float lr,  \
                    float momentum, float weight_decay) {                                              \

@@ -335,13 +335,15 @@ fn check_optimizers<T: Elem>(g: &Gpu) {
     let step_size = lr / (1.0 - b1.powi(t));
     let bc2_sqrt = (1.0 - b2.powi(t)).sqrt();
     let decay = 1.0 - lr * wd;
+    // As the CPU oracle forms them: in f64, then rounded.
+    let (w1, rest1) = ((1.0 - b1 as f64) as f32, (1.0 - (1.0 - b1 as f64)) as f32);
+    let w2 = (1.0 - b2 as f64) as f32;
 
     let (mut master_d, mut m_d, mut v_d) = (up_raw(g, &master), up_raw(g, &m0), up_raw(g, &v0));
     let (grad_d, mut param_d) = (up::<T>(g, &grad), zeros::<T>(g, n));
     launch!(g, format!("adamw_{}", T::SUFFIX), grid(n);
         &mut master_d, &mut param_d, &mut m_d, &mut v_d, &grad_d, &n64,
-        &step_size, &bc2_sqrt, &b1, &b2, &eps, &decay);
-    let (w1, w2) = (1.0 - b1, 1.0 - b2);
+        &step_size, &bc2_sqrt, &w1, &rest1, &b2, &w2, &eps, &decay);
     let mut want = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..n {
         let gr = grad[i];
@@ -349,7 +351,7 @@ fn check_optimizers<T: Elem>(g: &Gpu) {
         let m = if w1.abs() < 0.5 {
             m0[i] + w1 * (gr - m0[i])
         } else {
-            gr - (gr - m0[i]) * b1
+            gr - (gr - m0[i]) * rest1
         };
         let v = v0[i] * b2 + w2 * gr * gr;
         let denom = v.sqrt() / bc2_sqrt + eps;
