@@ -7,7 +7,9 @@
 #   3. GPT-2-tiny and a zoo GPT (4 layers, hidden 512): a few steps on the CPU
 #      and on CUDA, f32 and bf16, losses compared (gradients are compared by
 #      the test suite in step 2);
-#   4. a 4-rank hybrid plan (dp2 x pp2, 1F1B) on the one GPU (same-device path);
+#   4. hybrid plans on the one GPU (same-device path): dp2 x pp2 on 4 ranks and
+#      dp2 x tp2 x pp2 on 8, against one rank (the parallel suite's CUDA copies),
+#      and a 4-rank plan from `--plan auto` through the CLI, against the CPU;
 #   5. MFU of a 1.3B-parameter GPT step in bf16 on one GPU;
 # and writes a JSON summary to $OUT/gpu-check.json (or ./gpu-check.json).
 # Tolerances: f32 losses within 1e-3 relative of the CPU backend; bf16 within
@@ -73,6 +75,11 @@ if cargo test --release -p autopar-runtime --features cuda --lib cuda >>"$LOG" 2
 else
   record tests fail "see gpu-check.log (search for 'panicked' or 'FAILED')"
 fi
+if cargo test --release -p autopar-runtime --features cuda --test parallel -- cuda::hybrid >>"$LOG" 2>&1; then
+  record hybrid-on-one-gpu ok "dp2 x pp2 (4 ranks) and dp2 x tp2 x pp2 (8 ranks) match one rank on CUDA"
+else
+  record hybrid-on-one-gpu fail "see gpu-check.log"
+fi
 
 # `autopar run ... --json` on a backend and precision; prints the JSON.
 run_json() { # model backend precision ranks steps extra...
@@ -115,7 +122,7 @@ PY
 : >"$OUT_DIR/compare.txt"
 compare_losses gpt2-tiny fixtures/models/gpt2-tiny.ts.onnx 1 4 --global-batch 8
 compare_losses zoo-gpt-512 'gpt:layers=4,hidden=512,heads=8,vocab=4096,seq=128' 1 3 --global-batch 4
-compare_losses hybrid-4-ranks 'gpt:layers=4,hidden=256,heads=4,vocab=4096,seq=128' 4 3 --global-batch 16
+compare_losses four-ranks-cli 'gpt:layers=4,hidden=256,heads=4,vocab=4096,seq=128' 4 3 --global-batch 16
 
 echo "== MFU, 1.3B GPT, bf16, one GPU" | tee -a "$LOG"
 GPT1B='gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=2048'
