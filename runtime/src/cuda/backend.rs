@@ -74,6 +74,7 @@ impl CudaBackend {
     fn copy(&self, x: &GpuTensor) -> Result<GpuTensor, CudaError> {
         let mut y = tensor::empty(&self.gpu.stream, x.dtype, x.storage, x.shape.clone())?;
         y.ints = x.ints.clone();
+        y.seed = x.seed.clone();
         // SAFETY: both buffers hold at least `x.bytes()` bytes; same stream.
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(
@@ -133,6 +134,15 @@ impl Backend for CudaBackend {
         tensor::upload(&self.gpu.stream, &v, self.gpu.precision)
             .map(Arc::new)
             .map_err(err)
+    }
+
+    fn upload_weight(&mut self, v: Value) -> Result<Arc<GpuTensor>, String> {
+        let mut x = tensor::upload(&self.gpu.stream, &v, self.gpu.precision).map_err(err)?;
+        if x.storage == Storage::Bf16 {
+            let exact: Vec<f32> = v.to_f64_vec().into_iter().map(|f| f as f32).collect();
+            x.seed = Some(Arc::new(self.gpu.stream.clone_htod(&exact).map_err(err)?));
+        }
+        Ok(Arc::new(x))
     }
 
     fn download(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<Value>, String> {
@@ -223,14 +233,31 @@ impl Backend for CudaBackend {
         let target = self.owned(weight)?;
         let pw = self.gpu.ptr(target) + w.start as u64 * size;
         // The f32 master copy: the weights themselves in f32 runs, a slice
-        // kept in the state (seeded from the bf16 weights) otherwise.
+        // kept in the state otherwise, seeded from the weight's initial f32
+        // value (or, for weights received since, from their bf16 value).
         let pm = match storage {
             Storage::F32 => pw,
             _ => {
                 if state.master.is_none() {
                     let master = self.gpu.stream.alloc_zeros::<f32>(w.len().max(1)).map_err(err)?;
                     let (p, _) = cudarc::driver::DevicePtr::device_ptr(&master, &self.gpu.stream);
-                    (|| launch!(self.gpu, "cast_bf16_f32", grid(n as usize), p, pw, n))().map_err(err)?;
+                    match target.seed.take() {
+                        Some(seed) => {
+                            let from = slice_ptr(&self.gpu, Some(&seed)) + w.start as u64 * 4;
+                            // SAFETY: both ranges hold w.len() f32s; same stream.
+                            unsafe {
+                                cudarc::driver::result::memcpy_dtod_async(
+                                    p,
+                                    from,
+                                    w.len() * 4,
+                                    self.gpu.stream.cu_stream(),
+                                )
+                            }
+                            .map_err(err)?;
+                        }
+                        None => (|| launch!(self.gpu, "cast_bf16_f32", grid(n as usize), p, pw, n))()
+                            .map_err(err)?,
+                    }
                     state.master = Some(master);
                 }
                 slice_ptr(&self.gpu, state.master.as_ref())

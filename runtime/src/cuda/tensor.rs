@@ -54,6 +54,9 @@ pub struct GpuTensor {
     pub(crate) storage: Storage,
     pub(crate) shape: Vec<usize>,
     pub(crate) ints: Option<Arc<Vec<i64>>>,
+    /// A bf16 weight's initial value in f32, which seeds its f32 master copy
+    /// at the first optimizer step (then dropped).
+    pub(crate) seed: Option<Arc<CudaSlice<f32>>>,
 }
 
 impl GpuTensor {
@@ -89,6 +92,7 @@ impl GpuTensor {
             storage: self.storage,
             shape,
             ints: self.ints.clone(),
+            seed: self.seed.clone(),
         }
     }
 
@@ -135,6 +139,7 @@ pub(crate) fn empty(
         storage,
         shape,
         ints: None,
+        seed: None,
     })
 }
 
@@ -154,6 +159,7 @@ pub(crate) fn zeros(
         storage,
         shape,
         ints: None,
+        seed: None,
     })
 }
 
@@ -198,6 +204,7 @@ pub(crate) fn upload(
         storage,
         shape: v.shape.clone(),
         ints,
+        seed: None,
     })
 }
 

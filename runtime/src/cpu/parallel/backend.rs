@@ -21,6 +21,11 @@ pub trait Backend {
 
     /// Holds a host value (already in the run's precision).
     fn upload(&mut self, v: Value) -> Result<Self::Tensor, String>;
+    /// Holds a parameter's initial value. A backend that computes in a
+    /// narrower type keeps the original for its master copy.
+    fn upload_weight(&mut self, v: Value) -> Result<Self::Tensor, String> {
+        self.upload(v)
+    }
     /// The tensor as a host value (the run's precision).
     fn download(&mut self, x: &Self::Tensor) -> Result<Arc<Value>, String>;
     /// The tensor's size where it is held.

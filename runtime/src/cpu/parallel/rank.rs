@@ -141,7 +141,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
     /// Moves the initial weights onto the backend.
     fn hold_weights(&mut self) -> Result<(), ExecError> {
         for (name, v) in std::mem::take(&mut self.initial) {
-            let held = self.dev.upload(v).map_err(|message| ExecError::Rank {
+            let held = self.dev.upload_weight(v).map_err(|message| ExecError::Rank {
                 rank: self.program.rank,
                 step: 0,
                 index: 0,
