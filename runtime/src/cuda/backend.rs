@@ -72,7 +72,7 @@ impl CudaBackend {
 
     /// A device copy of `x` with its own buffer.
     fn copy(&self, x: &GpuTensor) -> Result<GpuTensor, CudaError> {
-        let mut y = tensor::empty(&self.gpu.stream, x.dtype, x.storage, x.shape.clone())?;
+        let mut y = tensor::allocate(&self.gpu.stream, x.dtype, x.storage, x.shape.clone(), false)?;
         y.ints = x.ints.clone();
         y.seed = x.seed.clone();
         // SAFETY: both buffers hold at least `x.bytes()` bytes; same stream.

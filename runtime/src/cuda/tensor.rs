@@ -122,17 +122,9 @@ fn driver(e: impl std::fmt::Display) -> CudaError {
     CudaError::Driver(e.to_string())
 }
 
-/// An uninitialised device tensor.
-pub(crate) fn empty(
-    stream: &Arc<CudaStream>,
-    dtype: DType,
-    storage: Storage,
-    shape: Vec<usize>,
-) -> Result<GpuTensor, CudaError> {
-    let bytes = (shape.iter().product::<usize>() * storage.size()).max(1);
-    // SAFETY: every kernel that produces a tensor writes all of it.
-    let buf = unsafe { stream.alloc::<u8>(bytes) }.map_err(driver)?;
-    Ok(GpuTensor {
+/// A tensor over a whole new buffer.
+fn over(buf: CudaSlice<u8>, dtype: DType, storage: Storage, shape: Vec<usize>) -> GpuTensor {
+    GpuTensor {
         buf: Arc::new(buf),
         offset: 0,
         dtype,
@@ -140,27 +132,27 @@ pub(crate) fn empty(
         shape,
         ints: None,
         seed: None,
-    })
+    }
 }
 
-/// A zero-filled device tensor.
-pub(crate) fn zeros(
+/// A new device tensor, zero-filled when `zeroed` (accumulators), else
+/// uninitialised (every kernel that produces a tensor writes all of it).
+pub(crate) fn allocate(
     stream: &Arc<CudaStream>,
     dtype: DType,
     storage: Storage,
     shape: Vec<usize>,
+    zeroed: bool,
 ) -> Result<GpuTensor, CudaError> {
     let bytes = (shape.iter().product::<usize>() * storage.size()).max(1);
-    let buf = stream.alloc_zeros::<u8>(bytes).map_err(driver)?;
-    Ok(GpuTensor {
-        buf: Arc::new(buf),
-        offset: 0,
-        dtype,
-        storage,
-        shape,
-        ints: None,
-        seed: None,
-    })
+    let buf = if zeroed {
+        stream.alloc_zeros::<u8>(bytes)
+    } else {
+        // SAFETY: the caller writes the whole tensor before reading it.
+        unsafe { stream.alloc::<u8>(bytes) }
+    }
+    .map_err(driver)?;
+    Ok(over(buf, dtype, storage, shape))
 }
 
 /// Copies a host value to the device in `precision`.
@@ -198,13 +190,8 @@ pub(crate) fn upload(
         _ => None,
     };
     Ok(GpuTensor {
-        buf: Arc::new(buf),
-        offset: 0,
-        dtype: v.dtype,
-        storage,
-        shape: v.shape.clone(),
         ints,
-        seed: None,
+        ..over(buf, v.dtype, storage, v.shape.clone())
     })
 }
 

@@ -5,18 +5,31 @@ use super::elementwise::norm;
 use super::{grid, launch, rows, Gpu, View};
 use crate::cuda::kernels::{FLASH_BLOCK_K, FLASH_BLOCK_Q, FLASH_MAX_HEAD_DIM, FLASH_THREADS};
 use crate::cuda::module::row_major_strides as strides;
-use crate::cuda::tensor::{empty, zeros, GpuTensor, Storage};
+use crate::cuda::tensor::{allocate, GpuTensor, Storage};
 use crate::cuda::CudaError;
 use autopar_ir::{DType, GeluApprox, Op, ReduceKind, TensorType};
 use cudarc::driver::LaunchConfig;
 
 /// A float scratch buffer (f32 whatever the run's precision).
 fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, CudaError> {
-    if zeroed {
-        zeros(&gpu.stream, DType::F32, Storage::F32, shape)
-    } else {
-        empty(&gpu.stream, DType::F32, Storage::F32, shape)
-    }
+    allocate(&gpu.stream, DType::F32, Storage::F32, shape, zeroed)
+}
+
+/// Launches one of gather.cu's kernels, which all read `src` through `idx`
+/// into `out` over `(outer, indexed, axis length, inner)`, one thread per
+/// element of `threads`.
+fn index_kernel(
+    gpu: &Gpu,
+    name: &str,
+    src: &GpuTensor,
+    out: &GpuTensor,
+    idx: &GpuTensor,
+    [outer, indexed, len, inner]: [i64; 4],
+    threads: usize,
+) -> Result<(), CudaError> {
+    let (po, ps, pi) = (gpu.ptr(out), gpu.ptr(src), gpu.ptr(idx));
+    let k = format!("{name}_{}", suffix(src));
+    launch!(gpu, k, grid(threads), po, ps, pi, outer, indexed, len, inner)
 }
 
 /// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.
@@ -184,15 +197,13 @@ pub(super) fn eval(
             }
             // A row gather, so ids wrap and bound as the reference's do.
             let y = gpu.output(ty)?;
-            let (py, pt, pi) = (gpu.ptr(&y), gpu.ptr(table), gpu.ptr(ids));
-            let (outer, n, vocab, hidden) = (
-                1i64,
+            let dims = [
+                1,
                 ids.numel() as i64,
                 table.shape[0] as i64,
                 table.shape[1] as i64,
-            );
-            let k = format!("gather_{}", suffix(table));
-            launch!(gpu, k, grid(y.numel()), py, pt, pi, outer, n, vocab, hidden)?;
+            ];
+            index_kernel(gpu, "gather", table, &y, ids, dims, y.numel())?;
             Some(vec![y])
         }
         Op::Gather { axis } => {
@@ -202,19 +213,8 @@ pub(super) fn eval(
             let axis = norm(*axis, data.shape.len());
             let y = gpu.output(ty)?;
             let (outer, len, inner) = split_at(&data.shape, axis);
-            let (py, pd, pi, n) = (gpu.ptr(&y), gpu.ptr(data), gpu.ptr(idx), idx.numel() as i64);
-            launch!(
-                gpu,
-                format!("gather_{}", suffix(data)),
-                grid(y.numel()),
-                py,
-                pd,
-                pi,
-                outer,
-                n,
-                len,
-                inner
-            )?;
+            let dims = [outer, idx.numel() as i64, len, inner];
+            index_kernel(gpu, "gather", data, &y, idx, dims, y.numel())?;
             Some(vec![y])
         }
         Op::GatherGrad { axis } => {
@@ -225,19 +225,8 @@ pub(super) fn eval(
             let axis = norm(*axis, dims.len());
             let acc = scratch(gpu, dims.clone(), true)?;
             let (outer, len, inner) = split_at(&dims, axis);
-            let (pa, pg, pi, n) = (gpu.ptr(&acc), gpu.ptr(g), gpu.ptr(idx), idx.numel() as i64);
-            launch!(
-                gpu,
-                format!("gather_grad_{}", suffix(g)),
-                grid(g.numel()),
-                pa,
-                pg,
-                pi,
-                outer,
-                n,
-                len,
-                inner
-            )?;
+            let sizes = [outer, idx.numel() as i64, len, inner];
+            index_kernel(gpu, "gather_grad", g, &acc, idx, sizes, g.numel())?;
             Some(vec![finish(gpu, acc, ty)?])
         }
         Op::GatherElements { axis } => {
@@ -251,9 +240,15 @@ pub(super) fn eval(
             let y = gpu.output(ty)?;
             let (outer, j, inner) = split_at(&idx.shape, axis);
             let len = data.shape[axis] as i64;
-            let (py, pd, pi) = (gpu.ptr(&y), gpu.ptr(data), gpu.ptr(idx));
-            let k = format!("gather_elements_{}", suffix(data));
-            launch!(gpu, k, grid(y.numel()), py, pd, pi, outer, j, len, inner)?;
+            index_kernel(
+                gpu,
+                "gather_elements",
+                data,
+                &y,
+                idx,
+                [outer, j, len, inner],
+                y.numel(),
+            )?;
             Some(vec![y])
         }
         Op::GatherElementsGrad { axis } => {
@@ -268,9 +263,15 @@ pub(super) fn eval(
             let acc = scratch(gpu, dims.clone(), true)?;
             let (outer, j, inner) = split_at(&idx.shape, axis);
             let len = dims[axis] as i64;
-            let (pa, pg, pi) = (gpu.ptr(&acc), gpu.ptr(g), gpu.ptr(idx));
-            let k = format!("gather_elements_grad_{}", suffix(g));
-            launch!(gpu, k, grid(g.numel()), pa, pg, pi, outer, j, len, inner)?;
+            index_kernel(
+                gpu,
+                "gather_elements_grad",
+                g,
+                &acc,
+                idx,
+                [outer, j, len, inner],
+                g.numel(),
+            )?;
             Some(vec![finish(gpu, acc, ty)?])
         }
         _ => None,
@@ -322,7 +323,7 @@ fn reduce(
         let (Some(iv), Some(ov)) = (View::new(&dims, &s), View::contiguous(&dims)) else {
             return Ok(None);
         };
-        moved = empty(&gpu.stream, x.dtype, x.storage, dims)?;
+        moved = allocate(&gpu.stream, x.dtype, x.storage, dims, false)?;
         gpu.copy_view(&moved, ov, x, iv, x.numel())?;
         &moved
     };

@@ -8,7 +8,7 @@ mod fused;
 pub(crate) mod linalg;
 
 use super::module::{Kernels, View};
-use super::tensor::{empty, GpuTensor, Storage};
+use super::tensor::{allocate, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
 use autopar_ir::{InferInput, Op, Shape, TensorType};
@@ -76,7 +76,7 @@ impl Gpu {
         let shape = fixed(ty)?;
         let storage = super::tensor::storage_of(ty.dtype, self.precision)
             .ok_or_else(|| CudaError::Driver(format!("{} outputs cannot live on the GPU", ty.dtype)))?;
-        empty(&self.stream, ty.dtype, storage, shape)
+        allocate(&self.stream, ty.dtype, storage, shape, false)
     }
 
     pub fn ptr(&self, x: &GpuTensor) -> u64 {
