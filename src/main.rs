@@ -125,12 +125,14 @@ struct RunArgs {
     /// `auto`: plan for this host's ranks first; or a plan file for the model given as TARGET.
     #[arg(long)]
     plan: Option<String>,
-    /// Where to run: cpu (threads on this host) or cuda (every rank on one GPU).
+    /// Where to run: cpu or cuda. Every rank is a thread of this process
+    /// (on one GPU for cuda), or under a launcher (torchrun, srun) one rank
+    /// per process (on GPU LOCAL_RANK for cuda).
     #[arg(long, default_value = "cpu")]
     backend: String,
-    /// Ranks (one thread each); must equal the plan's.
+    /// Ranks; must equal the plan's (default under a launcher: WORLD_SIZE).
     #[arg(long)]
-    ranks: usize,
+    ranks: Option<usize>,
     /// Training steps.
     #[arg(long, default_value_t = 10)]
     steps: usize,
@@ -401,7 +403,10 @@ fn run_command(a: RunArgs) -> Result<()> {
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let report = result?;
+    // Under a launcher only rank 0 reports the run.
+    let Some(report) = result? else {
+        return Ok(());
+    };
     if json {
         print_json(&report)
     } else {

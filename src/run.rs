@@ -1,6 +1,7 @@
 //! `autopar run`: train a model under a plan — a plan file, or one planned
 //! on the spot for this host (`--plan auto`) — by lowering it to per-rank
-//! programs and executing them on the CPU backend, one thread per rank.
+//! programs and executing them: every rank a thread of this process, or,
+//! under a launcher (torchrun, Slurm), one rank per process.
 
 use crate::units::{binary, seconds};
 use crate::{model, output, plan, simulate};
@@ -8,9 +9,11 @@ use anyhow::{bail, Context, Result};
 use autopar_cost_models::{AttentionKernel, Calibration};
 use autopar_ir::Graph;
 use autopar_planner::{DegreeLimits, Plan};
-use autopar_runtime::cpu::parallel::{train, StepReport, TrainOptions, TrainReport};
+use autopar_runtime::collective::connect;
+use autopar_runtime::cpu::parallel::{train, train_rank, StepReport, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
-use autopar_runtime::cuda::{self, CudaOptions, GpuPrecision};
+use autopar_runtime::cuda::{self, CudaOptions, CudaReport, GpuPrecision};
+use autopar_runtime::launch::LaunchEnv;
 use autopar_runtime::lower::{for_strategy, lower, Strategy};
 use autopar_runtime::sim::SimOptions;
 use autopar_runtime::trace::chrome_json;
@@ -19,6 +22,11 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long the processes of a launched run wait for each other to start
+/// and connect (torch's default store timeout).
+const RENDEZVOUS_WAIT: Duration = Duration::from_secs(300);
 
 /// What the user asked for (the CLI's flags).
 #[derive(Debug, Clone)]
@@ -28,7 +36,8 @@ pub struct Request {
     /// `auto` (plan for this host) or a plan file for the model in `target`.
     pub plan: Option<String>,
     pub backend: String,
-    pub ranks: usize,
+    /// The plan's ranks; under a launcher it defaults to WORLD_SIZE.
+    pub ranks: Option<usize>,
     pub steps: usize,
     /// `synthetic` (default) or a tokens.bin file (little-endian uint16).
     pub data: Option<String>,
@@ -64,8 +73,9 @@ enum Target {
 }
 
 impl Request {
-    /// The backend and precision asked for, or why they don't go together.
-    fn target(&self) -> Result<Target> {
+    /// The backend and precision asked for, or why they don't go together;
+    /// a GPU run uses the launcher's LOCAL_RANK as its device.
+    fn target(&self, launch: &LaunchEnv) -> Result<Target> {
         Ok(match (self.backend.as_str(), self.precision) {
             ("cpu", RunPrecision::F32 | RunPrecision::F64) => Target::Cpu,
             ("cpu", RunPrecision::Bf16) => {
@@ -78,7 +88,7 @@ impl Request {
                 } else {
                     GpuPrecision::F32
                 },
-                device: cuda_device()?,
+                device: launch.local_rank,
             }),
             (other, _) => bail!("--backend {other}: unknown backend (expected cpu or cuda)"),
         })
@@ -91,23 +101,21 @@ impl Request {
             _ => Precision::F32,
         }
     }
-}
 
-/// The GPU this process runs on: `LOCAL_RANK` under a launcher (torchrun,
-/// Slurm), else 0. One process per GPU (NCCL between processes) is not
-/// built yet, so a launcher with more than one process is refused.
-fn cuda_device() -> Result<usize> {
-    let env =
-        cuda::launch::LaunchEnv::from_env().context("--backend cuda: reading the launcher's environment")?;
-    if env.world_size > 1 {
-        bail!(
-            "--backend cuda: {} processes were launched, but runs with one process per GPU (NCCL) are not built yet; \
-             launch one process: every rank of the plan then runs on GPU {} through the same-device path",
-            env.world_size,
-            env.local_rank
-        );
+    /// The plan's rank count: `--ranks`, or the launcher's world size.
+    fn ranks(&self, launch: &LaunchEnv) -> Result<usize> {
+        let launched = launch.world_size > 1;
+        match self.ranks {
+            Some(n) if launched && n != launch.world_size => bail!(
+                "--ranks {n}, but the launcher started {} processes (WORLD_SIZE); one process runs one rank",
+                launch.world_size
+            ),
+            Some(0) => bail!("--steps and --ranks must be at least 1"),
+            Some(n) => Ok(n),
+            None if launched => Ok(launch.world_size),
+            None => bail!("--ranks is required (the plan's rank count) unless a launcher sets WORLD_SIZE"),
+        }
     }
-    Ok(env.local_rank)
 }
 
 /// What a run did.
@@ -115,6 +123,8 @@ fn cuda_device() -> Result<usize> {
 pub struct Report {
     pub model: String,
     pub ranks: usize,
+    /// Processes the ranks ran in: 1 (every rank a thread), or one per rank under a launcher.
+    pub processes: usize,
     pub plan: PlanSummary,
     /// Mean token cross-entropy of each step.
     pub losses: Vec<f64>,
@@ -175,8 +185,9 @@ pub struct RankSummary {
 }
 
 /// The plan to run, the model argument it belongs to, and that model's
-/// canonical graph.
-fn resolve(r: &Request) -> Result<(Plan, String, Graph)> {
+/// canonical graph. `--plan auto` plans for `ranks`; only `writer` writes
+/// `--save-plan` (rank 0 of a launched run).
+fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Graph)> {
     match r.plan.as_deref() {
         Some("auto") => {
             let m = model::load(&r.target)?;
@@ -189,8 +200,8 @@ fn resolve(r: &Request) -> Result<(Plan, String, Graph)> {
             let request = plan::Request {
                 model: r.target.clone(),
                 cluster: "cpu".into(),
-                gpus: r.ranks,
-                global_batch: r.global_batch.unwrap_or(4 * r.ranks * batch),
+                gpus: ranks,
+                global_batch: r.global_batch.unwrap_or(4 * ranks * batch),
                 seq: r.seq,
                 max_memory_fraction: 0.9,
                 top: 5,
@@ -206,8 +217,8 @@ fn resolve(r: &Request) -> Result<(Plan, String, Graph)> {
                 },
             };
             let p = match &r.save_plan {
-                Some(_) => plan::run(&request, &|_, _| {})?,
-                None => plan::make(&request, &|_, _| {})?,
+                Some(_) if writer => plan::run(&request, &|_, _| {})?,
+                _ => plan::make(&request, &|_, _| {})?,
             };
             Ok((p, r.target.clone(), canonical))
         }
@@ -261,30 +272,41 @@ pub(crate) fn seq_of(g: &Graph, p: &Plan) -> Result<usize> {
 }
 
 /// Runs `r`, calling `on_plan` with the plan before training and
-/// `on_step` (with the tokens per step) after each step.
+/// `on_step` (with the tokens per step) after each step. Under a launcher
+/// with more than one process this process runs one rank: rank 0 calls
+/// back and returns the report, the other ranks return `None`.
 pub fn run(
     r: &Request,
     on_plan: &dyn Fn(&PlanSummary, usize),
     on_step: &(dyn Fn(&StepReport, usize) + Sync),
-) -> Result<Report> {
-    let target = r.target()?;
+) -> Result<Option<Report>> {
+    let launch = LaunchEnv::from_env().context("reading the launcher's environment")?;
+    let launched = launch.world_size > 1;
+    let target = r.target(&launch)?;
     if let Target::Cuda(o) = &target {
         // Fail before planning when there is no GPU to run on.
         cuda::probe(o.device).map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
     }
-    if r.steps == 0 || r.ranks == 0 {
+    let ranks = r.ranks(&launch)?;
+    if r.steps == 0 {
         bail!("--steps and --ranks must be at least 1");
+    }
+    if launched && r.trace.is_some() {
+        bail!("--trace needs every rank in one process; run the plan without a launcher (every rank a thread) to trace it");
     }
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
-    let (p, model_arg, mut graph) = resolve(r)?;
+    let (p, model_arg, mut graph) = resolve(r, ranks, launch.rank == 0)?;
     let world = p.mesh.ranks.len();
-    if world != r.ranks {
+    if world != ranks && launched {
         bail!(
-            "the plan has {world} ranks but --ranks is {}; run it with --ranks {world} or plan for {} ranks",
-            r.ranks,
-            r.ranks
+            "the plan has {world} ranks but the launcher started {ranks} processes (WORLD_SIZE); launch {world}, one per rank"
+        );
+    }
+    if world != ranks {
+        bail!(
+            "the plan has {world} ranks but --ranks is {ranks}; run it with --ranks {world} or plan for {ranks} ranks"
         );
     }
     let strategy = Strategy::from_plan(&p).context("lowering the plan")?;
@@ -324,21 +346,36 @@ pub fn run(
         predicted_step_time_s: p.predicted.step_time_s,
     };
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
-    on_plan(&summary, world);
+    if launch.rank == 0 {
+        on_plan(&summary, world);
+    }
     let progress = |s: &StepReport| on_step(s, tokens_per_step);
-    let (result, gpu): (TrainReport, Option<GpuSummary>) = match &target {
-        Target::Cpu => (train(&t, &programs, &data, &opts, &progress)?, None),
-        Target::Cuda(options) => {
+    let endpoint = if launched {
+        Some(connect(&launch, RENDEZVOUS_WAIT, opts.timeout).context("connecting the launched processes")?)
+    } else {
+        None
+    };
+    let gpu_summary = |c: &CudaReport, options: &CudaOptions| GpuSummary {
+        device: c.device.name.clone(),
+        precision: format!("{:?}", options.precision).to_lowercase(),
+        host_nodes: c.host_nodes.clone(),
+        planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
+        planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
+    };
+    let finished: Option<(TrainReport, Option<GpuSummary>)> = match (&target, endpoint) {
+        (Target::Cpu, None) => Some((train(&t, &programs, &data, &opts, &progress)?, None)),
+        (Target::Cpu, Some(ep)) => train_rank(&t, &programs, ep, &data, &opts, &progress)?.map(|r| (r, None)),
+        (Target::Cuda(options), None) => {
             let c = cuda::train(&t, &programs, &data, &opts, options, &progress)?;
-            let summary = GpuSummary {
-                device: c.device.name.clone(),
-                precision: format!("{:?}", options.precision).to_lowercase(),
-                host_nodes: c.host_nodes,
-                planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
-                planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
-            };
-            (c.train, Some(summary))
+            Some((c.train.clone(), Some(gpu_summary(&c, options))))
         }
+        (Target::Cuda(options), Some(ep)) => {
+            cuda::train_rank(&t, &programs, ep, &data, &opts, options, &progress)?
+                .map(|c| (c.train.clone(), Some(gpu_summary(&c, options))))
+        }
+    };
+    let Some((result, gpu)) = finished else {
+        return Ok(None);
     };
     let simulated_step_time_s = match &calibration {
         Some(cal) => {
@@ -354,9 +391,10 @@ pub fn run(
         let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
     }
-    Ok(Report {
+    Ok(Some(Report {
         model: model_arg,
         ranks: world,
+        processes: if launched { world } else { 1 },
         plan: summary,
         losses: result.steps.iter().map(|s| s.loss).collect(),
         median_step_time_s: median_after_warmup(&step_times),
@@ -380,7 +418,7 @@ pub fn run(
                 instructions: prog.instructions.len(),
             })
             .collect(),
-    })
+    }))
 }
 
 /// The median of `times`, leaving out the first (warm-up) when there are three or more.

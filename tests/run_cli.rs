@@ -227,3 +227,81 @@ fn a_missing_data_file_is_named() {
         &[missing],
     );
 }
+
+/// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.
+fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_autopar"))
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[test]
+fn launched_processes_train_like_threads() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let threads = run_json(&[&plan, "--ranks", "2", "--steps", "3"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let args = ["run", plan.as_str(), "--steps", "3", "--json"];
+    let children: Vec<_> = (0..2).map(|rank| launched(rank, 2, port, &args)).collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (rank, out) in outputs.iter().enumerate() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank}: {err}");
+    }
+    assert!(outputs[1].stdout.is_empty(), "only rank 0 reports");
+    let report: serde_json::Value = serde_json::from_slice(&outputs[0].stdout).unwrap();
+    assert_eq!(report["processes"], 2);
+    assert_eq!(threads["processes"], 1);
+    // Bit for bit: the same programs, the same collectives, over TCP.
+    assert_eq!(report["losses"], threads["losses"]);
+    let bytes = |v: &serde_json::Value| {
+        v["per_rank"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["bytes_sent"].as_u64().unwrap())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(bytes(&report), bytes(&threads));
+}
+
+#[test]
+fn a_launched_run_checks_its_world_before_connecting() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &["run", &plan, "--steps", "1"],
+            "the plan has 2 ranks but the launcher started 3 processes",
+        ),
+        (
+            &["run", &plan, "--steps", "1", "--ranks", "2"],
+            "--ranks 2, but the launcher started 3 processes",
+        ),
+        (
+            &["run", &plan, "--steps", "1", "--trace", "t.json"],
+            "--trace needs every rank in one process",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = launched(0, 3, 1, args).wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(want), "expected '{want}' in: {err}");
+    }
+}

@@ -11,6 +11,7 @@ pub mod autodiff;
 pub mod collective;
 pub mod cpu;
 pub mod cuda;
+pub mod launch;
 pub mod lower;
 pub mod sim;
 pub mod trace;

@@ -1,7 +1,10 @@
-//! Shared mailboxes between rank threads: buffered point-to-point messages
-//! matched by (source, tag), with byte counting, timeouts and a fabric-wide
-//! abort.
+//! Mailboxes between ranks: buffered point-to-point messages matched by
+//! (source, tag), with byte counting, timeouts and a fabric-wide abort.
+//! Ranks in this process share the mailboxes directly; a rank in another
+//! process is reached over a [`Link`](super::tcp::Link), whose reader thread
+//! fills the same mailboxes, so collectives cannot tell the two apart.
 
+use super::tcp::Link;
 use super::{Buffer, CommError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -19,9 +22,12 @@ struct Mailbox {
     arrived: Condvar,
 }
 
-/// State every endpoint of one fabric shares.
-struct Shared {
+/// State every endpoint of one fabric in this process shares.
+pub(super) struct Shared {
     mailboxes: Vec<Mailbox>,
+    /// By rank: the connection to a rank in another process; `None` for
+    /// ranks in this one.
+    links: Vec<Option<Link>>,
     sent: Vec<AtomicU64>,
     timeout: Duration,
     aborted: AtomicBool,
@@ -34,19 +40,59 @@ struct Shared {
 /// [`CommError::Timeout`] after `timeout`, so a dead or deadlocked rank
 /// turns into an error instead of a hang.
 pub fn fabric(world: usize, timeout: Duration) -> Vec<Endpoint> {
-    let shared = Arc::new(Shared {
-        mailboxes: (0..world).map(|_| Mailbox::default()).collect(),
-        sent: (0..world).map(|_| AtomicU64::new(0)).collect(),
-        timeout,
-        aborted: AtomicBool::new(false),
-        abort_cause: Mutex::new(None),
-    });
+    let shared = Shared::new((0..world).map(|_| None).collect(), timeout);
     (0..world)
         .map(|rank| Endpoint {
             rank,
             shared: Arc::clone(&shared),
         })
         .collect()
+}
+
+impl Shared {
+    /// A fabric of `links.len()` ranks; ranks without a link live here.
+    pub(super) fn new(links: Vec<Option<Link>>, timeout: Duration) -> Arc<Shared> {
+        let world = links.len();
+        Arc::new(Shared {
+            mailboxes: (0..world).map(|_| Mailbox::default()).collect(),
+            links,
+            sent: (0..world).map(|_| AtomicU64::new(0)).collect(),
+            timeout,
+            aborted: AtomicBool::new(false),
+            abort_cause: Mutex::new(None),
+        })
+    }
+
+    /// Queues `data` from rank `from` under `tag` for rank `to` and wakes it.
+    pub(super) fn deliver(&self, from: usize, to: usize, tag: String, data: Buffer) {
+        let mailbox = &self.mailboxes[to];
+        lock(&mailbox.inbox)
+            .entry((from, tag))
+            .or_default()
+            .push_back(data);
+        mailbox.arrived.notify_all();
+    }
+
+    /// Fails every wait in this process: rank `by` failed because of `reason`
+    /// (the first cause recorded is the one reported).
+    pub(super) fn fail(&self, by: usize, reason: &str) {
+        {
+            let mut cause = lock(&self.abort_cause);
+            if cause.is_none() {
+                *cause = Some((by, reason.to_string()));
+            }
+        }
+        self.aborted.store(true, Ordering::SeqCst);
+        for mailbox in &self.mailboxes {
+            let _inbox = lock(&mailbox.inbox);
+            mailbox.arrived.notify_all();
+        }
+    }
+
+    /// The links to ranks in other processes.
+    pub(super) fn links(&self) -> impl Iterator<Item = &Link> {
+        self.links.iter().flatten()
+    }
 }
 
 /// Locks a mutex, ignoring poisoning: a rank thread that panicked while
@@ -57,7 +103,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One rank's handle on the fabric; moved into that rank's thread.
+/// One rank's handle on the fabric; moved into that rank's thread (clones
+/// share it, for the driver's bookkeeping beside the rank's own traffic).
+#[derive(Clone)]
 pub struct Endpoint {
     rank: usize,
     shared: Arc<Shared>,
@@ -74,6 +122,11 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
+    /// Rank `rank`'s endpoint on `shared` (for fabrics built elsewhere).
+    pub(super) fn on(rank: usize, shared: Arc<Shared>) -> Endpoint {
+        Endpoint { rank, shared }
+    }
+
     /// This endpoint's global rank.
     pub fn rank(&self) -> usize {
         self.rank
@@ -94,24 +147,41 @@ impl Endpoint {
     /// collectives can send before they receive without deadlocking. Fails
     /// once the fabric is aborted.
     pub fn send(&self, to: usize, tag: &str, data: Buffer, what: &str) -> Result<(), CommError> {
-        let mailbox = self
-            .shared
-            .mailboxes
-            .get(to)
-            .ok_or_else(|| CommError::NoSuchRank {
+        let bytes = data.byte_len();
+        self.post(to, tag, data, what)?;
+        self.shared.sent[self.rank].fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Sends bookkeeping that is not part of the plan's traffic (a step's
+    /// loss, a rank's totals to rank 0): like [`Endpoint::send`], but not
+    /// counted in [`Endpoint::bytes_sent`].
+    pub fn notify(&self, to: usize, tag: &str, data: Buffer, what: &str) -> Result<(), CommError> {
+        self.post(to, tag, data, what)
+    }
+
+    fn post(&self, to: usize, tag: &str, data: Buffer, what: &str) -> Result<(), CommError> {
+        let Some(route) = self.shared.links.get(to) else {
+            return Err(CommError::NoSuchRank {
                 rank: self.rank,
                 what: what.to_string(),
                 peer: to,
                 world: self.world(),
-            })?;
+            });
+        };
         self.check_abort(what)?;
-        self.shared.sent[self.rank].fetch_add(data.byte_len(), Ordering::Relaxed);
-        lock(&mailbox.inbox)
-            .entry((self.rank, tag.to_string()))
-            .or_default()
-            .push_back(data);
-        mailbox.arrived.notify_all();
-        Ok(())
+        match route {
+            Some(link) => link.send(tag, &data).map_err(|e| CommError::Link {
+                rank: self.rank,
+                peer: to,
+                what: what.to_string(),
+                message: e.to_string(),
+            }),
+            None => {
+                self.shared.deliver(self.rank, to, tag.to_string(), data);
+                Ok(())
+            }
+        }
     }
 
     /// Waits for the next message from rank `from` with exactly this `tag`
@@ -165,17 +235,38 @@ impl Endpoint {
     /// [`CommError::Aborted`] at once, naming this rank and `reason`, instead
     /// of timing out. The first abort's cause is the one reported.
     pub fn abort(&self, reason: &str) {
-        {
-            let mut cause = lock(&self.shared.abort_cause);
-            if cause.is_none() {
-                *cause = Some((self.rank, reason.to_string()));
+        let first = !self.shared.aborted.load(Ordering::SeqCst);
+        self.shared.fail(self.rank, reason);
+        if first {
+            // Best effort: a peer whose connection is gone notices on its own.
+            for link in self.shared.links() {
+                let _ = link.abort(reason);
             }
         }
-        self.shared.aborted.store(true, Ordering::SeqCst);
-        for mailbox in &self.shared.mailboxes {
-            let _inbox = lock(&mailbox.inbox);
-            mailbox.arrived.notify_all();
+    }
+
+    /// Ends this process's part in a fabric spanning processes: tells every
+    /// peer it is done, then waits (up to `patience`: peers may still be
+    /// finishing their last step) until each peer has said the same, so no
+    /// message in flight is lost when the process exits. Every rank calls it
+    /// once it sent its last message; for an in-process fabric it does
+    /// nothing.
+    pub fn close(&self, patience: Duration) -> Result<(), CommError> {
+        let failed = |link: &Link, e: std::io::Error| CommError::Link {
+            rank: self.rank,
+            peer: link.peer(),
+            what: "closing the fabric".into(),
+            message: e.to_string(),
+        };
+        for link in self.shared.links() {
+            link.say_goodbye().map_err(|e| failed(link, e))?;
         }
+        let deadline = Instant::now() + patience;
+        for link in self.shared.links() {
+            link.await_goodbye(deadline).map_err(|e| failed(link, e))?;
+        }
+        // A peer that failed after this rank's last message still fails the run.
+        self.check_abort("closing the fabric")
     }
 
     /// `Err(Aborted)` once any rank has aborted the fabric.

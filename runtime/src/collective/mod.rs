@@ -1,7 +1,8 @@
-//! In-process collectives between rank threads.
+//! Collectives between ranks.
 //!
-//! The CPU backend runs one OS thread per rank; ranks talk through a
-//! [`fabric`] of shared mailboxes. Collectives are the real algorithms
+//! Ranks in one process (one OS thread each) talk through a [`fabric`] of
+//! shared mailboxes; a rank in another process is reached over TCP
+//! ([`connect`]), behind the same [`Endpoint`]. Collectives are the real algorithms
 //! (ring reduce-scatter / all-gather / all-reduce, pairwise all-to-all,
 //! chain broadcast, parameter-server all-reduce) built from point-to-point
 //! messages, and every rank counts the bytes it sends, so a run can be
@@ -15,12 +16,14 @@
 mod buffer;
 mod fabric;
 mod ops;
+mod tcp;
 #[cfg(test)]
 mod tests;
 
 pub use autopar_cost_models::comm::{Algorithm, Collective};
 pub use buffer::{Buffer, LayoutMismatch};
 pub use fabric::{fabric, Endpoint};
+pub use tcp::{connect, MeshError};
 
 /// Why a point-to-point message or a collective failed. Every variant names
 /// the rank that saw the failure and `what` it was executing, so a failed
@@ -66,6 +69,14 @@ pub enum CommError {
         what: String,
         group: Vec<usize>,
         reason: String,
+    },
+    /// The connection to a rank in another process failed.
+    #[error("rank {rank}: {what}: the connection to rank {peer} failed: {message}")]
+    Link {
+        rank: usize,
+        peer: usize,
+        what: String,
+        message: String,
     },
     /// A point-to-point peer outside the fabric.
     #[error("rank {rank}: {what}: no rank {peer} in a world of {world}")]

@@ -2,7 +2,9 @@
 //! against the communication model's bytes per rank.
 
 use super::*;
+use crate::launch::LaunchEnv;
 use autopar_cost_models::comm::bytes_sent;
+use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
 /// The groups every collective is tried on (world of 4): sizes 1 to 4, one
@@ -10,31 +12,75 @@ use std::time::{Duration, Instant};
 const GROUPS: [&[usize]; 6] = [&[0], &[2], &[0, 1], &[1, 3], &[0, 2, 3], &[0, 1, 2, 3]];
 const WORLD: usize = 4;
 
-/// Runs `f` on every rank of a fresh fabric, one thread each; ranks outside
-/// `group` do nothing. Returns each member's result and bytes sent, in group
-/// order.
-fn run<T: Send>(
-    group: &[usize],
-    timeout: Duration,
-    f: impl Fn(&Endpoint, usize) -> T + Sync,
-) -> Vec<(T, u64)> {
-    let endpoints = fabric(WORLD, timeout);
-    let mut out: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = endpoints
-            .iter()
-            .filter_map(|ep| {
-                let pos = group.iter().position(|&r| r == ep.rank())?;
-                let f = &f;
-                Some((pos, s.spawn(move || (f(ep, pos), ep.bytes_sent()))))
+/// Where the ranks of a test fabric live.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    /// Threads sharing mailboxes.
+    InProcess,
+    /// A TCP mesh on loopback, each rank connected as its own process would.
+    Tcp,
+}
+
+/// The `world` ranks of a TCP mesh on loopback, connected from one thread
+/// each, as separate processes would connect.
+pub(crate) fn tcp_fabric(world: usize, timeout: Duration) -> Vec<Endpoint> {
+    let port = crate::launch::free_port();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let env = LaunchEnv::loopback(rank, world, port);
+                s.spawn(move || connect(&env, Duration::from_secs(10), timeout))
             })
             .collect();
         handles
             .into_iter()
-            .map(|(pos, h)| (pos, h.join().unwrap()))
+            .map(|h| h.join().unwrap().expect("a TCP mesh on loopback"))
             .collect()
+    })
+}
+
+/// Runs `f` on every rank of a fresh fabric of `kind`, one thread each;
+/// ranks outside `group` only close their endpoint. Returns each member's
+/// result and bytes sent, in group order.
+fn run_on<T: Send>(
+    kind: Kind,
+    group: &[usize],
+    timeout: Duration,
+    f: impl Fn(&Endpoint, usize) -> T + Sync,
+) -> Vec<(T, u64)> {
+    let endpoints = match kind {
+        Kind::InProcess => fabric(WORLD, timeout),
+        Kind::Tcp => tcp_fabric(WORLD, timeout),
+    };
+    let mut out: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = endpoints
+            .iter()
+            .map(|ep| {
+                let pos = group.iter().position(|&r| r == ep.rank());
+                let f = &f;
+                s.spawn(move || {
+                    let result = pos.map(|pos| (pos, (f(ep, pos), ep.bytes_sent())));
+                    ep.close(long()).expect("closing the fabric");
+                    result
+                })
+            })
+            .collect();
+        handles.into_iter().filter_map(|h| h.join().unwrap()).collect()
     });
     out.sort_by_key(|(pos, _)| *pos);
     out.into_iter().map(|(_, r)| r).collect()
+}
+
+/// [`run_on`] both fabrics, which must agree on every result and byte count.
+fn run<T: Send + PartialEq + Debug>(
+    group: &[usize],
+    timeout: Duration,
+    f: impl Fn(&Endpoint, usize) -> T + Sync,
+) -> Vec<(T, u64)> {
+    let here = run_on(Kind::InProcess, group, timeout, &f);
+    let tcp = run_on(Kind::Tcp, group, timeout, &f);
+    assert_eq!(here, tcp, "the in-process and TCP fabrics disagree");
+    here
 }
 
 fn long() -> Duration {
@@ -313,7 +359,13 @@ fn a_rank_that_never_arrives_times_out_the_others() {
 
 #[test]
 fn abort_wakes_a_blocked_rank_at_once() {
-    let got = run(&[0, 1], long(), |ep, pos| {
+    for kind in [Kind::InProcess, Kind::Tcp] {
+        abort_wakes_a_blocked_rank_at_once_on(kind);
+    }
+}
+
+fn abort_wakes_a_blocked_rank_at_once_on(kind: Kind) {
+    let got = run_on(kind, &[0, 1], long(), |ep, pos| {
         if pos == 0 {
             std::thread::sleep(Duration::from_millis(50));
             ep.abort("kernel failed on node 3");
@@ -328,7 +380,10 @@ fn abort_wakes_a_blocked_rank_at_once() {
         }
     });
     let (aborted_at, woke_at) = (got[0].0 .0, got[1].0 .0);
-    assert!(woke_at.saturating_duration_since(aborted_at) < Duration::from_millis(200));
+    assert!(
+        woke_at.saturating_duration_since(aborted_at) < Duration::from_millis(200),
+        "{kind:?}"
+    );
     let (err, late) = got[1].0 .1.clone().unwrap();
     assert_eq!(
         err,
@@ -409,4 +464,26 @@ fn bad_groups_roots_and_algorithms_are_refused_before_any_message() {
         ]
     );
     assert_eq!(ep.bytes_sent(), 0);
+}
+
+#[test]
+fn a_rank_whose_process_exits_aborts_its_peers() {
+    let mut endpoints = tcp_fabric(2, long());
+    let started = Instant::now();
+    // Rank 1's process goes away without closing: its sockets shut.
+    drop(endpoints.pop());
+    let err = endpoints[0].recv(1, "t", "instruction 4 (recv)").unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    match &err {
+        CommError::Aborted {
+            rank: 0,
+            by: 1,
+            reason,
+            what,
+        } => {
+            assert!(reason.contains("did its process exit?"), "{reason}");
+            assert_eq!(what, "instruction 4 (recv)");
+        }
+        other => panic!("{other}"),
+    }
 }

@@ -11,7 +11,6 @@
 //! `cfg` leaks out of this module.
 
 pub mod kernels;
-pub mod launch;
 pub mod memory;
 
 #[cfg(feature = "cuda")]
@@ -160,6 +159,33 @@ pub fn train(
     }
 }
 
+/// Runs this process's one rank of `programs` on GPU `cuda.device`, its
+/// peers in other processes reached through `endpoint` (one process per
+/// GPU, as a launcher starts them; collectives are host-staged over TCP).
+/// Rank 0 gets the run's report, with the host-run nodes of its own rank;
+/// the other ranks get `None`.
+pub fn train_rank(
+    t: &crate::lower::TrainingGraph,
+    programs: &[crate::lower::Program],
+    endpoint: crate::collective::Endpoint,
+    data: &crate::train::TokenSource,
+    opts: &crate::cpu::parallel::TrainOptions,
+    cuda: &CudaOptions,
+    progress: &(dyn Fn(&crate::cpu::parallel::StepReport) + Sync),
+) -> Result<Option<CudaReport>, crate::cpu::parallel::ExecError> {
+    #[cfg(feature = "cuda")]
+    {
+        run::train_rank(t, programs, endpoint, data, opts, cuda, progress)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (t, programs, endpoint, data, opts, cuda, progress);
+        Err(crate::cpu::parallel::ExecError::Backend(
+            CudaError::NotBuilt.to_string(),
+        ))
+    }
+}
+
 /// Measures GPU `ordinal` (GEMM rates, streaming bandwidth, launch cost)
 /// as a calibration file for the cost models. `quick` checks the
 /// machinery with small shapes.
@@ -206,6 +232,19 @@ mod tests {
         let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
         let data = TokenSource::synthetic(32, 1);
         let err = train(&t, &programs, &data, &opts, &CudaOptions::default(), &|_| {}).unwrap_err();
+        assert!(err.to_string().contains(expected), "{err}");
+        // One rank per process: a world of one needs no peers.
+        let endpoint = crate::collective::fabric(1, opts.timeout).remove(0);
+        let err = train_rank(
+            &t,
+            &programs,
+            endpoint,
+            &data,
+            &opts,
+            &CudaOptions::default(),
+            &|_| {},
+        )
+        .unwrap_err();
         assert!(err.to_string().contains(expected), "{err}");
         if !cfg!(feature = "cuda") {
             assert!(matches!(compile_all("sm_90"), Err(CudaError::NotBuilt)));

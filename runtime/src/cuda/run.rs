@@ -1,15 +1,87 @@
-//! Starting a CUDA run: the device, the kernels, one backend per rank.
+//! Starting a CUDA run: the device, the kernels, one backend per rank —
+//! every rank of a plan on one GPU, or this process's one rank on its GPU.
 
 use super::backend::{CudaBackend, HostNodes};
-use super::memory::{self, ElementSize};
+use super::memory::{self, ElementSize, MemoryPlan};
 use super::module::Kernels;
-use super::{device, CudaError, CudaOptions, CudaReport, GpuPrecision};
-use crate::cpu::parallel::{train_on, ExecError, StepReport, TrainOptions};
+use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
+use crate::collective::Endpoint;
+use crate::cpu::parallel::{train_on, train_rank_on, ExecError, StepReport, TrainOptions, TrainReport};
 use crate::cpu::Precision;
 use crate::lower::{Program, TrainingGraph};
 use crate::train::TokenSource;
 use autopar_ir::DType;
+use cudarc::driver::CudaContext;
 use std::sync::Arc;
+
+/// What every rank on this process's GPU shares.
+struct Setup {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    kernels: Arc<Kernels>,
+    planned: Vec<MemoryPlan>,
+    host_nodes: HostNodes,
+}
+
+impl Setup {
+    fn new(
+        t: &TrainingGraph,
+        programs: &[Program],
+        opts: &TrainOptions,
+        cuda: &CudaOptions,
+    ) -> Result<Setup, ExecError> {
+        let setup = |e: CudaError| ExecError::Backend(format!("CUDA backend: {e}"));
+        if opts.precision == Precision::F64 {
+            return Err(ExecError::Backend(
+                "CUDA backend: f64 is not supported; use --precision f32 or bf16".into(),
+            ));
+        }
+        let info = device::probe(cuda.device).map_err(setup)?;
+        let float = match cuda.precision {
+            GpuPrecision::F32 => DType::F32,
+            GpuPrecision::Bf16 => DType::Bf16,
+        };
+        let planned = programs
+            .iter()
+            .map(|p| memory::plan_memory(t, p, ElementSize::Float(float)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ExecError::Backend(format!("planning device memory: {e}")))?;
+        let ctx = device::context(cuda.device).map_err(setup)?;
+        // Every buffer stays on its own rank's stream, so cudarc's cross-stream
+        // events (two per allocation, one per pointer use) are not needed.
+        // SAFETY: no buffer is used from a stream other than the one that made it.
+        unsafe { ctx.disable_event_tracking() };
+        let kernels = Arc::new(Kernels::load(&ctx, info.compute_capability).map_err(setup)?);
+        Ok(Setup {
+            info,
+            ctx,
+            kernels,
+            planned,
+            host_nodes: HostNodes::default(),
+        })
+    }
+
+    /// A rank's backend: its own stream and cuBLAS handle on the shared device.
+    fn backend(&self, cuda: &CudaOptions) -> Result<CudaBackend, String> {
+        CudaBackend::new(
+            &self.ctx,
+            self.kernels.clone(),
+            cuda.precision,
+            self.host_nodes.clone(),
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    fn report(self, train: TrainReport) -> CudaReport {
+        let host_nodes = self.host_nodes.lock().map(|m| m.clone()).unwrap_or_default();
+        CudaReport {
+            train,
+            device: self.info,
+            host_nodes,
+            planned: self.planned,
+        }
+    }
+}
 
 pub(super) fn train(
     t: &TrainingGraph,
@@ -19,38 +91,29 @@ pub(super) fn train(
     cuda: &CudaOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<CudaReport, ExecError> {
-    let setup = |e: CudaError| ExecError::Backend(format!("CUDA backend: {e}"));
-    if opts.precision == Precision::F64 {
-        return Err(ExecError::Backend(
-            "CUDA backend: f64 is not supported; use --precision f32 or bf16".into(),
-        ));
-    }
-    let info = device::probe(cuda.device).map_err(setup)?;
-    let float = match cuda.precision {
-        GpuPrecision::F32 => DType::F32,
-        GpuPrecision::Bf16 => DType::Bf16,
-    };
-    let planned = programs
-        .iter()
-        .map(|p| memory::plan_memory(t, p, ElementSize::Float(float)))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ExecError::Backend(format!("planning device memory: {e}")))?;
-    let ctx = device::context(cuda.device).map_err(setup)?;
-    // Every buffer stays on its own rank's stream, so cudarc's cross-stream
-    // events (two per allocation, one per pointer use) are not needed.
-    // SAFETY: no buffer is used from a stream other than the one that made it.
-    unsafe { ctx.disable_event_tracking() };
-    let kernels = Arc::new(Kernels::load(&ctx, info.compute_capability).map_err(setup)?);
-    let host_nodes = HostNodes::default();
-    let make = |_rank: usize| {
-        CudaBackend::new(&ctx, kernels.clone(), cuda.precision, host_nodes.clone()).map_err(|e| e.to_string())
-    };
-    let report = train_on(t, programs, data, opts, progress, &make)?;
-    let host_nodes = host_nodes.lock().map(|m| m.clone()).unwrap_or_default();
-    Ok(CudaReport {
-        train: report,
-        device: info,
-        host_nodes,
-        planned,
-    })
+    let setup = Setup::new(t, programs, opts, cuda)?;
+    let report = train_on(t, programs, data, opts, progress, &|_| setup.backend(cuda))?;
+    Ok(setup.report(report))
+}
+
+pub(super) fn train_rank(
+    t: &TrainingGraph,
+    programs: &[Program],
+    endpoint: Endpoint,
+    data: &TokenSource,
+    opts: &TrainOptions,
+    cuda: &CudaOptions,
+    progress: &(dyn Fn(&StepReport) + Sync),
+) -> Result<Option<CudaReport>, ExecError> {
+    let rank = endpoint.rank();
+    let setup = Setup::new(t, programs, opts, cuda)?;
+    let backend = setup.backend(cuda).map_err(|message| ExecError::Rank {
+        rank,
+        step: 0,
+        index: 0,
+        what: "starting the backend".into(),
+        message,
+    })?;
+    let report = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
+    Ok(report.map(|r| setup.report(r)))
 }

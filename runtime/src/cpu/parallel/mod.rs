@@ -6,10 +6,12 @@
 //! error naming the rank and instruction, never a hang.
 
 mod backend;
+mod distributed;
 mod rank;
 mod slices;
 
 pub use backend::{Backend, CpuBackend};
+pub use distributed::{train_rank, train_rank_on};
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
@@ -110,6 +112,9 @@ pub enum ExecError {
     /// The backend could not start (no device, missing library, ...).
     #[error("{0}")]
     Backend(String),
+    /// The run asked for something this way of running does not do.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Runs `programs` (one per rank) for `opts.steps` steps from the training
@@ -142,14 +147,7 @@ pub fn train_on<B: Backend>(
         return Err(ExecError::Ranks(world, world));
     }
     let endpoints = fabric(world, opts.timeout);
-    let reporters = programs
-        .iter()
-        .filter(|p| {
-            p.instructions
-                .iter()
-                .any(|i| matches!(i, Instr::ReportLoss { .. }))
-        })
-        .count();
+    let reporters = loss_reporters(programs);
     let (tx, rx) = mpsc::channel::<StepDone>();
     let shared = Arc::new(t.clone());
     let epoch = Instant::now();
@@ -208,13 +206,27 @@ pub fn train_on<B: Backend>(
     Ok(summarise(t, outcomes, opts.steps))
 }
 
-/// Sums each step's losses as ranks finish it and reports finished steps in order.
+/// How many ranks report a loss each step (the last pipeline stage's).
+fn loss_reporters(programs: &[Program]) -> usize {
+    programs
+        .iter()
+        .filter(|p| {
+            p.instructions
+                .iter()
+                .any(|i| matches!(i, Instr::ReportLoss { .. }))
+        })
+        .count()
+}
+
+/// Sums each step's losses as ranks finish it and reports finished steps in
+/// order; returns the steps reported.
 fn collect_steps(
     rx: &mpsc::Receiver<StepDone>,
     reporters: usize,
     steps: usize,
     progress: &(dyn Fn(&StepReport) + Sync),
-) {
+) -> Vec<StepReport> {
+    let mut reported = Vec::new();
     // Step → (ranks that reported a loss, loss sum, slowest rank's seconds).
     let mut pending: BTreeMap<usize, (usize, f64, f64)> = BTreeMap::new();
     let mut next = 0;
@@ -227,14 +239,17 @@ fn collect_steps(
         e.2 = e.2.max(done.seconds);
         while next < steps && reporters > 0 && pending.get(&next).is_some_and(|e| e.0 == reporters) {
             let (_, loss, seconds) = pending[&next];
-            progress(&StepReport {
+            let report = StepReport {
                 step: next,
                 loss,
                 seconds,
-            });
+            };
+            progress(&report);
+            reported.push(report);
             next += 1;
         }
     }
+    reported
 }
 
 fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) -> TrainReport {

@@ -1,7 +1,12 @@
-//! The launcher's environment: `autopar run --backend cuda` under the
-//! launchers people already use (torchrun, Slurm's `srun`) reads its rank,
-//! world size and node-local rank (which picks the GPU) from their variables.
-//! Pure std, so it builds and is tested with or without the `cuda` feature.
+//! Multi-process launches: where this process sits in the job.
+//!
+//! `autopar run` under the launchers people already use (torchrun, Slurm's
+//! `srun`) reads its rank, world size and node-local rank (which picks the
+//! GPU) from their variables; [`rendezvous`] then lets the processes find
+//! each other through rank 0. Pure std, so it builds and is tested with or
+//! without the `cuda` feature.
+
+pub mod rendezvous;
 
 /// torch's default rendezvous port, used when MASTER_ADDR comes without MASTER_PORT.
 pub const DEFAULT_MASTER_PORT: u16 = 29500;
@@ -95,6 +100,25 @@ impl LaunchEnv {
             master_port: DEFAULT_MASTER_PORT,
             launcher: Launcher::Single,
         }
+    }
+
+    /// Rank `rank` of `world_size` processes on this host, meeting on
+    /// 127.0.0.1:`port` (tests, and single-host launches by hand).
+    pub fn loopback(rank: usize, world_size: usize, port: u16) -> Self {
+        LaunchEnv {
+            rank,
+            world_size,
+            local_rank: rank,
+            local_world_size: world_size,
+            master_addr: "127.0.0.1".to_string(),
+            master_port: port,
+            launcher: Launcher::Torchrun,
+        }
+    }
+
+    /// "host:port" of rank 0's rendezvous, for messages.
+    pub fn endpoint(&self) -> String {
+        format!("{}:{}", self.master_addr, self.master_port)
     }
 
     /// Parses launcher variables from `lookup` (injectable for tests).
@@ -240,6 +264,15 @@ fn slurm_tasks_on_this_node(get: Get) -> Result<Var, LaunchError> {
         node,
         format!("below the {first} nodes of {var}='{spec}'"),
     ))
+}
+
+/// A loopback port that was free a moment ago (for tests that meet on it).
+#[cfg(test)]
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a loopback port")
 }
 
 #[cfg(test)]
