@@ -2,7 +2,10 @@
 //! cross-entropy, backward, gradient reduction and an AdamW update, in f32,
 //! for each model on one rank and on two ranks (two threads) sharing the same
 //! global batch: data parallelism (dp=2) and, for the zoo GPT, a two-stage
-//! 1F1B pipeline (pp=2). Each row trains a few warm-up steps, then reports
+//! 1F1B pipeline (pp=2). The dp=2 layout runs twice: with gradient
+//! reduction overlapping the backward pass on each rank's communication
+//! worker (the default), and inline ("dp=2 inline"), to measure what the
+//! overlap gains. Each row trains a few warm-up steps, then reports
 //! the median of the measured steps' wall time (the slowest rank's
 //! `StepReport::seconds`) and tokens/s = global batch · seq / step time, and
 //! each model ends with the speed-up of its two-rank rows over one rank.
@@ -106,41 +109,44 @@ fn models() -> Result<Vec<Model>> {
     ])
 }
 
-/// The layouts timed for `m`: one rank, dp=2 and (if asked) pp=2, each with
-/// `m.global_batch` rows per step.
-fn strategies(m: &Model) -> Vec<(String, Strategy)> {
+/// The layouts timed for `m`: one rank, dp=2 (overlapped and inline
+/// communication) and (if asked) pp=2, each with `m.global_batch` rows per
+/// step; `true` where communication overlaps compute.
+fn strategies(m: &Model) -> Vec<(String, Strategy, bool)> {
     let layers = m.graph.blocks.len();
     let per_step = m.global_batch / m.micro_batch;
+    let dp2 = Strategy::new(2, 1, layers, m.micro_batch, per_step / 2);
     let mut out = vec![
         (
             "dp=1".to_string(),
             Strategy::new(1, 1, layers, m.micro_batch, per_step),
+            true,
         ),
-        (
-            "dp=2".to_string(),
-            Strategy::new(2, 1, layers, m.micro_batch, per_step / 2),
-        ),
+        ("dp=2".to_string(), dp2.clone(), true),
+        ("dp=2 inline".to_string(), dp2, false),
     ];
     if m.pipeline {
         out.push((
             "pp=2 1f1b".to_string(),
             Strategy::new(1, 2, layers, m.micro_batch, per_step),
+            true,
         ));
     }
     out
 }
 
 /// Trains `WARMUP + MEASURED` steps of `m` under `s`; the median measured step.
-fn time(m: &Model, layout: String, s: &Strategy) -> Result<Row> {
+fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<Row> {
     let tokens = s.global_batch() * m.seq;
     let t = training_graph(&m.graph, s.micro_batch, m.seq, tokens)?;
     let programs = lower(&t, s)?;
     let data = TokenSource::synthetic(vocab(&m.graph)?, SEED);
-    let opts = TrainOptions::new(
+    let mut opts = TrainOptions::new(
         Precision::F32,
         Optimizer::adamw(DEFAULT_ADAMW_LR),
         WARMUP + MEASURED,
     );
+    opts.overlap_comm = overlap_comm;
     let report = train(&t, &programs, &data, &opts, &|_| {})?;
     let mut times: Vec<f64> = report.steps[WARMUP..].iter().map(|r| r.seconds).collect();
     times.sort_by(f64::total_cmp);
@@ -166,12 +172,12 @@ fn main() -> Result<()> {
             m.seq,
             m.micro_batch
         );
-        println!("  ranks  layout      step_s   tokens/s");
+        println!("  ranks  layout       step_s   tokens/s");
         let mut rows = Vec::new();
-        for (layout, s) in strategies(&m) {
-            let row = time(&m, layout, &s).map_err(|e| format!("{}: {e}", m.name))?;
+        for (layout, s, overlap) in strategies(&m) {
+            let row = time(&m, layout, &s, overlap).map_err(|e| format!("{}: {e}", m.name))?;
             println!(
-                "  {:>5}  {:<9}  {:>7.3}  {:>9.0}",
+                "  {:>5}  {:<11}  {:>7.3}  {:>9.0}",
                 row.ranks, row.layout, row.step_s, row.tokens_per_s
             );
             rows.push(row);

@@ -11,11 +11,12 @@ use serde_json::{json, Value};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Stream {
     Compute,
-    /// Collectives (all communication, in real runs).
+    /// Collectives (in real runs, all the compute thread's communication).
     Communication,
     /// Pipeline transfers (simulations).
     Transfers,
-    /// Gradient reduction and parameter gathers (simulations).
+    /// Gradient reduction and parameter gathers (the communication stream
+    /// of real runs; simulations).
     Gradients,
 }
 

@@ -15,6 +15,7 @@ use autopar_runtime::collective::Buffer;
 use autopar_runtime::cpu::parallel::{train, ExecError, Fault, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{lower, training_graph, Instr, Program, Reduction, Strategy, TrainingGraph};
+use autopar_runtime::trace::{Stream, TraceEvent};
 use autopar_runtime::train::{initialize, Optimizer, TokenSource};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
@@ -458,4 +459,91 @@ fn programs_round_trip_through_json() {
         let back: Vec<Program> = serde_json::from_str(&text).unwrap();
         assert_eq!(back, programs, "{s:?}");
     }
+}
+
+// ---------------------------------------------------------------------------
+// Gradient reduction overlaps the backward pass.
+
+#[test]
+fn gradients_are_reduced_as_soon_as_their_last_micro_batch_is_in() {
+    for zero in [0, 2] {
+        let s = with(Strategy::new(2, 1, LAYERS, 1, 3), |s| s.zero = zero);
+        let (t, programs) = lowered(&s);
+        let tied: HashSet<&String> = t.tied.iter().flat_map(|(a, b)| [a, b]).collect();
+        for p in &programs {
+            let at = |f: &dyn Fn(&Instr) -> bool| p.instructions.iter().rposition(f);
+            let last_compute = at(&|i| matches!(i, Instr::Compute { .. })).unwrap();
+            let mut early = 0;
+            for (i, instr) in p.instructions.iter().enumerate() {
+                let (Instr::AllReduceGrad { param, .. } | Instr::ReduceScatterGrad { param, .. }) = instr
+                else {
+                    continue;
+                };
+                let last_accumulation =
+                    at(&|x| matches!(x, Instr::AccumulateGrad { param: q, .. } if q == param)).unwrap();
+                let counted = p
+                    .instructions
+                    .iter()
+                    .filter(|x| matches!(x, Instr::AccumulateGrad { param: q, .. } if q == param))
+                    .count();
+                assert_eq!(counted, 3, "{param}: one accumulation per micro-batch");
+                if tied.contains(param) {
+                    // Tied copies are summed first, after the backward pass.
+                    let sum = at(&|x| matches!(x, Instr::SumTiedGrads { .. })).unwrap();
+                    assert!(i > sum && i > last_compute, "zero {zero}: {param}");
+                } else {
+                    // Right after its last accumulation (and the frees of what
+                    // that read), before the backward pass ends.
+                    let between = &p.instructions[last_accumulation + 1..i];
+                    assert!(
+                        between.iter().all(|x| matches!(x, Instr::Free { .. })),
+                        "zero {zero}: {param}: {between:?}"
+                    );
+                    early += usize::from(i < last_compute);
+                }
+            }
+            assert!(early > 0, "zero {zero}: no reduction overlaps the backward pass");
+        }
+    }
+}
+
+#[test]
+fn overlapped_and_inline_communication_train_alike() {
+    let s = with(Strategy::new(2, 2, LAYERS, 1, 2), |s| s.zero = 1);
+    let (t, programs) = lowered(&s);
+    let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 3);
+    opts.record_grads = true;
+    opts.trace = true;
+    let overlapped = execute(&t, &programs, &opts).unwrap();
+    opts.overlap_comm = false;
+    let inline = execute(&t, &programs, &opts).unwrap();
+    let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+    assert_eq!(losses(&overlapped), losses(&inline));
+    assert_eq!(overlapped.gradients, inline.gradients);
+    let bytes = |r: &TrainReport| r.ranks.iter().map(|r| r.bytes_sent).collect::<Vec<_>>();
+    assert_eq!(bytes(&overlapped), bytes(&inline));
+    // The communication worker's collectives ran while the rank computed.
+    let spans = |r: &TrainReport, stream: Stream| -> Vec<(usize, f64, f64)> {
+        r.trace
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::Span {
+                    rank,
+                    stream: s,
+                    start_us,
+                    duration_us,
+                    ..
+                } if *s == stream => Some((*rank, *start_us, start_us + duration_us)),
+                _ => None,
+            })
+            .collect()
+    };
+    let gradients = spans(&overlapped, Stream::Gradients);
+    let compute = spans(&overlapped, Stream::Compute);
+    assert!(!gradients.is_empty());
+    let overlapping = gradients
+        .iter()
+        .filter(|g| compute.iter().any(|c| c.0 == g.0 && c.1 < g.2 && g.1 < c.2))
+        .count();
+    assert!(overlapping > 0, "no gradient collective overlapped compute");
 }

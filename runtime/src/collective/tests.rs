@@ -60,7 +60,10 @@ fn run_on<T: Send>(
                 let f = &f;
                 s.spawn(move || {
                     let result = pos.map(|pos| (pos, (f(ep, pos), ep.bytes_sent())));
-                    ep.close(long()).expect("closing the fabric");
+                    // Closing fails only where a rank aborted the fabric.
+                    if let Err(e) = ep.close(long()) {
+                        assert!(matches!(e, CommError::Aborted { .. }), "{e}");
+                    }
                     result
                 })
             })

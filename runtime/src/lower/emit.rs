@@ -218,7 +218,10 @@ impl<'a> Layout<'a> {
             lifetimes: Lifetimes::default(),
             tasks: 0,
             gathered: Vec::new(),
+            reduce_early: BTreeMap::new(),
+            reduced: BTreeSet::new(),
         };
+        e.reduce_early = e.early_reductions();
         for task in &order {
             e.task(*task)?;
         }
@@ -403,6 +406,12 @@ struct Emitter<'l, 'a> {
     /// parameter (ZeRO-3).
     tasks: usize,
     gathered: Vec<usize>,
+    /// Parameters whose gradient is reduced as soon as its last micro-batch
+    /// accumulated (overlapping the rest of the backward pass), with the
+    /// accumulations still to come this step.
+    reduce_early: BTreeMap<String, usize>,
+    /// Parameters whose reduction was emitted that way.
+    reduced: BTreeSet<String>,
 }
 
 impl Emitter<'_, '_> {
@@ -566,6 +575,7 @@ impl Emitter<'_, '_> {
                     param: param.to_string(),
                     micro_batch: mb,
                 });
+                self.reduce_if_complete(param);
             }
         }
         Ok(())
@@ -607,10 +617,73 @@ impl Emitter<'_, '_> {
         Ok(())
     }
 
-    /// The reduction, optimizer step and gather of one parameter the ZeRO
-    /// stage asks for: ZeRO-0 all-reduces and steps the whole parameter;
-    /// ZeRO-1 all-reduces, steps its shard and all-gathers the weights;
-    /// ZeRO-2 reduce-scatters instead; ZeRO-3 keeps only the shard.
+    /// The parameters this rank alone updates whose gradients cross a
+    /// data-parallel group, with the accumulations each gets per step (one
+    /// per micro-batch): their reduction can start in the backward pass.
+    /// Tied parameters wait for [`Instr::SumTiedGrads`] after it.
+    fn early_reductions(&mut self) -> BTreeMap<String, usize> {
+        let l = self.l;
+        let s = l.s;
+        let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();
+        let tied: BTreeSet<&String> = l.t.tied.iter().flat_map(|(a, b)| [a, b]).collect();
+        let mut early = BTreeMap::new();
+        for (param, users) in &l.param_users {
+            let holders: BTreeSet<usize> = users.iter().map(|&vs| self.stage_rank(vs)).collect();
+            let owned = l
+                .param_owner
+                .get(param)
+                .is_some_and(|&vs| self.stage_rank(vs) == self.rank);
+            if users.is_disjoint(&my_vs) || tied.contains(param) || !owned || holders.len() > 1 {
+                continue;
+            }
+            if self.dp_group(param).len() > 1 {
+                early.insert(param.clone(), s.micro_batches);
+            }
+        }
+        early
+    }
+
+    /// After an accumulation into `param`'s gradient: emits its reduction
+    /// if that was the step's last accumulation and it reduces early.
+    fn reduce_if_complete(&mut self, param: &str) {
+        let Some(left) = self.reduce_early.get_mut(param) else {
+            return;
+        };
+        *left -= 1;
+        if *left == 0 {
+            self.reduce_early.remove(param);
+            let group = self.dp_group(param);
+            let reduction = self.reduction(param, group);
+            self.out.push(reduction);
+            self.reduced.insert(param.to_string());
+        }
+    }
+
+    /// The gradient reduction the ZeRO stage asks for: an all-reduce
+    /// (ZeRO-0/1), or a reduce-scatter that leaves each rank its shard.
+    fn reduction(&self, param: &str, group: Vec<usize>) -> Instr {
+        let s = self.l.s;
+        let param = param.to_string();
+        match s.zero {
+            0 => Instr::AllReduceGrad {
+                param,
+                group,
+                reduction: s.reduction,
+            },
+            1 => Instr::AllReduceGrad {
+                param,
+                group,
+                reduction: Reduction::Ring,
+            },
+            _ => Instr::ReduceScatterGrad { param, group },
+        }
+    }
+
+    /// The reduction (unless emitted in the backward pass), optimizer step
+    /// and gather of one parameter the ZeRO stage asks for: ZeRO-0
+    /// all-reduces and steps the whole parameter; ZeRO-1 all-reduces, steps
+    /// its shard and all-gathers the weights; ZeRO-2 reduce-scatters
+    /// instead; ZeRO-3 keeps only the shard.
     fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
         let s = self.l.s;
         let p = param.to_string();
@@ -622,22 +695,9 @@ impl Emitter<'_, '_> {
             return;
         }
         let group = group.to_vec();
-        self.out.push(match s.zero {
-            0 => Instr::AllReduceGrad {
-                param: p.clone(),
-                group: group.clone(),
-                reduction: s.reduction,
-            },
-            1 => Instr::AllReduceGrad {
-                param: p.clone(),
-                group: group.clone(),
-                reduction: Reduction::Ring,
-            },
-            _ => Instr::ReduceScatterGrad {
-                param: p.clone(),
-                group: group.clone(),
-            },
-        });
+        if !self.reduced.contains(param) {
+            self.out.push(self.reduction(param, group.clone()));
+        }
         self.out.push(Instr::OptimizerStep {
             param: p.clone(),
             shard,
@@ -647,8 +707,9 @@ impl Emitter<'_, '_> {
         }
     }
 
-    /// Gradient reduction, optimizer steps and parameter traffic after the
-    /// last backward pass; returns the parameters this rank holds.
+    /// Gradient reduction (of what was not reduced in the backward pass),
+    /// optimizer steps and parameter traffic after the last backward pass;
+    /// returns the parameters this rank holds.
     fn optimizer(&mut self) -> Result<Vec<ParamSlot>, LowerError> {
         let s = self.l.s;
         let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();

@@ -180,6 +180,18 @@ pub struct Program {
 }
 
 impl Instr {
+    /// Whether runtimes run it on a communication stream beside the compute
+    /// stream (the interpreter's worker thread, a GPU's communication
+    /// stream): the data-parallel gradient reductions and parameter gathers
+    /// after an update. The compute stream waits for its result only where
+    /// an instruction reads it.
+    pub fn overlaps_compute(&self) -> bool {
+        matches!(
+            self,
+            Instr::AllReduceGrad { .. } | Instr::ReduceScatterGrad { .. } | Instr::AllGatherParam { .. }
+        )
+    }
+
     /// A short description for errors and traces.
     pub fn describe(&self) -> String {
         match self {

@@ -300,6 +300,9 @@ struct Builder<'c, 'g> {
     scratch: Vec<u32>,
     /// Parts of each parameter this rank's optimizer updates (1: all of it).
     updates: HashMap<u32, f64>,
+    /// Whether the instruction being compiled runs on the runtime's
+    /// communication stream ([`Instr::overlaps_compute`]).
+    overlapped: bool,
 }
 
 impl Builder<'_, '_> {
@@ -343,10 +346,12 @@ impl Builder<'_, '_> {
         writes: &[u32],
     ) {
         // An interpreter runs a rank's instructions one after another on
-        // one thread: every timed instruction takes the same lane.
+        // one thread, but for the collectives its communication worker
+        // overlaps: every other timed instruction takes the compute lane.
         // Each instruction also costs it some bookkeeping.
         let (lane, seconds) = if self.c.pricing.serial() {
-            (Lane::Compute, seconds + self.c.pricing.instruction_overhead())
+            let lane = if self.overlapped { lane } else { Lane::Compute };
+            (lane, seconds + self.c.pricing.instruction_overhead())
         } else {
             (lane, seconds)
         };
@@ -398,6 +403,7 @@ impl Builder<'_, '_> {
     }
 
     fn instr(&mut self, rank: usize, instr: &Instr) {
+        self.overlapped = instr.overlaps_compute();
         let c = self.c;
         let ix = c.index;
         let pr = c.pricing;
@@ -641,6 +647,7 @@ impl Compiler<'_, '_> {
             written: Vec::new(),
             scratch: Vec::new(),
             updates: HashMap::default(),
+            overlapped: false,
         };
         for instr in &p.instructions {
             b.instr(p.rank, instr);

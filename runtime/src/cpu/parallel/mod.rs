@@ -7,6 +7,7 @@
 
 mod backend;
 mod distributed;
+mod overlap;
 mod rank;
 mod slices;
 
@@ -37,6 +38,10 @@ pub struct TrainOptions {
     pub fault: Option<Fault>,
     /// Record every instruction's time span ([`TrainReport::trace`]).
     pub trace: bool,
+    /// Run data-parallel gradient reductions and parameter gathers on a
+    /// communication worker beside each rank's compute thread (default);
+    /// off, they run inline where the program issues them.
+    pub overlap_comm: bool,
 }
 
 impl TrainOptions {
@@ -50,6 +55,7 @@ impl TrainOptions {
             record_grads: false,
             fault: None,
             trace: false,
+            overlap_comm: true,
         }
     }
 }

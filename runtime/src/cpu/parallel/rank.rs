@@ -2,6 +2,7 @@
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
 use super::backend::Backend;
+use super::overlap::{CommStream, Done, Job, Op};
 use super::slices;
 use super::{ExecError, TrainOptions};
 use crate::collective::{Buffer, Endpoint};
@@ -70,6 +71,23 @@ pub(super) struct RankRun<'a, B: Backend> {
     traced_bytes: Option<u64>,
     /// Weights as initialised on the host, until [`RankRun::hold_weights`].
     initial: Vec<(String, Value)>,
+    /// Gradient reductions and parameter gathers in flight (during `run`).
+    comm: Option<CommStream<Then>>,
+}
+
+/// Where the result of an overlapped collective goes, and how to trace it.
+struct Then {
+    param: String,
+    into: Into,
+    name: String,
+    step: usize,
+}
+
+enum Into {
+    /// The parameter's gradient (whole, or a ZeRO shard of this shape).
+    Grad { dtype: DType, shape: Vec<usize> },
+    /// The parameter's weight, gathered whole (padding dropped).
+    Weight { dtype: DType, shape: Vec<usize> },
 }
 
 impl<'a, B: Backend> RankRun<'a, B> {
@@ -135,6 +153,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             trace: Vec::new(),
             traced_bytes: None,
             initial,
+            comm: None,
         }
     }
 
@@ -159,6 +178,21 @@ impl<'a, B: Backend> RankRun<'a, B> {
 
     pub fn run(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
         self.hold_weights()?;
+        self.comm = Some(if self.opts.overlap_comm {
+            CommStream::new(self.ep.clone())
+        } else {
+            CommStream::inline(self.ep.clone())
+        });
+        let outcome = self.steps(tx);
+        if let Err(e) = &outcome {
+            // Ends the worker's waits at once, here and on every peer.
+            self.ep.abort(&e.to_string());
+        }
+        self.comm = None;
+        outcome
+    }
+
+    fn steps(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
         let mut steps = Vec::new();
         let mut gradients = Vec::new();
         for step in 0..self.opts.steps {
@@ -190,7 +224,8 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 };
                 let began = Instant::now();
                 let result = self.execute(instr, step, &what, &mut gradients);
-                if self.opts.trace {
+                // Overlapped collectives are traced when they finish.
+                if self.opts.trace && !instr.overlaps_compute() {
                     self.record(instr, step, began);
                 }
                 match result {
@@ -202,6 +237,18 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
                     Err(Failure::Other(m)) => return Err(fail(m)),
                 }
+            }
+            let end = |message: String| ExecError::Rank {
+                rank: self.program.rank,
+                step,
+                index: self.program.instructions.len(),
+                what: "end of step".into(),
+                message,
+            };
+            match self.settle_all() {
+                Ok(()) => {}
+                Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
+                Err(Failure::Other(m)) => return Err(end(m)),
             }
             self.dev.synchronize().map_err(|message| ExecError::Rank {
                 rank: self.program.rank,
@@ -234,25 +281,87 @@ impl<'a, B: Backend> RankRun<'a, B> {
 
     /// Adds `instr`'s span (and the live bytes after it) to the trace.
     fn record(&mut self, instr: &Instr, step: usize, began: Instant) {
-        let rank = self.program.rank;
-        let at = |t: Instant| t.duration_since(self.epoch).as_secs_f64() * 1e6;
         if let Some(stream) = stream_of(instr) {
-            self.trace.push(TraceEvent::Span {
-                rank,
-                stream,
-                name: instr.describe(),
-                step,
-                start_us: at(began),
-                duration_us: began.elapsed().as_secs_f64() * 1e6,
-            });
+            self.span(stream, instr.describe(), step, began, Instant::now());
         }
         if self.traced_bytes != Some(self.live_bytes) {
             self.traced_bytes = Some(self.live_bytes);
             self.trace.push(TraceEvent::Memory {
-                rank,
-                at_us: at(Instant::now()),
+                rank: self.program.rank,
+                at_us: Instant::now().duration_since(self.epoch).as_secs_f64() * 1e6,
                 bytes: self.live_bytes,
             });
+        }
+    }
+
+    /// Adds a span of `name` on `stream` to the trace.
+    fn span(&mut self, stream: Stream, name: String, step: usize, began: Instant, ended: Instant) {
+        let at = |t: Instant| t.duration_since(self.epoch).as_secs_f64() * 1e6;
+        self.trace.push(TraceEvent::Span {
+            rank: self.program.rank,
+            stream,
+            name,
+            step,
+            start_us: at(began),
+            duration_us: ended.duration_since(began).as_secs_f64() * 1e6,
+        });
+    }
+
+    /// Hands a collective on `param`'s gradient or weight to the
+    /// communication stream.
+    fn overlap(&mut self, param: &str, job: Job, into: Into, instr: &Instr, step: usize) {
+        let then = Then {
+            param: param.to_string(),
+            into,
+            name: instr.describe(),
+            step,
+        };
+        if let Some(comm) = &mut self.comm {
+            comm.issue(param, job, then);
+        }
+    }
+
+    /// Waits for the collectives in flight on `param` and stores their results.
+    fn settle(&mut self, param: &str) -> Result<(), Failure> {
+        while self.comm.as_ref().is_some_and(|c| c.is_pending(param)) {
+            self.finish_next()?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every collective in flight (at the end of a step).
+    fn settle_all(&mut self) -> Result<(), Failure> {
+        while self.comm.as_ref().is_some_and(|c| !c.is_idle()) {
+            self.finish_next()?;
+        }
+        Ok(())
+    }
+
+    fn finish_next(&mut self) -> Result<(), Failure> {
+        let Some(Done {
+            then,
+            result,
+            began,
+            ended,
+        }) = self.comm.as_mut().and_then(CommStream::next)
+        else {
+            return Ok(());
+        };
+        let got = result?;
+        if self.opts.trace {
+            self.span(Stream::Gradients, then.name.clone(), then.step, began, ended);
+        }
+        match then.into {
+            Into::Grad { dtype, shape } => {
+                let v = from_buffer(got, dtype, shape)?;
+                self.set_grad(&then.param, v)
+            }
+            Into::Weight { dtype, shape } => {
+                let full = unpad(got, dtype, shape)?;
+                let held = self.dev.upload(full).map_err(Failure::Other)?;
+                self.weights.insert(then.param, held);
+                Ok(())
+            }
         }
     }
 
@@ -264,6 +373,9 @@ impl<'a, B: Backend> RankRun<'a, B> {
         grads_out: &mut Vec<GradPiece>,
     ) -> Result<Option<f64>, Failure> {
         let tag = |s: &str| format!("s{step}/{s}");
+        for param in reads_params(instr) {
+            self.settle(param)?;
+        }
         match instr {
             Instr::Load { buf, feed, rows } => {
                 let v = self.load(&buf.tensor, *feed, *rows, step)?;
@@ -320,15 +432,22 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 reduction,
             } => {
                 let grad = self.grad_host(param)?;
-                let mut b = to_buffer(&grad);
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
                     Reduction::ParameterServer => Algorithm::ParameterServer,
                 };
-                self.ep
-                    .all_reduce(group, &mut b, algorithm, &tag(&format!("ar/{param}")), what)?;
-                let v = from_buffer(b, grad.dtype, grad.shape.clone())?;
-                self.set_grad(param, v)?;
+                let job = Job {
+                    op: Op::AllReduce(algorithm),
+                    group: group.clone(),
+                    data: to_buffer(&grad),
+                    tag: tag(&format!("ar/{param}")),
+                    what: what.to_string(),
+                };
+                let into = Into::Grad {
+                    dtype: grad.dtype,
+                    shape: grad.shape.clone(),
+                };
+                self.overlap(param, job, into, instr, step);
             }
             Instr::SumTiedGrads { key, params, group } => {
                 let first = self.grad(&params[0])?.clone();
@@ -352,13 +471,18 @@ impl<'a, B: Backend> RankRun<'a, B> {
             }
             Instr::ReduceScatterGrad { param, group } => {
                 let grad = self.grad_host(param)?;
-                let padded = padded(&grad, group.len());
-                let mine = self
-                    .ep
-                    .reduce_scatter(group, &padded, &tag(&format!("rs/{param}")), what)?;
-                let len = mine.len();
-                let v = from_buffer(mine, grad.dtype, vec![len])?;
-                self.set_grad(param, v)?;
+                let job = Job {
+                    op: Op::ReduceScatter,
+                    group: group.clone(),
+                    data: padded(&grad, group.len()),
+                    tag: tag(&format!("rs/{param}")),
+                    what: what.to_string(),
+                };
+                let into = Into::Grad {
+                    dtype: grad.dtype,
+                    shape: vec![grad.numel().div_ceil(group.len())],
+                };
+                self.overlap(param, job, into, instr, step);
             }
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, step, grads_out)?,
             Instr::AllGatherParam { param, group } => {
@@ -367,13 +491,18 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
                     parts: group.len(),
                 };
-                let mine = shard_of(&w, shard);
-                let all = self
-                    .ep
-                    .all_gather(group, &to_buffer(&mine), &tag(&format!("ag/{param}")), what)?;
-                let full = unpad(all, w.dtype, w.shape.clone())?;
-                let held = self.dev.upload(full).map_err(Failure::Other)?;
-                self.weights.insert(param.clone(), held);
+                let job = Job {
+                    op: Op::AllGather,
+                    group: group.clone(),
+                    data: to_buffer(&shard_of(&w, shard)),
+                    tag: tag(&format!("ag/{param}")),
+                    what: what.to_string(),
+                };
+                let into = Into::Weight {
+                    dtype: w.dtype,
+                    shape: w.shape.clone(),
+                };
+                self.overlap(param, job, into, instr, step);
             }
             Instr::GatherParam { param, group } => {
                 let k = self.gathers.entry(param.clone()).or_insert(0);
@@ -739,6 +868,23 @@ fn grad_numel(g: &Graph, id: TensorId) -> usize {
         .iter()
         .map(|d| d.fixed().unwrap_or(1))
         .product()
+}
+
+/// The parameters whose gradient or weight `instr` reads or replaces: a
+/// collective in flight on them finishes first.
+fn reads_params(instr: &Instr) -> Vec<&str> {
+    match instr {
+        Instr::AccumulateGrad { param, .. }
+        | Instr::AllReduceGrad { param, .. }
+        | Instr::ReduceScatterGrad { param, .. }
+        | Instr::OptimizerStep { param, .. }
+        | Instr::AllGatherParam { param, .. }
+        | Instr::GatherParam { param, .. }
+        | Instr::SendParam { param, .. }
+        | Instr::RecvParam { param, .. } => vec![param],
+        Instr::SumTiedGrads { params, .. } => params.iter().map(String::as_str).collect(),
+        _ => Vec::new(),
+    }
 }
 
 fn to_buffer(v: &Value) -> Buffer {
