@@ -10,7 +10,9 @@
 #   4. hybrid plans on the one GPU (same-device path): dp2 x pp2 on 4 ranks and
 #      dp2 x tp2 x pp2 on 8, against one rank (the parallel suite's CUDA copies),
 #      and a 4-rank plan from `--plan auto` through the CLI, against the CPU;
-#   5. MFU of a 1.3B-parameter GPT step in bf16 on one GPU;
+#   5. one process per rank: a 2-rank plan launched as two processes (both on
+#      the one GPU, talking over TCP) against the same plan in one process;
+#   6. MFU of a 1.3B-parameter GPT step in bf16 on one GPU;
 # and writes a JSON summary to $OUT/gpu-check.json (or ./gpu-check.json).
 # Tolerances: f32 losses within 1e-3 relative of the CPU backend; bf16 within
 # 5e-2 (bf16 keeps 8 bits of mantissa; activations and GEMM inputs round).
@@ -123,6 +125,35 @@ PY
 compare_losses gpt2-tiny fixtures/models/gpt2-tiny.ts.onnx 1 4 --global-batch 8
 compare_losses zoo-gpt-512 'gpt:layers=4,hidden=512,heads=8,vocab=4096,seq=128' 1 3 --global-batch 4
 compare_losses four-ranks-cli 'gpt:layers=4,hidden=256,heads=4,vocab=4096,seq=128' 4 3 --global-batch 16
+
+echo "== one process per rank" | tee -a "$LOG"
+LAUNCH_MODEL='gpt:layers=4,hidden=256,heads=4,vocab=4096,seq=128'
+PLAN2="$OUT_DIR/plan-2-ranks.json"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+if "$BIN" plan "$LAUNCH_MODEL" --cluster cpu --gpus 2 --global-batch 8 -o "$PLAN2" >>"$LOG" 2>&1; then
+  one=$(timeout 300 "$BIN" run "$PLAN2" --backend cuda --ranks 2 --steps 3 --json 2>>"$LOG")
+  for rank in 1 0; do
+    RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+      timeout 300 "$BIN" run "$PLAN2" --backend cuda --steps 3 --json >"$OUT_DIR/launched-$rank.json" 2>>"$LOG" &
+  done
+  wait
+  line=$(python3 - "$one" "$OUT_DIR/launched-0.json" <<'PY' 2>>"$LOG"
+import json, sys
+one, launched = json.loads(sys.argv[1]), json.load(open(sys.argv[2]))
+rel = max(abs(a - b) / abs(a) for a, b in zip(one["losses"], launched["losses"]))
+print(json.dumps({"ok": rel <= 1e-3 and launched["processes"] == 2, "rel": rel,
+                  "one_process": one["losses"], "two_processes": launched["losses"],
+                  "step_s": [one["median_step_time_s"], launched["median_step_time_s"]]}))
+PY
+)
+  if [ -n "$line" ] && python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["ok"] else 1)' "$line"; then
+    record launched-processes ok "$line"
+  else
+    record launched-processes fail "${line:-see gpu-check.log}"
+  fi
+else
+  record launched-processes fail "planning the 2-rank plan failed (see gpu-check.log)"
+fi
 
 echo "== MFU, 1.3B GPT, bf16, one GPU" | tee -a "$LOG"
 GPT1B='gpt:layers=24,hidden=2048,heads=16,vocab=50304,seq=2048'

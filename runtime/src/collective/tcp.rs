@@ -276,13 +276,11 @@ impl Link {
             match data {
                 Buffer::F32(v) => {
                     w.write_all(&[F32])?;
-                    w.write_all(&(v.len() as u64).to_le_bytes())?;
-                    v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes()))
+                    write_elements(w, v, f32::to_le_bytes)
                 }
                 Buffer::F64(v) => {
                     w.write_all(&[F64])?;
-                    w.write_all(&(v.len() as u64).to_le_bytes())?;
-                    v.iter().try_for_each(|x| w.write_all(&x.to_le_bytes()))
+                    write_elements(w, v, f64::to_le_bytes)
                 }
             }
         })
@@ -329,6 +327,26 @@ impl Drop for Link {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(Shutdown::Both);
     }
+}
+
+/// Elements per chunk converted to bytes at once on either side of a link.
+const CHUNK: usize = 1 << 16;
+
+/// Writes the element count, then the elements little-endian, converted a
+/// chunk at a time (one write per chunk, not per element).
+fn write_elements<const N: usize, T: Copy>(
+    w: &mut impl Write,
+    v: &[T],
+    encode: fn(T) -> [u8; N],
+) -> io::Result<()> {
+    w.write_all(&(v.len() as u64).to_le_bytes())?;
+    let mut bytes = Vec::with_capacity(CHUNK.min(v.len()) * N);
+    for chunk in v.chunks(CHUNK) {
+        bytes.clear();
+        bytes.extend(chunk.iter().flat_map(|&x| encode(x)));
+        w.write_all(&bytes)?;
+    }
+    Ok(())
 }
 
 fn write_bytes(w: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
@@ -414,7 +432,6 @@ fn read_elements<const N: usize, T>(
     len: usize,
     decode: fn([u8; N]) -> T,
 ) -> io::Result<Vec<T>> {
-    const CHUNK: usize = 1 << 16;
     let mut out = Vec::with_capacity(len.min(CHUNK));
     let mut bytes = vec![0u8; CHUNK * N];
     let mut left = len;
