@@ -160,7 +160,8 @@ struct RunArgs {
     /// With `--plan auto`: also write the plan to this file.
     #[arg(long)]
     save_plan: Option<PathBuf>,
-    /// Write the run's timeline (Chrome trace-event JSON: open in Perfetto).
+    /// Write the run's timeline (Chrome trace-event JSON: open in Perfetto);
+    /// under a launcher each rank writes its own, `run.json` → `run.rank3.json`.
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Calibration JSON (from `autopar profile`): also simulate the plan

@@ -16,7 +16,7 @@ use autopar_runtime::cuda::{self, CudaOptions, CudaReport, GpuPrecision};
 use autopar_runtime::launch::LaunchEnv;
 use autopar_runtime::lower::{for_strategy, lower, Strategy};
 use autopar_runtime::sim::SimOptions;
-use autopar_runtime::trace::chrome_json;
+use autopar_runtime::trace::{chrome_json, TraceEvent};
 use autopar_runtime::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -291,9 +291,6 @@ pub fn run(
     if r.steps == 0 {
         bail!("--steps and --ranks must be at least 1");
     }
-    if launched && r.trace.is_some() {
-        bail!("--trace needs every rank in one process; run the plan without a launcher (every rank a thread) to trace it");
-    }
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
@@ -362,15 +359,34 @@ pub fn run(
         planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
         planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
     };
+    // Under a launcher each rank writes its own timeline next to `--trace`.
+    let rank_trace = |events: &[TraceEvent]| -> Result<()> {
+        match &r.trace {
+            Some(path) => {
+                let json = chrome_json(events, &[launch.rank]);
+                output::write_atomic(
+                    &rank_path(path, launch.rank),
+                    serde_json::to_string(&json)?.as_bytes(),
+                )
+            }
+            None => Ok(()),
+        }
+    };
     let finished: Option<(TrainReport, Option<GpuSummary>)> = match (&target, endpoint) {
         (Target::Cpu, None) => Some((train(&t, &programs, &data, &opts, &progress)?, None)),
-        (Target::Cpu, Some(ep)) => train_rank(&t, &programs, ep, &data, &opts, &progress)?.map(|r| (r, None)),
+        (Target::Cpu, Some(ep)) => {
+            let mine = train_rank(&t, &programs, ep, &data, &opts, &progress)?;
+            rank_trace(&mine.trace)?;
+            mine.report.map(|r| (r, None))
+        }
         (Target::Cuda(options), None) => {
             let c = cuda::train(&t, &programs, &data, &opts, options, &progress)?;
             Some((c.train.clone(), Some(gpu_summary(&c, options))))
         }
         (Target::Cuda(options), Some(ep)) => {
-            cuda::train_rank(&t, &programs, ep, &data, &opts, options, &progress)?
+            let mine = cuda::train_rank(&t, &programs, ep, &data, &opts, options, &progress)?;
+            rank_trace(&mine.trace)?;
+            mine.report
                 .map(|c| (c.train.clone(), Some(gpu_summary(&c, options))))
         }
     };
@@ -387,7 +403,7 @@ pub fn run(
         None => None,
     };
     let step_times: Vec<f64> = result.steps.iter().map(|s| s.seconds).collect();
-    if let Some(path) = &r.trace {
+    if let (Some(path), false) = (&r.trace, launched) {
         let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
     }
@@ -419,6 +435,20 @@ pub fn run(
             })
             .collect(),
     }))
+}
+
+/// Where rank `rank` of a launched run writes its timeline: `run.json` →
+/// `run.rank3.json` (the rank before the extension, if any).
+fn rank_path(path: &Path, rank: usize) -> PathBuf {
+    let stem = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let name = match path.extension() {
+        Some(ext) => format!("{stem}.rank{rank}.{}", ext.to_string_lossy()),
+        None => format!("{stem}.rank{rank}"),
+    };
+    path.with_file_name(name)
 }
 
 /// The median of `times`, leaving out the first (warm-up) when there are three or more.

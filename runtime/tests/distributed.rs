@@ -6,11 +6,12 @@
 use autopar_ir::Graph;
 use autopar_runtime::collective::connect;
 use autopar_runtime::cpu::parallel::{
-    train, train_rank, ExecError, Fault, StepReport, TrainOptions, TrainReport,
+    train, train_rank, ExecError, Fault, RankResult, StepReport, TrainOptions, TrainReport,
 };
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::launch::LaunchEnv;
 use autopar_runtime::lower::{for_strategy, lower, Program, Strategy, TrainingGraph};
+use autopar_runtime::trace::TraceEvent;
 use autopar_runtime::train::{initialize, Optimizer, TokenSource};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -48,7 +49,7 @@ fn run_per_rank(
     t: &TrainingGraph,
     programs: &[Program],
     opts: &TrainOptions,
-) -> (Vec<Result<Option<TrainReport>, ExecError>>, Vec<StepReport>) {
+) -> (Vec<Result<RankResult<TrainReport>, ExecError>>, Vec<StepReport>) {
     let world = programs.len();
     let port = free_port();
     let data = TokenSource::synthetic(64, 3);
@@ -76,10 +77,15 @@ fn check(s: Strategy) {
     let threads = train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap();
     let (results, progress) = run_per_rank(&t, &programs, &opts);
     let mut results = results.into_iter();
-    let report = results.next().unwrap().unwrap().expect("rank 0 reports the run");
+    let report = results
+        .next()
+        .unwrap()
+        .unwrap()
+        .report
+        .expect("rank 0 reports the run");
     assert!(
-        results.all(|r| matches!(r, Ok(None))),
-        "ranks above 0 return nothing"
+        results.all(|r| r.is_ok_and(|r| r.report.is_none())),
+        "ranks above 0 report nothing"
     );
     let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
     assert_eq!(losses(&report), losses(&threads), "losses differ");
@@ -142,7 +148,7 @@ fn a_failing_rank_fails_every_process_naming_it() {
 }
 
 #[test]
-fn gradients_and_traces_need_one_process() {
+fn gradients_need_one_process() {
     let (t, programs) = lowered(&Strategy::new(2, 1, LAYERS, 1, 2));
     let mut opts = options(1);
     opts.record_grads = true;
@@ -150,5 +156,20 @@ fn gradients_and_traces_need_one_process() {
     for r in results {
         let message = r.unwrap_err().to_string();
         assert!(message.contains("needs every rank in one process"), "{message}");
+    }
+}
+
+#[test]
+fn each_rank_keeps_its_own_trace() {
+    let (t, programs) = lowered(&Strategy::new(1, 2, LAYERS, 1, 2));
+    let mut opts = options(1);
+    opts.trace = true;
+    let (results, _) = run_per_rank(&t, &programs, &opts);
+    for (rank, r) in results.into_iter().enumerate() {
+        let trace = r.unwrap().trace;
+        assert!(!trace.is_empty(), "rank {rank} traced nothing");
+        assert!(trace.iter().all(|e| match e {
+            TraceEvent::Span { rank: r, .. } | TraceEvent::Memory { rank: r, .. } => *r == rank,
+        }));
     }
 }

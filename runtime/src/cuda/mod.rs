@@ -163,7 +163,7 @@ pub fn train(
 /// peers in other processes reached through `endpoint` (one process per
 /// GPU, as a launcher starts them; collectives are host-staged over TCP).
 /// Rank 0 gets the run's report, with the host-run nodes of its own rank;
-/// the other ranks get `None`.
+/// every rank gets its own trace.
 pub fn train_rank(
     t: &crate::lower::TrainingGraph,
     programs: &[crate::lower::Program],
@@ -172,7 +172,7 @@ pub fn train_rank(
     opts: &crate::cpu::parallel::TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&crate::cpu::parallel::StepReport) + Sync),
-) -> Result<Option<CudaReport>, crate::cpu::parallel::ExecError> {
+) -> Result<crate::cpu::parallel::RankResult<CudaReport>, crate::cpu::parallel::ExecError> {
     #[cfg(feature = "cuda")]
     {
         run::train_rank(t, programs, endpoint, data, opts, cuda, progress)

@@ -6,7 +6,9 @@ use super::memory::{self, ElementSize, MemoryPlan};
 use super::module::Kernels;
 use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
 use crate::collective::Endpoint;
-use crate::cpu::parallel::{train_on, train_rank_on, ExecError, StepReport, TrainOptions, TrainReport};
+use crate::cpu::parallel::{
+    train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport,
+};
 use crate::cpu::Precision;
 use crate::lower::{Program, TrainingGraph};
 use crate::train::TokenSource;
@@ -104,7 +106,7 @@ pub(super) fn train_rank(
     opts: &TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
-) -> Result<Option<CudaReport>, ExecError> {
+) -> Result<RankResult<CudaReport>, ExecError> {
     let rank = endpoint.rank();
     let setup = Setup::new(t, programs, opts, cuda)?;
     let backend = setup.backend(cuda).map_err(|message| ExecError::Rank {
@@ -114,6 +116,9 @@ pub(super) fn train_rank(
         what: "starting the backend".into(),
         message,
     })?;
-    let report = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
-    Ok(report.map(|r| setup.report(r)))
+    let result = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
+    Ok(RankResult {
+        report: result.report.map(|r| setup.report(r)),
+        trace: result.trace,
+    })
 }

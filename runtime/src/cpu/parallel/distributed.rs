@@ -11,6 +11,7 @@ use super::{
 };
 use crate::collective::{Buffer, CommError, Endpoint};
 use crate::lower::{Program, TrainingGraph};
+use crate::trace::TraceEvent;
 use crate::train::TokenSource;
 use std::collections::BTreeMap;
 use std::sync::mpsc;
@@ -24,6 +25,16 @@ const TOTALS_TAG: &str = "autopar/totals";
 /// the run: bookkeeping waits span whole steps, not one message.
 const PATIENCE: u32 = 20;
 
+/// What one rank of a run with a rank per process ends with.
+#[derive(Debug, Clone)]
+pub struct RankResult<R> {
+    /// The whole run's report: on rank 0 only.
+    pub report: Option<R>,
+    /// This rank's timed instructions and memory samples (when traced),
+    /// timed from this process's start of the run.
+    pub trace: Vec<TraceEvent>,
+}
+
 /// [`train_rank_on`] on the CPU backend.
 pub fn train_rank(
     t: &TrainingGraph,
@@ -32,7 +43,7 @@ pub fn train_rank(
     data: &TokenSource,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
-) -> Result<Option<TrainReport>, ExecError> {
+) -> Result<RankResult<TrainReport>, ExecError> {
     let backend = CpuBackend {
         precision: opts.precision,
     };
@@ -41,10 +52,10 @@ pub fn train_rank(
 
 /// Runs rank `endpoint.rank()` of `programs` in this process on `backend`;
 /// the other ranks run in their own processes and are reached through
-/// `endpoint`. Rank 0 returns the run's report (each step's loss and slowest
+/// `endpoint`. Rank 0 gets the run's report (each step's loss and slowest
 /// rank's time, every rank's bytes and peaks) and calls `progress` after
-/// each step; the other ranks return `None`. Gradients and traces stay with
-/// their rank, so this way of running records neither.
+/// each step. Every rank keeps its own trace; recorded gradients would need
+/// every rank's pieces in one place, so this way of running refuses them.
 pub fn train_rank_on<B: Backend>(
     t: &TrainingGraph,
     programs: &[Program],
@@ -53,15 +64,14 @@ pub fn train_rank_on<B: Backend>(
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
     backend: B,
-) -> Result<Option<TrainReport>, ExecError> {
+) -> Result<RankResult<TrainReport>, ExecError> {
     let (rank, world) = (endpoint.rank(), endpoint.world());
     if programs.len() != world || programs.iter().enumerate().any(|(i, p)| p.rank != i) {
         return Err(ExecError::Ranks(programs.len(), world));
     }
-    if opts.record_grads || opts.trace {
+    if opts.record_grads {
         return Err(ExecError::Unsupported(
-            "recording gradients or a trace needs every rank in one process; run the plan without a launcher"
-                .into(),
+            "recording gradients needs every rank in one process; run the plan without a launcher".into(),
         ));
     }
     let patience = opts.timeout * PATIENCE;
@@ -102,7 +112,8 @@ pub fn train_rank_on<B: Backend>(
         let steps = steps.map(|h| h.join().unwrap_or_else(|_| panic!("the step collector panicked")));
         (outcome, steps)
     });
-    let own = run?.report;
+    let outcome = run?;
+    let own = outcome.report;
     let report = match steps {
         Some(steps) => {
             let mut ranks = vec![own];
@@ -125,7 +136,10 @@ pub fn train_rank_on<B: Backend>(
         }
     };
     endpoint.close(patience)?;
-    Ok(report)
+    Ok(RankResult {
+        report,
+        trace: outcome.trace,
+    })
 }
 
 /// Rank 0: passes `peer`'s step results to the collector as they come.

@@ -12,7 +12,7 @@ mod rank;
 mod slices;
 
 pub use backend::{Backend, CpuBackend};
-pub use distributed::{train_rank, train_rank_on};
+pub use distributed::{train_rank, train_rank_on, RankResult};
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
