@@ -72,18 +72,18 @@ pub(super) struct RankRun<'a, B: Backend> {
     /// Weights as initialised on the host, until [`RankRun::hold_weights`].
     initial: Vec<(String, Value)>,
     /// Gradient reductions and parameter gathers in flight (during `run`).
-    comm: Option<CommStream<Then>>,
+    comm: Option<CommStream<Landing>>,
 }
 
 /// Where the result of an overlapped collective goes, and how to trace it.
-struct Then {
+struct Landing {
     param: String,
-    into: Into,
+    into: Slot,
     name: String,
     step: usize,
 }
 
-enum Into {
+enum Slot {
     /// The parameter's gradient (whole, or a ZeRO shard of this shape).
     Grad { dtype: DType, shape: Vec<usize> },
     /// The parameter's weight, gathered whole (padding dropped).
@@ -309,8 +309,8 @@ impl<'a, B: Backend> RankRun<'a, B> {
 
     /// Hands a collective on `param`'s gradient or weight to the
     /// communication stream.
-    fn overlap(&mut self, param: &str, job: Job, into: Into, instr: &Instr, step: usize) {
-        let then = Then {
+    fn overlap(&mut self, param: &str, job: Job, into: Slot, instr: &Instr, step: usize) {
+        let then = Landing {
             param: param.to_string(),
             into,
             name: instr.describe(),
@@ -352,11 +352,11 @@ impl<'a, B: Backend> RankRun<'a, B> {
             self.span(Stream::Gradients, then.name.clone(), then.step, began, ended);
         }
         match then.into {
-            Into::Grad { dtype, shape } => {
+            Slot::Grad { dtype, shape } => {
                 let v = from_buffer(got, dtype, shape)?;
                 self.set_grad(&then.param, v)
             }
-            Into::Weight { dtype, shape } => {
+            Slot::Weight { dtype, shape } => {
                 let full = unpad(got, dtype, shape)?;
                 let held = self.dev.upload(full).map_err(Failure::Other)?;
                 self.weights.insert(then.param, held);
@@ -443,7 +443,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     tag: tag(&format!("ar/{param}")),
                     what: what.to_string(),
                 };
-                let into = Into::Grad {
+                let into = Slot::Grad {
                     dtype: grad.dtype,
                     shape: grad.shape.clone(),
                 };
@@ -478,7 +478,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     tag: tag(&format!("rs/{param}")),
                     what: what.to_string(),
                 };
-                let into = Into::Grad {
+                let into = Slot::Grad {
                     dtype: grad.dtype,
                     shape: vec![grad.numel().div_ceil(group.len())],
                 };
@@ -498,7 +498,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     tag: tag(&format!("ag/{param}")),
                     what: what.to_string(),
                 };
-                let into = Into::Weight {
+                let into = Slot::Weight {
                     dtype: w.dtype,
                     shape: w.shape.clone(),
                 };
