@@ -25,8 +25,21 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How long the processes of a launched run wait for each other to start
-/// and connect (torch's default store timeout).
+/// and connect by default (torch's default store timeout).
 const RENDEZVOUS_WAIT: Duration = Duration::from_secs(300);
+/// Overrides [`RENDEZVOUS_WAIT`], in seconds (slow starts on big clusters).
+const RENDEZVOUS_WAIT_VAR: &str = "AUTOPAR_RENDEZVOUS_TIMEOUT";
+
+/// How long to wait for the other processes: [`RENDEZVOUS_WAIT_VAR`] or the default.
+fn rendezvous_wait() -> Result<Duration> {
+    match std::env::var(RENDEZVOUS_WAIT_VAR) {
+        Err(_) => Ok(RENDEZVOUS_WAIT),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+            _ => bail!("{RENDEZVOUS_WAIT_VAR}='{v}' is invalid: expected a positive number of seconds"),
+        },
+    }
+}
 
 /// What the user asked for (the CLI's flags).
 #[derive(Debug, Clone)]
@@ -348,7 +361,10 @@ pub fn run(
     }
     let progress = |s: &StepReport| on_step(s, tokens_per_step);
     let endpoint = if launched {
-        Some(connect(&launch, RENDEZVOUS_WAIT, opts.timeout).context("connecting the launched processes")?)
+        Some(
+            connect(&launch, rendezvous_wait()?, opts.timeout)
+                .context("connecting the launched processes")?,
+        )
     } else {
         None
     };

@@ -301,6 +301,39 @@ fn launched_processes_train_like_threads() {
 }
 
 #[test]
+fn a_missing_process_is_named_after_the_rendezvous_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    // Rank 0 of two, whose rank 1 never starts.
+    let rank0 = |wait: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
+            .args(["run", &plan, "--steps", "1"])
+            .env("RANK", "0")
+            .env("WORLD_SIZE", "2")
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("AUTOPAR_RENDEZVOUS_TIMEOUT", wait)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    };
+    let err = rank0("soon");
+    assert!(
+        err.contains("AUTOPAR_RENDEZVOUS_TIMEOUT='soon' is invalid"),
+        "{err}"
+    );
+    let err = rank0("1");
+    assert!(err.contains("rank(s) 1 of world size 2 never joined"), "{err}");
+}
+
+#[test]
 fn a_launched_run_checks_its_world_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
