@@ -502,7 +502,17 @@ fn gradients_are_reduced_as_soon_as_their_last_micro_batch_is_in() {
                     early += usize::from(i < last_compute);
                 }
             }
-            assert!(early > 0, "zero {zero}: no reduction overlaps the backward pass");
+            // All but the first layer's (and the embeddings') reductions
+            // start while the backward pass still computes.
+            let reductions = p
+                .instructions
+                .iter()
+                .filter(|i| matches!(i, Instr::AllReduceGrad { .. } | Instr::ReduceScatterGrad { .. }))
+                .count();
+            assert!(
+                early * 2 > reductions,
+                "zero {zero}: {early} of {reductions} reductions overlap the backward pass"
+            );
         }
     }
 }

@@ -6,7 +6,7 @@
 use super::schedule::Phase;
 use super::training::TrainingGraph;
 use autopar_ir::{Graph, NodeIndex};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 /// The training graph's nodes grouped by (virtual stage, phase).
 #[derive(Debug, Clone)]
@@ -97,7 +97,66 @@ pub fn partition(
             groups.entry(placed).or_default().push(i);
         }
     }
+    let gradients: HashSet<&str> = t.gradients.iter().map(|(_, grad)| grad.as_str()).collect();
+    let is_gradient_output = |i: NodeIndex| {
+        g.node(i)
+            .outputs
+            .iter()
+            .any(|&x| gradients.contains(g.tensor(x).name.as_str()))
+    };
+    for ((_, phase), nodes) in &mut groups {
+        if *phase == Phase::Backward {
+            *nodes = hoist(g, nodes, is_gradient_output);
+        }
+    }
     Ok(Partition { place, groups })
+}
+
+/// `nodes` (in topological order) with every node `early` picks moved up to
+/// just after the last of its inputs computed in `nodes`: a parameter's
+/// gradient output then follows the node computing its value, so a rank
+/// accumulates (and starts reducing) that gradient as soon as the backward
+/// pass has it, not after the whole stage. The order stays topological: a
+/// moved node only passes nodes computed after its inputs, and its
+/// consumers came after its old place.
+fn hoist(g: &Graph, nodes: &[NodeIndex], early: impl Fn(NodeIndex) -> bool) -> Vec<NodeIndex> {
+    let here: HashSet<NodeIndex> = nodes.iter().copied().collect();
+    let moved: HashSet<NodeIndex> = nodes.iter().copied().filter(|&i| early(i)).collect();
+    // Moved node → its inputs' producers here not placed yet; producer → moved nodes waiting on it.
+    let mut missing: HashMap<NodeIndex, usize> = HashMap::new();
+    let mut waiting: HashMap<NodeIndex, Vec<NodeIndex>> = HashMap::new();
+    let mut queue: VecDeque<NodeIndex> = VecDeque::new();
+    for &i in nodes.iter().filter(|i| moved.contains(i)) {
+        let producers: BTreeSet<NodeIndex> = g
+            .node(i)
+            .inputs
+            .iter()
+            .flatten()
+            .filter_map(|&x| g.producer(x))
+            .filter(|p| here.contains(p))
+            .collect();
+        if producers.is_empty() {
+            queue.push_back(i);
+            continue;
+        }
+        missing.insert(i, producers.len());
+        for p in producers {
+            waiting.entry(p).or_default().push(i);
+        }
+    }
+    let mut rest = nodes.iter().copied().filter(|i| !moved.contains(i));
+    let mut out = Vec::with_capacity(nodes.len());
+    while let Some(next) = queue.pop_front().or_else(|| rest.next()) {
+        out.push(next);
+        for w in waiting.remove(&next).unwrap_or_default() {
+            let left = missing.get_mut(&w).expect("a moved node waits on its producers");
+            *left -= 1;
+            if *left == 0 {
+                queue.push_back(w);
+            }
+        }
+    }
+    out
 }
 
 /// Node lookups by name, hashing each name once: graph names need not be
