@@ -114,15 +114,21 @@ pub fn connect(env: &LaunchEnv, wait: Duration, timeout: Duration) -> Result<End
     Ok(Endpoint::on(rank, shared))
 }
 
-/// Connects to `host:port`, retrying until `deadline` (the peer's listener
-/// exists before the rendezvous ends, so retries cover only transient errors).
+/// Connects to `host:port` (each address it resolves to in turn: a name
+/// such as `localhost` may resolve to IPv6 first, while peers listen on
+/// IPv4), retrying until `deadline`; the peer's listener exists before the
+/// rendezvous ends, so retries cover only transient errors.
 fn dial(host: &str, port: u16, deadline: Instant) -> io::Result<TcpStream> {
     loop {
-        let attempt = (host, port).to_socket_addrs().and_then(|mut addrs| {
-            addrs
-                .next()
-                .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no address"))
-                .and_then(|addr| TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        let attempt = (host, port).to_socket_addrs().and_then(|addrs| {
+            let mut last = io::Error::new(io::ErrorKind::NotFound, "the name resolves to no address");
+            for addr in addrs {
+                match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = e,
+                }
+            }
+            Err(last)
         });
         match attempt {
             Ok(stream) => return Ok(stream),
