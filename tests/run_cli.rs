@@ -228,6 +228,14 @@ fn a_missing_data_file_is_named() {
     );
 }
 
+/// A loopback port that was free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
 /// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.
 fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_autopar"))
@@ -248,10 +256,7 @@ fn launched_processes_train_like_threads() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
     let threads = run_json(&[&plan, "--ranks", "2", "--steps", "3"]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = free_port();
     let trace = dir.path().join("run.json");
     let args = [
         "run",
@@ -304,10 +309,7 @@ fn launched_processes_train_like_threads() {
 fn a_missing_process_is_named_after_the_rendezvous_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = free_port();
     // Rank 0 of two, whose rank 1 never starts.
     let rank0 = |wait: &str| {
         let out = Command::new(env!("CARGO_BIN_EXE_autopar"))

@@ -617,6 +617,17 @@ impl Emitter<'_, '_> {
         Ok(())
     }
 
+    /// The virtual stages this rank runs.
+    fn my_stages(&self) -> BTreeSet<usize> {
+        let s = self.l.s;
+        (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect()
+    }
+
+    /// The ranks (of this replica) holding a parameter used on virtual stages `users`.
+    fn holders(&self, users: &BTreeSet<usize>) -> BTreeSet<usize> {
+        users.iter().map(|&vs| self.stage_rank(vs)).collect()
+    }
+
     /// The parameters this rank alone updates whose gradients cross a
     /// data-parallel group, with the accumulations each gets per step (one
     /// per micro-batch): their reduction can start in the backward pass.
@@ -624,11 +635,11 @@ impl Emitter<'_, '_> {
     fn early_reductions(&mut self) -> BTreeMap<String, usize> {
         let l = self.l;
         let s = l.s;
-        let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();
+        let my_vs = self.my_stages();
         let tied: BTreeSet<&String> = l.t.tied.iter().flat_map(|(a, b)| [a, b]).collect();
         let mut early = BTreeMap::new();
         for (param, users) in &l.param_users {
-            let holders: BTreeSet<usize> = users.iter().map(|&vs| self.stage_rank(vs)).collect();
+            let holders = self.holders(users);
             let owned = l
                 .param_owner
                 .get(param)
@@ -712,7 +723,7 @@ impl Emitter<'_, '_> {
     /// returns the parameters this rank holds.
     fn optimizer(&mut self) -> Result<Vec<ParamSlot>, LowerError> {
         let s = self.l.s;
-        let my_vs: BTreeSet<usize> = (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect();
+        let my_vs = self.my_stages();
         let mut slots = Vec::new();
         for (original, copy) in &self.l.t.tied {
             let owners: BTreeMap<usize, Vec<String>> = [original, copy]
@@ -751,7 +762,7 @@ impl Emitter<'_, '_> {
             let Some(&owner_vs) = l.param_owner.get(param) else {
                 continue;
             };
-            let holders: BTreeSet<usize> = users.iter().map(|&vs| self.stage_rank(vs)).collect();
+            let holders = self.holders(users);
             let owner = self.stage_rank(owner_vs);
             if holders.len() > 1 && s.zero == 3 {
                 return Err(LowerError::Unsupported(format!(
