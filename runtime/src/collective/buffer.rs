@@ -21,6 +21,66 @@ pub struct LayoutMismatch {
     pub got: String,
 }
 
+/// An element type collectives move (`f32` or `f64`), so each algorithm is
+/// written once for both.
+pub(crate) trait Element:
+    bytemuck::Pod + std::ops::Add<Output = Self> + Send + Sync + 'static
+{
+    /// Name used in layouts (`f32[12]`).
+    const NAME: &'static str;
+    /// Wraps elements as a buffer.
+    fn wrap(v: Vec<Self>) -> Buffer;
+    /// The elements, if `b` holds this type (`b` back otherwise).
+    fn unwrap(b: Buffer) -> Result<Vec<Self>, Buffer>;
+    /// The value whose bytes in memory are this value's little-endian
+    /// encoding (and back: the swap is its own inverse), for the wire.
+    fn le_order(self) -> Self;
+}
+
+impl Element for f32 {
+    const NAME: &'static str = "f32";
+    fn wrap(v: Vec<f32>) -> Buffer {
+        Buffer::F32(v)
+    }
+    fn unwrap(b: Buffer) -> Result<Vec<f32>, Buffer> {
+        match b {
+            Buffer::F32(v) => Ok(v),
+            other => Err(other),
+        }
+    }
+    fn le_order(self) -> f32 {
+        f32::from_bits(self.to_bits().to_le())
+    }
+}
+
+impl Element for f64 {
+    const NAME: &'static str = "f64";
+    fn wrap(v: Vec<f64>) -> Buffer {
+        Buffer::F64(v)
+    }
+    fn unwrap(b: Buffer) -> Result<Vec<f64>, Buffer> {
+        match b {
+            Buffer::F64(v) => Ok(v),
+            other => Err(other),
+        }
+    }
+    fn le_order(self) -> f64 {
+        f64::from_bits(self.to_bits().to_le())
+    }
+}
+
+/// Evaluates `$body` with `$v` bound to the buffer's elements, whichever
+/// their type (`$buf` may be a `Buffer`, `&Buffer` or `&mut Buffer`).
+macro_rules! with_elements {
+    ($buf:expr, $v:ident => $body:expr) => {
+        match $buf {
+            $crate::collective::Buffer::F32($v) => $body,
+            $crate::collective::Buffer::F64($v) => $body,
+        }
+    };
+}
+pub(crate) use with_elements;
+
 impl From<Vec<f32>> for Buffer {
     fn from(v: Vec<f32>) -> Self {
         Buffer::F32(v)
@@ -62,6 +122,11 @@ impl Buffer {
         }
     }
 
+    /// Bytes its allocation holds (what keeping it for reuse costs).
+    pub fn capacity_bytes(&self) -> usize {
+        with_elements!(self, v => v.capacity() * self.elem_size())
+    }
+
     /// Bytes the buffer occupies on the wire; what the fabric counts.
     pub fn byte_len(&self) -> u64 {
         (self.len() * self.elem_size()) as u64
@@ -101,29 +166,21 @@ impl Buffer {
         }
     }
 
-    /// Splits into consecutive pieces of the given lengths (which must sum
-    /// to `len()`; `None` otherwise).
-    pub fn split_lengths(&self, lengths: &[usize]) -> Option<Vec<Buffer>> {
-        (lengths.iter().sum::<usize>() == self.len()).then(|| self.cut(lengths))
-    }
-
     /// Splits into `n` equal chunks; `None` when `n` is zero or does not
     /// divide `len()` (reduce-scatter and all-to-all need equal chunks).
     pub fn split_even(&self, n: usize) -> Option<Vec<Buffer>> {
-        if n == 0 || self.len() % n != 0 {
-            return None;
-        }
-        self.split_lengths(&vec![self.len() / n; n])
+        Some(self.cut(&Self::even_lengths(self.len(), n)?))
     }
 
-    /// Splits into `n` chunks of [`Buffer::balanced_lengths`], so an
-    /// all-reduce works on any tensor size.
-    pub fn split_balanced(&self, n: usize) -> Vec<Buffer> {
-        self.cut(&Self::balanced_lengths(self.len(), n))
+    /// `n` equal chunk lengths of `len` elements; `None` when `n` is zero
+    /// or does not divide `len`.
+    pub fn even_lengths(len: usize, n: usize) -> Option<Vec<usize>> {
+        (n > 0 && len % n == 0).then(|| vec![len / n; n])
     }
 
     /// Chunk lengths for splitting `len` elements as evenly as possible
-    /// into `n` pieces (the first `len % n` get one more).
+    /// into `n` pieces (the first `len % n` get one more), so an all-reduce
+    /// works on any tensor size.
     pub fn balanced_lengths(len: usize, n: usize) -> Vec<usize> {
         if n == 0 {
             return Vec::new();
@@ -216,9 +273,8 @@ mod tests {
         assert_eq!(Buffer::concat(&parts).unwrap(), a);
         assert!(a.split_even(4).is_none());
         assert!(a.split_even(0).is_none());
-        let uneven = a.split_lengths(&[1, 0, 5]).unwrap();
-        assert_eq!(uneven[1], Buffer::F64(vec![]));
-        assert!(a.split_lengths(&[1, 2]).is_none());
+        assert_eq!(Buffer::even_lengths(6, 3), Some(vec![2; 3]));
+        assert_eq!(Buffer::even_lengths(6, 0), None);
         assert!(Buffer::concat(&[a.clone(), Buffer::F32(vec![1.0])]).is_none());
         assert!(Buffer::concat(&[]).is_none());
     }
@@ -228,11 +284,6 @@ mod tests {
         assert_eq!(Buffer::balanced_lengths(10, 4), vec![3, 3, 2, 2]);
         assert_eq!(Buffer::balanced_lengths(2, 3), vec![1, 1, 0]);
         assert_eq!(Buffer::balanced_lengths(8, 4), vec![2; 4]);
-        let parts = Buffer::from(vec![1.0f32, 2.0, 3.0]).split_balanced(2);
-        assert_eq!(
-            parts,
-            vec![Buffer::from(vec![1.0f32, 2.0]), Buffer::from(vec![3.0f32])]
-        );
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //! process is reached over a [`Link`](super::tcp::Link), whose reader thread
 //! fills the same mailboxes, so collectives cannot tell the two apart.
 
+use super::buffer::{with_elements, Element};
+use super::pool::Pool;
 use super::tcp::Link;
-use super::{Buffer, CommError};
+use super::{Buffer, CommError, LayoutMismatch};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -28,6 +30,8 @@ pub(super) struct Shared {
     /// By rank: the connection to a rank in another process; `None` for
     /// ranks in this one.
     links: Vec<Option<Link>>,
+    /// Message vectors for reuse (the link readers hold it too).
+    pool: Arc<Pool>,
     sent: Vec<AtomicU64>,
     timeout: Duration,
     aborted: AtomicBool,
@@ -40,7 +44,7 @@ pub(super) struct Shared {
 /// [`CommError::Timeout`] after `timeout`, so a dead or deadlocked rank
 /// turns into an error instead of a hang.
 pub fn fabric(world: usize, timeout: Duration) -> Vec<Endpoint> {
-    let shared = Shared::new((0..world).map(|_| None).collect(), timeout);
+    let shared = Shared::new((0..world).map(|_| None).collect(), Arc::default(), timeout);
     (0..world)
         .map(|rank| Endpoint {
             rank,
@@ -51,11 +55,12 @@ pub fn fabric(world: usize, timeout: Duration) -> Vec<Endpoint> {
 
 impl Shared {
     /// A fabric of `links.len()` ranks; ranks without a link live here.
-    pub(super) fn new(links: Vec<Option<Link>>, timeout: Duration) -> Arc<Shared> {
+    pub(super) fn new(links: Vec<Option<Link>>, pool: Arc<Pool>, timeout: Duration) -> Arc<Shared> {
         let world = links.len();
         Arc::new(Shared {
             mailboxes: (0..world).map(|_| Mailbox::default()).collect(),
             links,
+            pool,
             sent: (0..world).map(|_| AtomicU64::new(0)).collect(),
             timeout,
             aborted: AtomicBool::new(false),
@@ -160,7 +165,42 @@ impl Endpoint {
         self.post(to, tag, data, what)
     }
 
+    /// Sends a copy of `data` to rank `to` under `tag`, counted like
+    /// [`Endpoint::send`]: written straight from the slice to a link, or
+    /// copied into a reused vector for a rank in this process.
+    pub(super) fn send_slice<T: Element>(
+        &self,
+        to: usize,
+        tag: &str,
+        data: &[T],
+        what: &str,
+    ) -> Result<(), CommError> {
+        match self.route(to, what)? {
+            Some(link) => link.send(tag, data).map_err(|e| self.link_failed(to, what, e))?,
+            None => {
+                let copy = T::wrap(self.shared.pool.copy_of(data));
+                self.shared.deliver(self.rank, to, tag.to_string(), copy);
+            }
+        }
+        let bytes = std::mem::size_of_val(data) as u64;
+        self.shared.sent[self.rank].fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
     fn post(&self, to: usize, tag: &str, data: Buffer, what: &str) -> Result<(), CommError> {
+        match self.route(to, what)? {
+            Some(link) => {
+                with_elements!(&data, v => link.send(tag, v)).map_err(|e| self.link_failed(to, what, e))?;
+                self.shared.pool.give(data);
+            }
+            None => self.shared.deliver(self.rank, to, tag.to_string(), data),
+        }
+        Ok(())
+    }
+
+    /// The link to rank `to`, or `None` when it lives in this process;
+    /// fails for a rank outside the fabric or once the fabric is aborted.
+    fn route(&self, to: usize, what: &str) -> Result<Option<&Link>, CommError> {
         let Some(route) = self.shared.links.get(to) else {
             return Err(CommError::NoSuchRank {
                 rank: self.rank,
@@ -170,17 +210,15 @@ impl Endpoint {
             });
         };
         self.check_abort(what)?;
-        match route {
-            Some(link) => link.send(tag, &data).map_err(|e| CommError::Link {
-                rank: self.rank,
-                peer: to,
-                what: what.to_string(),
-                message: e.to_string(),
-            }),
-            None => {
-                self.shared.deliver(self.rank, to, tag.to_string(), data);
-                Ok(())
-            }
+        Ok(route.as_ref())
+    }
+
+    fn link_failed(&self, peer: usize, what: &str, e: std::io::Error) -> CommError {
+        CommError::Link {
+            rank: self.rank,
+            peer,
+            what: what.to_string(),
+            message: e.to_string(),
         }
     }
 
@@ -230,6 +268,37 @@ impl Endpoint {
         }
     }
 
+    /// Receives like [`Endpoint::recv`] and checks that the message holds
+    /// `len` elements of type `T`: a mismatch means the ranks disagree about
+    /// the instruction.
+    pub(super) fn recv_elements<T: Element>(
+        &self,
+        from: usize,
+        tag: &str,
+        len: usize,
+        what: &str,
+    ) -> Result<Vec<T>, CommError> {
+        let got = match T::unwrap(self.recv(from, tag, what)?) {
+            Ok(v) if v.len() == len => return Ok(v),
+            Ok(v) => T::wrap(v),
+            Err(other) => other,
+        };
+        Err(CommError::Mismatch {
+            rank: self.rank,
+            what: what.to_string(),
+            peer: from,
+            mismatch: LayoutMismatch {
+                expected: format!("{}[{len}]", T::NAME),
+                got: got.to_string(),
+            },
+        })
+    }
+
+    /// Returns a received vector this rank is done with, for reuse.
+    pub(super) fn recycle<T: Element>(&self, v: Vec<T>) {
+        self.shared.pool.give(T::wrap(v));
+    }
+
     /// Marks the whole fabric failed (a rank hit an error it cannot recover
     /// from): every rank's pending or future wait and send returns
     /// [`CommError::Aborted`] at once, naming this rank and `reason`, instead
@@ -252,12 +321,7 @@ impl Endpoint {
     /// once it sent its last message; for an in-process fabric it does
     /// nothing.
     pub fn close(&self, patience: Duration) -> Result<(), CommError> {
-        let failed = |link: &Link, e: std::io::Error| CommError::Link {
-            rank: self.rank,
-            peer: link.peer(),
-            what: "closing the fabric".into(),
-            message: e.to_string(),
-        };
+        let failed = |link: &Link, e| self.link_failed(link.peer(), "closing the fabric", e);
         for link in self.shared.links() {
             link.say_goodbye().map_err(|e| failed(link, e))?;
         }

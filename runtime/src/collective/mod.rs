@@ -16,11 +16,13 @@
 mod buffer;
 mod fabric;
 mod ops;
+mod pool;
 mod tcp;
 #[cfg(test)]
 mod tests;
 
 pub use autopar_cost_models::comm::{Algorithm, Collective};
+pub(crate) use buffer::with_elements;
 pub use buffer::{Buffer, LayoutMismatch};
 pub use fabric::{fabric, Endpoint};
 pub use tcp::{connect, MeshError};

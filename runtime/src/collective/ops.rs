@@ -3,8 +3,16 @@
 //! in turn), pairwise-exchange all-to-all, chain broadcast and
 //! parameter-server all-reduce. Internal messages carry sub-tags derived
 //! from the caller's tag, one per step.
+//!
+//! The algorithms work in place on the caller's elements: a chunk is sent
+//! as a copy of its slice (written straight to a socket between processes),
+//! a partial sum or gathered chunk that arrives is forwarded as it is, and
+//! every received vector goes back to the fabric's pool, so a collective
+//! allocates nothing once the pool is warm.
 
-use super::{Algorithm, Buffer, Collective, CommError, Endpoint, LayoutMismatch};
+use super::buffer::{with_elements, Element};
+use super::{Algorithm, Buffer, Collective, CommError, Endpoint};
+use std::ops::Range;
 
 /// A validated group and this rank's position in it (ring order = group
 /// order).
@@ -61,52 +69,28 @@ impl Endpoint {
         Ok(Ring { group, pos })
     }
 
-    fn mismatch(&self, peer: usize, what: &str, mismatch: LayoutMismatch) -> CommError {
-        CommError::Mismatch {
-            rank: self.rank(),
-            what: what.to_string(),
-            peer,
-            mismatch,
-        }
+    /// Chunk boundaries: chunk `c` of a buffer split into `lengths` is
+    /// `bounds[c]..bounds[c + 1]`.
+    fn bounds(lengths: &[usize]) -> Vec<usize> {
+        std::iter::once(0)
+            .chain(lengths.iter().scan(0, |end, &l| {
+                *end += l;
+                Some(*end)
+            }))
+            .collect()
     }
 
-    /// Checks that `got` (from `peer`) has `like`'s element type and `len`
-    /// elements.
-    fn expect(
-        &self,
-        like: &Buffer,
-        len: usize,
-        got: &Buffer,
-        peer: usize,
-        what: &str,
-    ) -> Result<(), CommError> {
-        if got.dtype_name() == like.dtype_name() && got.len() == len {
-            return Ok(());
-        }
-        let mismatch = LayoutMismatch {
-            expected: format!("{}[{len}]", like.dtype_name()),
-            got: got.to_string(),
-        };
-        Err(self.mismatch(peer, what, mismatch))
-    }
-
-    /// Splits `data` into `n` equal chunks or reports it as uneven.
-    fn split_even(&self, data: &Buffer, n: usize, what: &str) -> Result<Vec<Buffer>, CommError> {
-        data.split_even(n).ok_or_else(|| CommError::Uneven {
-            rank: self.rank(),
-            what: what.to_string(),
-            len: data.len(),
-            parts: n,
-        })
-    }
-
-    /// Concatenates `pieces` (already checked to share `like`'s type).
-    fn join(&self, like: &Buffer, pieces: &[Buffer], peer: usize, what: &str) -> Result<Buffer, CommError> {
-        let mut out = like.empty_like();
-        for piece in pieces {
-            out.append(piece).map_err(|m| self.mismatch(peer, what, m))?;
-        }
-        Ok(out)
+    /// The bounds of `len` elements in `n` equal chunks, or an error naming
+    /// the uneven split (reduce-scatter and all-to-all need equal chunks).
+    fn even_bounds(&self, len: usize, n: usize, what: &str) -> Result<Vec<usize>, CommError> {
+        Buffer::even_lengths(len, n)
+            .map(|lengths| Self::bounds(&lengths))
+            .ok_or_else(|| CommError::Uneven {
+                rank: self.rank(),
+                what: what.to_string(),
+                len,
+                parts: n,
+            })
     }
 
     /// Sums `data` over `group` in place. Ring: reduce-scatter, then
@@ -131,14 +115,10 @@ impl Endpoint {
                 algorithm,
             }),
             _ if ring.n() == 1 => Ok(()),
-            Algorithm::Ring => {
-                let lengths = Buffer::balanced_lengths(data.len(), ring.n());
-                let chunks = data.split_balanced(ring.n());
-                let mine = self.ring_reduce_scatter(&ring, chunks, tag, what)?;
-                *data = self.ring_all_gather(&ring, mine, data, &lengths, tag, what)?;
-                Ok(())
+            Algorithm::Ring => with_elements!(data, v => self.ring_all_reduce(&ring, v, tag, what)),
+            Algorithm::ParameterServer => {
+                with_elements!(data, v => self.parameter_server_all_reduce(&ring, v, tag, what))
             }
-            Algorithm::ParameterServer => self.parameter_server_all_reduce(&ring, data, tag, what),
         }
     }
 
@@ -152,8 +132,10 @@ impl Endpoint {
         what: &str,
     ) -> Result<Buffer, CommError> {
         let ring = self.ring(group, what)?;
-        let chunks = self.split_even(data, ring.n(), what)?;
-        self.ring_reduce_scatter(&ring, chunks, tag, what)
+        let bounds = self.even_bounds(data.len(), ring.n(), what)?;
+        with_elements!(data, v => {
+            self.ring_reduce_scatter(&ring, v, &bounds, tag, what).map(Element::wrap)
+        })
     }
 
     /// Concatenates every member's `chunk` in group order (all chunks must
@@ -166,8 +148,13 @@ impl Endpoint {
         what: &str,
     ) -> Result<Buffer, CommError> {
         let ring = self.ring(group, what)?;
-        let lengths = vec![chunk.len(); ring.n()];
-        self.ring_all_gather(&ring, chunk.clone(), chunk, &lengths, tag, what)
+        let bounds = Self::bounds(&vec![chunk.len(); ring.n()]);
+        with_elements!(chunk, v => {
+            let mut all = vec![bytemuck::Zeroable::zeroed(); bounds[ring.n()]];
+            all[span(&bounds, ring.pos)].copy_from_slice(v);
+            self.ring_all_gather(&ring, &mut all, &bounds, tag, what)?;
+            Ok(Element::wrap(all))
+        })
     }
 
     /// Exchanges chunks: `data` is `n` equal chunks, chunk `j` goes to
@@ -182,22 +169,8 @@ impl Endpoint {
         what: &str,
     ) -> Result<Buffer, CommError> {
         let ring = self.ring(group, what)?;
-        let n = ring.n();
-        let mut outgoing = self.split_even(data, n, what)?;
-        let chunk_len = data.len() / n;
-        let mut incoming = vec![data.empty_like(); n];
-        incoming[ring.pos] = std::mem::replace(&mut outgoing[ring.pos], data.empty_like());
-        for s in 1..n {
-            let step_tag = format!("{tag}/a2a{s}");
-            let to = (ring.pos + s) % n;
-            let piece = std::mem::replace(&mut outgoing[to], data.empty_like());
-            self.send(ring.after(s), &step_tag, piece, what)?;
-            let from = ring.before(s);
-            let got = self.recv(from, &step_tag, what)?;
-            self.expect(data, chunk_len, &got, from, what)?;
-            incoming[(ring.pos + n - s) % n] = got;
-        }
-        self.join(data, &incoming, ring.before(1), what)
+        let bounds = self.even_bounds(data.len(), ring.n(), what)?;
+        with_elements!(data, v => self.pairwise_all_to_all(&ring, v, &bounds, tag, what).map(Element::wrap))
     }
 
     /// Copies the buffer of the member at position `root` to every member,
@@ -213,95 +186,158 @@ impl Endpoint {
         what: &str,
     ) -> Result<(), CommError> {
         let ring = self.ring(group, what)?;
-        let n = ring.n();
-        if root >= n {
+        if root >= ring.n() {
             return Err(CommError::BadRoot {
                 rank: self.rank(),
                 what: what.to_string(),
                 root,
-                size: n,
+                size: ring.n(),
             });
         }
-        let step_tag = format!("{tag}/bcast");
-        let link = (ring.pos + n - root) % n; // position along the chain
-        if link > 0 {
-            let prev = ring.before(1);
-            let got = self.recv(prev, &step_tag, what)?;
-            self.expect(data, data.len(), &got, prev, what)?;
-            *data = got;
+        with_elements!(data, v => self.chain_broadcast(&ring, root, v, tag, what))
+    }
+
+    /// Ring all-reduce in place over chunks of balanced lengths.
+    fn ring_all_reduce<T: Element>(
+        &self,
+        ring: &Ring,
+        data: &mut [T],
+        tag: &str,
+        what: &str,
+    ) -> Result<(), CommError> {
+        let bounds = Self::bounds(&Buffer::balanced_lengths(data.len(), ring.n()));
+        let sum = self.ring_reduce_scatter(ring, data, &bounds, tag, what)?;
+        data[span(&bounds, ring.pos)].copy_from_slice(&sum);
+        self.recycle(sum);
+        self.ring_all_gather(ring, data, &bounds, tag, what)
+    }
+
+    /// Ring reduce-scatter of `data`'s chunks (bounds every member agrees
+    /// on); returns the sum of chunk `p`, this rank's position. At step `s`
+    /// this rank sends its partial sum of chunk `p-s-1` to the next member
+    /// (at step 0 its own chunk; later what it received the step before,
+    /// with its term added) and receives the partial sum of chunk `p-s-2`
+    /// from the previous one. Chunk `c` is summed along the ring starting at
+    /// position `c+1`, the same order every run.
+    fn ring_reduce_scatter<T: Element>(
+        &self,
+        ring: &Ring,
+        data: &[T],
+        bounds: &[usize],
+        tag: &str,
+        what: &str,
+    ) -> Result<Vec<T>, CommError> {
+        let (n, p) = (ring.n(), ring.pos);
+        let (next, prev) = (ring.after(1), ring.before(1));
+        let chunk = |c: usize| &data[span(bounds, c)];
+        let mut partial: Option<Vec<T>> = None;
+        for s in 0..n - 1 {
+            let step_tag = format!("{tag}/rs{s}");
+            match partial.take() {
+                None => self.send_slice(next, &step_tag, chunk((p + n - 1) % n), what)?,
+                Some(sum) => self.send(next, &step_tag, T::wrap(sum), what)?,
+            }
+            let own = chunk((p + 2 * n - s - 2) % n);
+            let mut got = self.recv_elements::<T>(prev, &step_tag, own.len(), what)?;
+            // Float addition commutes bitwise: received + own is own + received.
+            got.iter_mut().zip(own).for_each(|(g, &x)| *g = *g + x);
+            partial = Some(got);
         }
-        if link + 1 < n {
-            self.send(ring.after(1), &step_tag, data.clone(), what)?;
+        Ok(partial.unwrap_or_else(|| chunk(p).to_vec()))
+    }
+
+    /// Ring all-gather in place: `data` holds this rank's chunk `p` (of
+    /// `bounds`) and ends holding every member's. At step `s` this rank
+    /// forwards chunk `p-s` to the next member (its own at step 0, then the
+    /// one it received the step before) and receives chunk `p-s-1`.
+    fn ring_all_gather<T: Element>(
+        &self,
+        ring: &Ring,
+        data: &mut [T],
+        bounds: &[usize],
+        tag: &str,
+        what: &str,
+    ) -> Result<(), CommError> {
+        let (n, p) = (ring.n(), ring.pos);
+        let (next, prev) = (ring.after(1), ring.before(1));
+        let mut last: Option<Vec<T>> = None;
+        for s in 0..n - 1 {
+            let step_tag = format!("{tag}/ag{s}");
+            match last.take() {
+                None => self.send_slice(next, &step_tag, &data[span(bounds, p)], what)?,
+                Some(piece) => self.send(next, &step_tag, T::wrap(piece), what)?,
+            }
+            let into = &mut data[span(bounds, (p + 2 * n - s - 1) % n)];
+            let got = self.recv_elements::<T>(prev, &step_tag, into.len(), what)?;
+            into.copy_from_slice(&got);
+            last = Some(got);
+        }
+        if let Some(piece) = last {
+            self.recycle(piece);
         }
         Ok(())
     }
 
-    /// Ring reduce-scatter of `chunks` (one per position, any lengths that
-    /// all members agree on). At step `s` this rank sends chunk `p-s-1` (its
-    /// partial sum) to the next member and adds its own contribution to the
-    /// partial sum of chunk `p-s-2` from the previous one; after `n-1` steps
-    /// it holds the full sum of chunk `p`. Chunk `c` is summed along the ring
-    /// starting at position `c+1`, the same order every run.
-    fn ring_reduce_scatter(
+    /// Pairwise-exchange all-to-all of `data`'s equal chunks.
+    fn pairwise_all_to_all<T: Element>(
         &self,
         ring: &Ring,
-        mut chunks: Vec<Buffer>,
+        data: &[T],
+        bounds: &[usize],
         tag: &str,
         what: &str,
-    ) -> Result<Buffer, CommError> {
+    ) -> Result<Vec<T>, CommError> {
         let (n, p) = (ring.n(), ring.pos);
-        let (next, prev) = (ring.after(1), ring.before(1));
-        for s in 0..n - 1 {
-            let step_tag = format!("{tag}/rs{s}");
-            // Each chunk is sent once and never needed again, so move it.
-            let send_idx = (p + 2 * n - s - 1) % n;
-            let empty = chunks[send_idx].empty_like();
-            let partial = std::mem::replace(&mut chunks[send_idx], empty);
-            self.send(next, &step_tag, partial, what)?;
-            let got = self.recv(prev, &step_tag, what)?;
-            // Float addition commutes bitwise, so local += received is the
-            // received partial sum plus this rank's term.
-            chunks[(p + 2 * n - s - 2) % n]
-                .add_assign(&got)
-                .map_err(|m| self.mismatch(prev, what, m))?;
+        let mut out = vec![T::zeroed(); data.len()];
+        out[span(bounds, p)].copy_from_slice(&data[span(bounds, p)]);
+        for s in 1..n {
+            let step_tag = format!("{tag}/a2a{s}");
+            self.send_slice(ring.after(s), &step_tag, &data[span(bounds, (p + s) % n)], what)?;
+            let into = &mut out[span(bounds, (p + n - s) % n)];
+            let got = self.recv_elements::<T>(ring.before(s), &step_tag, into.len(), what)?;
+            into.copy_from_slice(&got);
+            self.recycle(got);
         }
-        Ok(chunks.swap_remove(p))
+        Ok(out)
     }
 
-    /// Ring all-gather: this rank holds `own` (chunk `p`); at step `s` it
-    /// forwards chunk `p-s` to the next member and receives chunk `p-s-1`
-    /// from the previous one, checked against `like`'s type and `lengths`.
-    fn ring_all_gather(
+    /// Chain broadcast from position `root`; a member forwards the message
+    /// it received as it is.
+    fn chain_broadcast<T: Element>(
         &self,
         ring: &Ring,
-        own: Buffer,
-        like: &Buffer,
-        lengths: &[usize],
+        root: usize,
+        data: &mut [T],
         tag: &str,
         what: &str,
-    ) -> Result<Buffer, CommError> {
-        let (n, p) = (ring.n(), ring.pos);
-        let (next, prev) = (ring.after(1), ring.before(1));
-        let mut pieces = vec![like.empty_like(); n];
-        pieces[p] = own;
-        for s in 0..n - 1 {
-            let step_tag = format!("{tag}/ag{s}");
-            self.send(next, &step_tag, pieces[(p + n - s) % n].clone(), what)?;
-            let got = self.recv(prev, &step_tag, what)?;
-            let idx = (p + 2 * n - s - 1) % n;
-            self.expect(like, lengths[idx], &got, prev, what)?;
-            pieces[idx] = got;
+    ) -> Result<(), CommError> {
+        let n = ring.n();
+        let step_tag = format!("{tag}/bcast");
+        let link = (ring.pos + n - root) % n; // position along the chain
+        let last = link + 1 == n;
+        if link == 0 {
+            if !last {
+                self.send_slice(ring.after(1), &step_tag, data, what)?;
+            }
+            return Ok(());
         }
-        self.join(like, &pieces, prev, what)
+        let got = self.recv_elements::<T>(ring.before(1), &step_tag, data.len(), what)?;
+        data.copy_from_slice(&got);
+        if last {
+            self.recycle(got);
+            Ok(())
+        } else {
+            self.send(ring.after(1), &step_tag, T::wrap(got), what)
+        }
     }
 
     /// Parameter-server all-reduce with `group[0]` as the server: it sums
     /// its own buffer and then every other member's in group order, and
     /// sends the sum back to each.
-    fn parameter_server_all_reduce(
+    fn parameter_server_all_reduce<T: Element>(
         &self,
         ring: &Ring,
-        data: &mut Buffer,
+        data: &mut [T],
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
@@ -309,19 +345,24 @@ impl Endpoint {
         let server = ring.group[0];
         if ring.pos == 0 {
             for &member in &ring.group[1..] {
-                let got = self.recv(member, &push, what)?;
-                data.add_assign(&got)
-                    .map_err(|m| self.mismatch(member, what, m))?;
+                let got = self.recv_elements::<T>(member, &push, data.len(), what)?;
+                data.iter_mut().zip(&got).for_each(|(x, &g)| *x = *x + g);
+                self.recycle(got);
             }
             for &member in &ring.group[1..] {
-                self.send(member, &pull, data.clone(), what)?;
+                self.send_slice(member, &pull, data, what)?;
             }
         } else {
-            self.send(server, &push, data.clone(), what)?;
-            let got = self.recv(server, &pull, what)?;
-            self.expect(data, data.len(), &got, server, what)?;
-            *data = got;
+            self.send_slice(server, &push, data, what)?;
+            let got = self.recv_elements::<T>(server, &pull, data.len(), what)?;
+            data.copy_from_slice(&got);
+            self.recycle(got);
         }
         Ok(())
     }
+}
+
+/// Chunk `c`'s range within `bounds`.
+fn span(bounds: &[usize], c: usize) -> Range<usize> {
+    bounds[c]..bounds[c + 1]
 }

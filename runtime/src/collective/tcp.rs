@@ -10,7 +10,9 @@
 //! message; a connection that ends without a goodbye aborts the fabric,
 //! naming the rank whose process went away.
 
+use super::buffer::Element;
 use super::fabric::Shared;
+use super::pool::Pool;
 use super::{Buffer, Endpoint};
 use crate::launch::rendezvous::{rendezvous, RendezvousError};
 use crate::launch::LaunchEnv;
@@ -103,12 +105,14 @@ pub fn connect(env: &LaunchEnv, wait: Duration, timeout: Duration) -> Result<End
         readers.push((peer, reading, link.state.clone()));
         links.push(Some(link));
     }
-    let shared = Shared::new(links, timeout);
+    let pool = Arc::<Pool>::default();
+    let shared = Shared::new(links, Arc::clone(&pool), timeout);
     for (peer, stream, state) in readers {
         let shared = Arc::downgrade(&shared);
+        let pool = Arc::clone(&pool);
         std::thread::Builder::new()
             .name(format!("rank {rank} ← rank {peer}"))
-            .spawn(move || read_loop(stream, peer, rank, &shared, &state))
+            .spawn(move || read_loop(stream, peer, rank, &shared, &pool, &state))
             .map_err(io("starting a reader thread"))?;
     }
     Ok(Endpoint::on(rank, shared))
@@ -276,19 +280,11 @@ impl Link {
     }
 
     /// Sends `data` under `tag`.
-    pub(super) fn send(&self, tag: &str, data: &Buffer) -> io::Result<()> {
+    pub(super) fn send<T: Element>(&self, tag: &str, data: &[T]) -> io::Result<()> {
         self.frame(MESSAGE, |w| {
             write_bytes(w, tag.as_bytes())?;
-            match data {
-                Buffer::F32(v) => {
-                    w.write_all(&[F32])?;
-                    write_elements(w, v, f32::to_le_bytes)
-                }
-                Buffer::F64(v) => {
-                    w.write_all(&[F64])?;
-                    write_elements(w, v, f64::to_le_bytes)
-                }
-            }
+            w.write_all(&[dtype_code::<T>()])?;
+            write_elements(w, data)
         })
     }
 
@@ -335,22 +331,33 @@ impl Drop for Link {
     }
 }
 
-/// Elements per chunk converted to bytes at once on either side of a link.
+/// The wire code of element type `T`.
+fn dtype_code<T: Element>() -> u8 {
+    if T::NAME == f64::NAME {
+        F64
+    } else {
+        F32
+    }
+}
+
+/// Elements per chunk put in wire order at once on either side of a link.
 const CHUNK: usize = 1 << 16;
 
-/// Writes the element count, then the elements little-endian, converted a
-/// chunk at a time (one write per chunk, not per element).
-fn write_elements<const N: usize, T: Copy>(
-    w: &mut impl Write,
-    v: &[T],
-    encode: fn(T) -> [u8; N],
-) -> io::Result<()> {
+/// Most elements a message's announced length reserves before its data
+/// arrives, so a corrupt length fails at the end of the stream instead of
+/// allocating it up front.
+const MAX_RESERVE: usize = 1 << 24;
+
+/// Writes the element count, then the elements little-endian, a chunk at
+/// a time (one write per chunk; on little-endian hosts the copy into wire
+/// order is a plain copy).
+fn write_elements<T: Element>(w: &mut impl Write, v: &[T]) -> io::Result<()> {
     w.write_all(&(v.len() as u64).to_le_bytes())?;
-    let mut bytes = Vec::with_capacity(CHUNK.min(v.len()) * N);
+    let mut wire = Vec::with_capacity(CHUNK.min(v.len()));
     for chunk in v.chunks(CHUNK) {
-        bytes.clear();
-        bytes.extend(chunk.iter().flat_map(|&x| encode(x)));
-        w.write_all(&bytes)?;
+        wire.clear();
+        wire.extend(chunk.iter().map(|&x| x.le_order()));
+        w.write_all(bytemuck::cast_slice(&wire))?;
     }
     Ok(())
 }
@@ -363,10 +370,17 @@ fn write_bytes(w: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 /// Files every message from `peer` into rank `me`'s mailbox until the peer
 /// says goodbye; an abort from the peer, or a connection that ends without
 /// a goodbye while this side is not closing, fails the fabric.
-fn read_loop(stream: TcpStream, peer: usize, me: usize, shared: &Weak<Shared>, state: &LinkState) {
+fn read_loop(
+    stream: TcpStream,
+    peer: usize,
+    me: usize,
+    shared: &Weak<Shared>,
+    pool: &Pool,
+    state: &LinkState,
+) {
     let mut r = BufReader::new(stream);
     loop {
-        let frame = read_frame(&mut r);
+        let frame = read_frame(&mut r, pool);
         let Some(shared) = shared.upgrade() else { break };
         match frame {
             Ok(Frame::Message(tag, data)) => shared.deliver(peer, me, tag, data),
@@ -392,7 +406,8 @@ enum Frame {
     Goodbye,
 }
 
-fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
+/// Reads one frame; a message's elements go into a vector from `pool`.
+fn read_frame(r: &mut impl Read, pool: &Pool) -> io::Result<Frame> {
     let bad = |what: String| io::Error::new(io::ErrorKind::InvalidData, what);
     match read_array::<1>(r)?[0] {
         MESSAGE => {
@@ -400,8 +415,8 @@ fn read_frame(r: &mut impl Read) -> io::Result<Frame> {
             let dtype = read_array::<1>(r)?[0];
             let len = u64::from_le_bytes(read_array(r)?) as usize;
             let data = match dtype {
-                F32 => Buffer::F32(read_elements(r, len, f32::from_le_bytes)?),
-                F64 => Buffer::F64(read_elements(r, len, f64::from_le_bytes)?),
+                F32 => Buffer::F32(read_elements(r, len, pool)?),
+                F64 => Buffer::F64(read_elements(r, len, pool)?),
                 other => return Err(bad(format!("unknown element type {other} in '{tag}'"))),
             };
             Ok(Frame::Message(tag, data))
@@ -431,25 +446,16 @@ fn read_string(r: &mut impl Read) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
-/// Reads `len` little-endian elements in chunks, so a corrupt length fails
-/// at the end of the stream instead of allocating it up front.
-fn read_elements<const N: usize, T>(
-    r: &mut impl Read,
-    len: usize,
-    decode: fn([u8; N]) -> T,
-) -> io::Result<Vec<T>> {
-    let mut out = Vec::with_capacity(len.min(CHUNK));
-    let mut bytes = vec![0u8; CHUNK * N];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(CHUNK);
-        r.read_exact(&mut bytes[..n * N])?;
-        out.extend(
-            bytes[..n * N]
-                .chunks_exact(N)
-                .map(|c| decode(c.try_into().expect("chunk of N bytes"))),
-        );
-        left -= n;
+/// Reads `len` little-endian elements straight into a vector from `pool`,
+/// a chunk at a time (reserving at most [`MAX_RESERVE`] before data arrives).
+fn read_elements<T: Element>(r: &mut impl Read, len: usize, pool: &Pool) -> io::Result<Vec<T>> {
+    let mut out = pool.take::<T>(len.min(MAX_RESERVE));
+    while out.len() < len {
+        let start = out.len();
+        out.resize(start + (len - start).min(CHUNK), bytemuck::Zeroable::zeroed());
+        let chunk = &mut out[start..];
+        r.read_exact(bytemuck::cast_slice_mut(chunk))?;
+        chunk.iter_mut().for_each(|x| *x = x.le_order());
     }
     Ok(out)
 }

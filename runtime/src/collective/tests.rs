@@ -195,7 +195,44 @@ fn results_are_bitwise_equal_across_ranks_and_runs() {
         for (bits, want) in first[0].iter().zip(direct) {
             assert!((f32::from_bits(*bits) as f64 - want).abs() < 1e-5);
         }
+        assert_eq!(first[0], documented_order(algorithm, &group, 37), "{algorithm:?}");
     }
+}
+
+/// The bits the documented summation order gives for [`rounding_input`]:
+/// the ring sums chunk `c` (balanced lengths) starting at position `c+1`
+/// and going round; the parameter server sums in group order.
+fn documented_order(algorithm: Algorithm, group: &[usize], len: usize) -> Vec<u32> {
+    let inputs: Vec<Vec<f32>> = group
+        .iter()
+        .map(|&r| match rounding_input(r, len) {
+            Buffer::F32(v) => v,
+            Buffer::F64(_) => unreachable!("f32 input"),
+        })
+        .collect();
+    let n = group.len();
+    let lengths = Buffer::balanced_lengths(len, n);
+    let chunk_of = |i: usize| {
+        let mut end = 0;
+        lengths.iter().position(|&l| {
+            end += l;
+            i < end
+        })
+    };
+    (0..len)
+        .map(|i| {
+            let first = match algorithm {
+                Algorithm::Ring => chunk_of(i).expect("inside the buffer") + 1,
+                _ => 0,
+            };
+            let order = (0..n).map(|k| (first + k) % n);
+            order
+                .map(|pos| inputs[pos][i])
+                .reduce(|sum, x| sum + x)
+                .unwrap()
+                .to_bits()
+        })
+        .collect()
 }
 
 #[test]

@@ -5,7 +5,7 @@ use super::backend::Backend;
 use super::overlap::{CommStream, Done, Job, Op};
 use super::slices;
 use super::{ExecError, TrainOptions};
-use crate::collective::{Buffer, Endpoint};
+use crate::collective::{with_elements, Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen};
 use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
 use crate::trace::{stream_of, Stream, TraceEvent};
@@ -431,21 +431,21 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 group,
                 reduction,
             } => {
-                let grad = self.grad_host(param)?;
+                let grad = self.take_grad_host(param)?;
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
                     Reduction::ParameterServer => Algorithm::ParameterServer,
                 };
-                let job = Job {
-                    op: Op::AllReduce(algorithm),
-                    group: group.clone(),
-                    data: to_buffer(&grad),
-                    tag: tag(&format!("ar/{param}")),
-                    what: what.to_string(),
-                };
                 let into = Slot::Grad {
                     dtype: grad.dtype,
                     shape: grad.shape.clone(),
+                };
+                let job = Job {
+                    op: Op::AllReduce(algorithm),
+                    group: group.clone(),
+                    data: into_buffer(grad),
+                    tag: tag(&format!("ar/{param}")),
+                    what: what.to_string(),
                 };
                 self.overlap(param, job, into, instr, step);
             }
@@ -470,17 +470,17 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 }
             }
             Instr::ReduceScatterGrad { param, group } => {
-                let grad = self.grad_host(param)?;
-                let job = Job {
-                    op: Op::ReduceScatter,
-                    group: group.clone(),
-                    data: padded(&grad, group.len()),
-                    tag: tag(&format!("rs/{param}")),
-                    what: what.to_string(),
-                };
+                let grad = self.take_grad_host(param)?;
                 let into = Slot::Grad {
                     dtype: grad.dtype,
                     shape: vec![grad.numel().div_ceil(group.len())],
+                };
+                let job = Job {
+                    op: Op::ReduceScatter,
+                    group: group.clone(),
+                    data: padded(grad, group.len()),
+                    tag: tag(&format!("rs/{param}")),
+                    what: what.to_string(),
                 };
                 self.overlap(param, job, into, instr, step);
             }
@@ -586,9 +586,15 @@ impl<'a, B: Backend> RankRun<'a, B> {
             .ok_or_else(|| Failure::Other(format!("no gradient of '{param}' was accumulated")))
     }
 
-    fn grad_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
-        let g = self.grad(param)?.clone();
-        self.host(&g)
+    /// Takes `param`'s gradient out for a collective whose result replaces
+    /// it, as a host value this rank owns: no copy when nothing else holds
+    /// it (until the result lands, readers of the parameter wait).
+    fn take_grad_host(&mut self, param: &str) -> Result<Value, Failure> {
+        self.grad(param)?;
+        let g = self.grads.remove(param).expect("checked above");
+        let host = self.host(&g)?;
+        drop(g);
+        Ok(Arc::try_unwrap(host).unwrap_or_else(|shared| (*shared).clone()))
     }
 
     fn weight_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
@@ -914,23 +920,34 @@ fn from_buffer(b: Buffer, dtype: DType, shape: Vec<usize>) -> Result<Value, Fail
     Value::new(dtype, shape, data).map_err(|e| Failure::Other(e.to_string()))
 }
 
-/// The flattened value padded with zeros to a multiple of `parts`.
-fn padded(v: &Value, parts: usize) -> Buffer {
-    let mut b = to_buffer(v);
-    let target = v.numel().div_ceil(parts) * parts;
-    let zeros = match &b {
-        Buffer::F32(_) => Buffer::F32(vec![0.0; target - v.numel()]),
-        Buffer::F64(_) => Buffer::F64(vec![0.0; target - v.numel()]),
-    };
-    b.append(&zeros).expect("same type");
+/// The value's elements as a buffer, moved (floats) or converted.
+fn into_buffer(v: Value) -> Buffer {
+    match v.data {
+        Data::F32(x) => Buffer::F32(x),
+        Data::F64(x) => Buffer::F64(x),
+        data => to_buffer(&Value { data, ..v }),
+    }
+}
+
+/// The flattened value padded with zeros to `len` elements.
+fn padded_to(v: Value, len: usize) -> Buffer {
+    let mut b = into_buffer(v);
+    with_elements!(&mut b, x => x.resize(len, 0.0));
     b
 }
 
-/// Part `shard.index` of the flattened, padded value.
+/// The flattened value padded with zeros to a multiple of `parts`.
+fn padded(v: Value, parts: usize) -> Buffer {
+    let len = v.numel().div_ceil(parts) * parts;
+    padded_to(v, len)
+}
+
+/// Part `shard.index` of the flattened value padded to a multiple of
+/// `shard.parts`.
 fn shard_of(v: &Value, shard: Shard) -> Value {
     let chunk = v.numel().div_ceil(shard.parts);
-    let b = padded(v, shard.parts);
-    let piece = b.split_even(shard.parts).expect("padded to a multiple")[shard.index].clone();
+    let start = (shard.index * chunk).min(v.numel());
+    let piece = padded_to(slice(v, start, chunk.min(v.numel() - start)), chunk);
     from_buffer(piece, v.dtype, vec![chunk]).unwrap_or_else(|_| v.clone())
 }
 
