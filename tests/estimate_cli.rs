@@ -219,6 +219,19 @@ fn other_bad_configurations() {
         "needs --schedule interleaved",
     );
     assert_error(
+        &[
+            "--gpus",
+            "8",
+            "--pp",
+            "2",
+            "--schedule",
+            "interleaved",
+            "--global-batch",
+            "12",
+        ],
+        "micro-batches per step (3) to be a multiple of --pp 2",
+    );
+    assert_error(
         &["--gpus", "8", "--global-batch", "8", "--dp", "4"],
         "differs from --gpus 8",
     );

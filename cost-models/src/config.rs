@@ -188,6 +188,10 @@ pub enum ConfigError {
     ZeroStage(u8),
     #[error("--virtual-stages {0} needs --schedule interleaved")]
     VirtualNeedsInterleaved(usize),
+    #[error(
+        "the interleaved schedule needs the micro-batches per step ({micro_batches}) to be a multiple of --pp {pp}"
+    )]
+    InterleavedMicroBatches { micro_batches: usize, pp: usize },
     #[error("{given} stage layer counts given for {pp} pipeline stages")]
     StageCount { given: usize, pp: usize },
     #[error(
@@ -242,6 +246,12 @@ impl TrainingConfig {
         if self.virtual_stages > 1 && self.schedule != Schedule::Interleaved {
             return Err(ConfigError::VirtualNeedsInterleaved(self.virtual_stages));
         }
+        if !self.interleaving_fits() {
+            return Err(ConfigError::InterleavedMicroBatches {
+                micro_batches: self.micro_batches(),
+                pp: self.pp,
+            });
+        }
         if let Some(stages) = &self.stages {
             if stages.len() != self.pp {
                 return Err(ConfigError::StageCount {
@@ -271,6 +281,14 @@ impl TrainingConfig {
     /// Micro-batches each pipeline runs per step.
     pub fn micro_batches(&self) -> usize {
         self.global_batch / (self.dp * self.micro_batch)
+    }
+
+    /// Whether the micro-batches per step suit the schedule: interleaving
+    /// (more than one chunk per stage) sends micro-batches through the
+    /// stages in groups of `pp`, so it needs a multiple of `pp`, as
+    /// Megatron-LM does.
+    pub fn interleaving_fits(&self) -> bool {
+        self.virtual_stages <= 1 || self.micro_batches() % self.pp == 0
     }
 
     /// The default chunk count of the interleaved schedule for `layers`
@@ -353,12 +371,31 @@ mod tests {
         assert!(matches!(bad.check(64), Err(ConfigError::EpNotDividingDp { .. })));
         let bad = TrainingConfig {
             virtual_stages: 2,
-            ..c
+            ..c.clone()
         };
         assert!(matches!(
             bad.check(64),
             Err(ConfigError::VirtualNeedsInterleaved(2))
         ));
+        let interleaved = TrainingConfig {
+            schedule: Schedule::Interleaved,
+            virtual_stages: 2,
+            ..c
+        };
+        assert_eq!(interleaved.check(64), Ok(()));
+        let bad = TrainingConfig {
+            global_batch: 12, // 3 micro-batches for 2 stages
+            ..interleaved.clone()
+        };
+        assert_eq!(
+            bad.check(64).unwrap_err().to_string(),
+            "the interleaved schedule needs the micro-batches per step (3) to be a multiple of --pp 2"
+        );
+        let one_chunk = TrainingConfig {
+            virtual_stages: 1,
+            ..bad
+        };
+        assert_eq!(one_chunk.check(64), Ok(()));
     }
 
     #[test]

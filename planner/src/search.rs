@@ -489,16 +489,22 @@ fn search_mesh(
         };
         let ev = Evaluator::new(w, cluster, calibration, &Mesh::of(&base), base.sp)?;
         for (schedule, virtual_stages) in schedules(pp, facts.layers) {
+            let scheduled = TrainingConfig {
+                schedule,
+                virtual_stages,
+                ..base.clone()
+            };
+            if !scheduled.interleaving_fits() {
+                continue;
+            }
             for &zero in &zeros {
                 for grad_reduce in
                     grad_reductions(zero, replicas, facts.weight_bits, opts.limits.grad_compression)
                 {
                     let mut cfg = TrainingConfig {
-                        schedule,
-                        virtual_stages,
                         zero,
                         grad_reduce,
-                        ..base.clone()
+                        ..scheduled.clone()
                     };
                     match stages::choose(&ev, &cfg, w.layers, limit)? {
                         StageChoice::Fits(specs) => {

@@ -117,9 +117,11 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
                             };
                             let ev = Evaluator::new(&w, cluster, &cal, &Mesh::of(&base), sp).unwrap();
                             let mut schedules = vec![(Schedule::OneFOneB, 1)];
+                            let micro_batches = opts.global_batch / (dp * mb);
                             if pp > 1 {
                                 schedules.push((Schedule::Gpipe, 1));
-                                if layers % pp == 0 {
+                                // Interleaving sends micro-batches in groups of pp.
+                                if layers % pp == 0 && micro_batches % pp == 0 {
                                     for v in divisors(layers / pp).into_iter().filter(|&v| v > 1) {
                                         schedules.push((Schedule::Interleaved, v));
                                     }
@@ -207,6 +209,9 @@ fn check(
     };
     let found = search(&graph, &cluster, &Calibration::default(), &opts, &|_, _| {}).unwrap();
     let (want, evaluated) = brute_force(&graph, &cluster, &opts);
+    for candidate in found.ranked.iter().chain(&found.pareto) {
+        candidate.config.check(gpus).unwrap();
+    }
     let got = found.ranked[0].estimate.step_time_s;
     assert!(evaluated > 1000, "brute force evaluated only {evaluated}");
     eprintln!(
