@@ -11,16 +11,15 @@
 //! - a rate per other op and dtype, from the nodes of small zoo models'
 //!   training graphs (see [`ops`]).
 //!
-//! Collective bandwidth comes from a small in-process ring all-reduce over
-//! threads (one per rank, as the CPU backend runs one rank per core). It
-//! stands in for the runtime collectives until those exist.
+//! Collective bandwidth comes from the runtime's own ring all-reduce
+//! ([`crate::collective`]) between ranks that are threads of this process,
+//! as a CPU run's ranks are.
 
+use crate::collective::{fabric, Algorithm, Buffer, CommError};
 use autopar_cost_models::calibration::{Calibration, MatmulSample, FORMAT};
 use autopar_ir::{BinaryOp, DType, Data, Op, OpError, Value};
 use std::hint::black_box;
-use std::ops::Range;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod in_run;
 mod ops;
@@ -43,7 +42,7 @@ pub enum ProfileError {
     #[error("{what}: {source}")]
     Kernel { what: String, source: OpError },
     #[error("ring all-reduce: {0}")]
-    Ring(&'static str),
+    Ring(#[from] CommError),
     #[error("profiled model {spec}: {message}")]
     Model { spec: String, message: String },
 }
@@ -277,92 +276,38 @@ fn binary_add(n: usize) -> impl FnMut() -> Result<(), ProfileError> {
 
 /// Bytes each rank sends per second during a ring all-reduce (the
 /// `bytes_sent / time` of the communication model: `2 (p - 1) / p` of the
-/// buffer per rank).
+/// buffer per rank), one thread per rank on an in-process fabric, thread
+/// start-up included, as in a run whose ranks start their collectives at
+/// slightly different times.
 fn ring_rate(plan: &Plan) -> Result<f64, ProfileError> {
     let p = plan.ring_ranks;
+    let endpoints = fabric(p, Duration::from_secs(60));
+    let group: Vec<usize> = (0..p).collect();
     // Zeros stay zeros under repeated summing: no overflow over many runs.
-    let mut buffers = vec![vec![0.0f32; plan.ring_elements]; p];
-    let seconds = time_per_call(plan, || ring_all_reduce(&mut buffers))?;
+    let mut buffers: Vec<Buffer> = (0..p)
+        .map(|_| Buffer::F32(vec![0.0; plan.ring_elements]))
+        .collect();
+    let mut call = 0usize;
+    let seconds = time_per_call(plan, || {
+        call += 1;
+        let tag = format!("profile/{call}");
+        std::thread::scope(|s| {
+            let ranks: Vec<_> = (endpoints.iter().zip(&mut buffers))
+                .map(|(ep, data)| {
+                    let (group, tag) = (&group, &tag);
+                    s.spawn(move || ep.all_reduce(group, data, Algorithm::Ring, tag, "profiling"))
+                })
+                .collect();
+            // Join every rank before reporting, so none outlives the scope's work.
+            let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
+            results.into_iter().try_for_each(|r| match r {
+                Ok(done) => done.map_err(ProfileError::Ring),
+                Err(panic) => std::panic::resume_unwind(panic),
+            })
+        })
+    })?;
     let bytes = (plan.ring_elements * std::mem::size_of::<f32>()) as f64;
     Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
-}
-
-/// Sums `buffers` element-wise into every one of them with the ring
-/// algorithm, one thread per rank: `p - 1` reduce-scatter steps, then
-/// `p - 1` all-gather steps, each sending one `1/p` chunk to the next rank.
-///
-/// A send copies the chunk into a message (the transfer), a receive adds or
-/// copies it into the rank's buffer, so the rate includes the reduction, as
-/// a shared-memory collective's would. Thread start-up is included too.
-fn ring_all_reduce(buffers: &mut [Vec<f32>]) -> Result<(), ProfileError> {
-    let p = buffers.len();
-    let len = buffers.first().map_or(0, Vec::len);
-    if buffers.iter().any(|b| b.len() != len) {
-        return Err(ProfileError::Ring("rank buffers differ in length"));
-    }
-    if p < 2 {
-        return Ok(());
-    }
-    // Channel r carries rank r's messages to rank r + 1.
-    let (senders, mut receivers): (Vec<_>, Vec<_>) = (0..p).map(|_| channel::<Vec<f32>>()).unzip();
-    receivers.rotate_right(1);
-    std::thread::scope(|scope| {
-        let ranks: Vec<_> = buffers
-            .iter_mut()
-            .zip(senders.into_iter().zip(receivers))
-            .enumerate()
-            .map(|(rank, (buf, (send, recv)))| scope.spawn(move || ring_rank(rank, buf, &send, &recv, p)))
-            .collect();
-        // Join every rank before reporting, so none outlives the scope's work.
-        let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
-        results
-            .into_iter()
-            .try_for_each(|r| r.unwrap_or(Err(ProfileError::Ring("a rank panicked"))))
-    })
-}
-
-/// One rank's part of [`ring_all_reduce`]. A peer that stops early drops its
-/// channel ends, so every other rank's send or receive fails rather than
-/// waiting forever.
-fn ring_rank(
-    rank: usize,
-    buf: &mut [f32],
-    send: &Sender<Vec<f32>>,
-    recv: &Receiver<Vec<f32>>,
-    p: usize,
-) -> Result<(), ProfileError> {
-    let len = buf.len();
-    let chunk = |c: usize| -> Range<usize> {
-        let c = c % p;
-        c * len / p..(c + 1) * len / p
-    };
-    let exchange = |buf: &[f32], out: Range<usize>, into: &Range<usize>| -> Result<Vec<f32>, ProfileError> {
-        send.send(buf[out].to_vec())
-            .map_err(|_| ProfileError::Ring("the next rank stopped"))?;
-        let got = recv
-            .recv()
-            .map_err(|_| ProfileError::Ring("the previous rank stopped"))?;
-        if got.len() != into.len() {
-            return Err(ProfileError::Ring("a chunk arrived with the wrong length"));
-        }
-        Ok(got)
-    };
-    // Reduce-scatter: after step s, chunk rank - s - 1 holds s + 2 ranks'
-    // sum; at the end rank r holds the full sum of chunk r + 1.
-    for s in 0..p - 1 {
-        let into = chunk(rank + 2 * p - s - 1);
-        let got = exchange(buf, chunk(rank + p - s), &into)?;
-        for (x, y) in buf[into].iter_mut().zip(got) {
-            *x += y;
-        }
-    }
-    // All-gather: pass the finished chunks around the ring.
-    for s in 0..p - 1 {
-        let into = chunk(rank + p - s);
-        let got = exchange(buf, chunk(rank + 1 + p - s), &into)?;
-        buf[into].copy_from_slice(&got);
-    }
-    Ok(())
 }
 
 /// Which host, how it was measured, and when.
@@ -465,33 +410,6 @@ mod tests {
         assert_eq!(g.len(), 8);
         assert_eq!(g[0], (DType::F32, [1, 1, 1]));
         assert_eq!(g[5], (DType::F32, [2, 1, 2]));
-    }
-
-    #[test]
-    fn ring_all_reduce_sums_every_rank_into_every_rank() {
-        // Rank r holds r + 1 everywhere plus its position; lengths not
-        // divisible by the rank count give uneven chunks.
-        for (p, len) in [(2, 8), (3, 10), (4, 3), (5, 17)] {
-            let mut buffers: Vec<Vec<f32>> = (0..p)
-                .map(|r| (0..len).map(|i| (r + 1) as f32 + i as f32).collect())
-                .collect();
-            ring_all_reduce(&mut buffers).unwrap();
-            let rank_sum = (p * (p + 1) / 2) as f32;
-            let expected: Vec<f32> = (0..len).map(|i| rank_sum + (p * i) as f32).collect();
-            for (r, b) in buffers.iter().enumerate() {
-                assert_eq!(b, &expected, "p={p} len={len} rank {r}");
-            }
-        }
-    }
-
-    #[test]
-    fn ring_all_reduce_rejects_ragged_buffers() {
-        let mut buffers = vec![vec![1.0; 4], vec![1.0; 3]];
-        let err = ring_all_reduce(&mut buffers).unwrap_err();
-        assert!(err.to_string().contains("differ in length"), "{err}");
-        let mut one = vec![vec![2.0; 3]];
-        ring_all_reduce(&mut one).unwrap();
-        assert_eq!(one, vec![vec![2.0; 3]]);
     }
 
     #[test]

@@ -90,10 +90,7 @@ fn concurrent_time(plan: &Plan, threads: usize) -> Result<f64, ProfileError> {
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or(Err(ProfileError::Ring("a profiling thread panicked")))
-            })
+            .map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
             .collect::<Result<Vec<f64>, _>>()
     })?;
     times.sort_by(f64::total_cmp);
