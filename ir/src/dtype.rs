@@ -149,6 +149,17 @@ impl DType {
         matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::Bf16) || self.is_lowp_float()
     }
 
+    /// The type normalisations and softmaxes compute their statistics in
+    /// (ONNX's `stash_type`): `f32` for floats narrower than it, else the
+    /// type itself.
+    pub fn stash_type(self) -> DType {
+        if matches!(self, DType::F16 | DType::Bf16) || self.is_lowp_float() {
+            DType::F32
+        } else {
+            self
+        }
+    }
+
     /// True for the float types narrower than 16 bits (float8 variants,
     /// `float4e2m1`, `float8e8m0`), converted by [`crate::lowp`].
     pub fn is_lowp_float(self) -> bool {

@@ -1,15 +1,17 @@
 //! Adjoints of the fused ops, which backward passes emit: `AttentionGrad`
-//! (of `Attention`) and `MoeExpertsGrad` (of `MoeExperts`). Composing these
-//! gradients from primitive ops would materialise the full score matrix or
-//! every token's expert activations; a fused adjoint recomputes them per
-//! head or per expert from the forward inputs, as the forward kernel does,
-//! and returns the gradients of every float input at once.
+//! (of `Attention`), `MoeExpertsGrad` (of `MoeExperts`) and `NormGrad` (of
+//! `LayerNorm` and `RmsNorm`). Composing these gradients from primitive ops
+//! would materialise the full score matrix or every token's expert
+//! activations, or pass over the activations a dozen times; a fused adjoint
+//! recomputes what it needs per head, expert or row from the forward
+//! inputs, as the forward kernel does, and returns the gradients at once.
 //!
 //! The adjoints are not themselves differentiable (no second order), so
 //! their cost has no backward part.
 
 mod attention;
 mod moe;
+mod norm;
 
 use super::kernel_util::{finish, invalid, EvalCtx, InferCtx};
 use super::{Op, OpError, TensorType};
@@ -20,6 +22,7 @@ pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> 
     match op {
         Op::AttentionGrad { mask_grad, .. } => attention::infer(cx, *mask_grad),
         Op::MoeExpertsGrad { gated, .. } => moe::infer(cx, *gated),
+        Op::NormGrad { axis, .. } => norm::infer(cx, *axis),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -41,6 +44,15 @@ pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
             || moe::kernel::<f32>(cx, *activation),
             || moe::kernel::<f64>(cx, *activation),
         ),
+        Op::NormGrad {
+            axis,
+            epsilon,
+            centre,
+        } => float_outputs(
+            cx,
+            || norm::kernel::<f32>(cx, *axis, *epsilon, *centre),
+            || norm::kernel::<f64>(cx, *axis, *epsilon, *centre),
+        ),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -50,6 +62,7 @@ pub(super) fn flops(op: &Op, inputs: &[Option<&TensorType>]) -> (f64, f64) {
     match op {
         Op::AttentionGrad { .. } => (attention::flops(inputs), 0.0),
         Op::MoeExpertsGrad { .. } => (moe::flops(inputs), 0.0),
+        Op::NormGrad { .. } => (norm::flops(inputs.first().copied().flatten()), 0.0),
         _ => (0.0, 0.0),
     }
 }

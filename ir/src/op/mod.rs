@@ -203,6 +203,12 @@ pub enum Op {
     /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
     /// says whether `w_gate` is given, which fixes the output count.
     MoeExpertsGrad { activation: Activation, gated: bool },
+    /// `(x, scale, dout)` → `(dx, dout·x̂)`: the gradient of `LayerNorm`
+    /// (`centre`) or `RmsNorm` over the dims `axis..` with respect to `x`,
+    /// and the product whose sums over the dims `scale` is broadcast along
+    /// are its gradient (in the statistics' type: `f32` for 16-bit floats).
+    /// Recomputes the statistics.
+    NormGrad { axis: i64, epsilon: f64, centre: bool },
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
     /// `(x)`: communication over a `group` of `parts` ranks (see
@@ -405,7 +411,7 @@ impl Op {
             Op::Linear | Op::Gemm { .. } => OpClass::Linear,
             Op::MatMul => OpClass::MatMul,
             Op::Attention { .. } => OpClass::Attention,
-            Op::LayerNorm { .. } | Op::RmsNorm { .. } => OpClass::Norm,
+            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::NormGrad { .. } => OpClass::Norm,
             Op::Gelu { .. } | Op::Silu => OpClass::Activation,
             Op::Embedding => OpClass::Embedding,
             Op::TopK { .. } | Op::MoeRouter { .. } => OpClass::MoeRouting,
@@ -439,7 +445,7 @@ impl Op {
     /// Number of outputs the op produces.
     pub fn num_outputs(&self) -> usize {
         match self {
-            Op::TopK { .. } | Op::MoeRouter { .. } => 2,
+            Op::TopK { .. } | Op::MoeRouter { .. } | Op::NormGrad { .. } => 2,
             Op::AttentionGrad { mask_grad, .. } => 3 + usize::from(*mask_grad),
             Op::MoeExpertsGrad { gated, .. } => 4 + usize::from(*gated),
             Op::Split { outputs, .. } => *outputs,

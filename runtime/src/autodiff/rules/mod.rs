@@ -31,9 +31,11 @@ pub fn input_grads(
         | Op::Silu
         | Op::Gelu { .. } => elementwise::backward(ctx, node, grads, wants),
         Op::MatMul | Op::Gemm { .. } | Op::Linear => linalg::backward(ctx, node, grads, wants),
-        Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
-            norm::backward(ctx, node, grads, wants)
-        }
+        Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::NormGrad { .. } => norm::backward(ctx, node, grads, wants),
         Op::Attention { .. } | Op::RotaryEmbedding { .. } | Op::AttentionGrad { .. } => {
             attention::backward(ctx, node, grads, wants)
         }

@@ -3,11 +3,9 @@
 //!
 //! - `Softmax`: `dx = y · (g − Σ g·y)`; `LogSoftmax`: `dx = g − exp(y) · Σ g`
 //!   (sums over the axis, `y` the forward output).
-//! - `LayerNorm`/`RmsNorm`: the statistics are recomputed exactly as the
-//!   forward kernel does (mean, `var = mean((x − mean)²)` or `mean(x²)`,
-//!   `inv = 1/√(var + ε)`, `x̂ = (x − mean)·inv`), then with `ĝ = g · scale`:
-//!   `dx = inv · (ĝ − mean(ĝ) − x̂ · mean(ĝ · x̂))` (no `mean(ĝ)` term for RMS),
-//!   `dscale = Σ g · x̂` and `dbias = Σ g` over the dims they broadcast along.
+//! - `LayerNorm`/`RmsNorm`: the fused adjoint `NormGrad` recomputes the
+//!   statistics and gives `dx` and `g · x̂`; `dscale = Σ g · x̂` and
+//!   `dbias = Σ g` over the dims they broadcast along.
 //!
 //! Like the forward kernels, `f16`/`bf16` inputs are computed in `f32` (the
 //! stash type) and the gradients rounded back.
@@ -15,7 +13,7 @@
 use super::elementwise::{binary, cast_to, input, output, unary};
 use super::reduce::reduce;
 use crate::autodiff::{AutodiffError, Ctx};
-use autopar_ir::{BinaryOp, DType, Node, Op, ReduceKind, TensorId, UnaryOp};
+use autopar_ir::{BinaryOp, Node, Op, ReduceKind, TensorId, UnaryOp};
 
 /// Input gradients of a softmax or normalisation op.
 pub fn backward(
@@ -33,20 +31,25 @@ pub fn backward(
         Op::Softmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, false)?),
         Op::LogSoftmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, true)?),
         Op::Softmax { .. } | Op::LogSoftmax { .. } => {}
-        Op::LayerNorm { axis, epsilon } => out = norm_grads(ctx, node, g, axis, epsilon, true, wants)?,
-        Op::RmsNorm { axis, epsilon } => out = norm_grads(ctx, node, g, axis, epsilon, false, wants)?,
-        ref other => return Err(ctx.unsupported(&format!("(not a normalisation: {})", other.name()))),
+        Op::LayerNorm { axis, epsilon } => {
+            let op = Op::NormGrad {
+                axis,
+                epsilon,
+                centre: true,
+            };
+            out = norm_grads(ctx, node, g, op, wants)?;
+        }
+        Op::RmsNorm { axis, epsilon } => {
+            let op = Op::NormGrad {
+                axis,
+                epsilon,
+                centre: false,
+            };
+            out = norm_grads(ctx, node, g, op, wants)?;
+        }
+        ref other => return Err(ctx.unsupported(&format!("(second order through {})", other.name()))),
     }
     Ok(out)
-}
-
-/// The type the statistics are computed in: `f32` for low-precision floats.
-fn stash_type(dtype: DType) -> DType {
-    if dtype.is_lowp_float() {
-        DType::F32
-    } else {
-        dtype
-    }
 }
 
 /// `Softmax` (`log = false`) or `LogSoftmax` gradient along `axis`.
@@ -58,7 +61,7 @@ fn softmax_grad(
     log: bool,
 ) -> Result<TensorId, AutodiffError> {
     let x_dtype = ctx.ty(input(node, 0)?).dtype;
-    let stash = stash_type(x_dtype);
+    let stash = x_dtype.stash_type();
     let y = cast_to(ctx, output(node)?, stash)?;
     let g = cast_to(ctx, g, stash)?;
     let dx = if log {
@@ -75,66 +78,33 @@ fn softmax_grad(
     cast_to(ctx, dx, x_dtype)
 }
 
-/// `LayerNorm` (`centre`) or `RmsNorm` gradients for `(x, scale, bias?)`.
+/// `LayerNorm` or `RmsNorm` gradients for `(x, scale, bias?)` through the
+/// adjoint `NormGrad` op `adjoint`.
 fn norm_grads(
     ctx: &mut Ctx,
     node: &Node,
     g: TensorId,
-    axis: i64,
-    epsilon: f64,
-    centre: bool,
+    adjoint: Op,
     wants: &[bool],
 ) -> Result<Vec<Option<TensorId>>, AutodiffError> {
     let mut out = vec![None; node.inputs.len()];
     let x = input(node, 0)?;
     let scale = input(node, 1)?;
     let want = |i: usize| wants.get(i).copied().unwrap_or(false);
-    let x_dtype = ctx.ty(x).dtype;
-    let stash = stash_type(x_dtype);
-    let rank = ctx.ty(x).shape.rank() as i64;
-    let first = if axis < 0 { axis + rank } else { axis };
-    if !(0..rank).contains(&first) {
-        return Err(ctx.unsupported(&format!("with axis {axis} out of range for rank {rank}")));
-    }
-    let axes: Vec<i64> = (first..rank).collect();
-    let g = cast_to(ctx, g, stash)?;
     if let Some(bias) = node.inputs.get(2).copied().flatten().filter(|_| want(2)) {
-        out[2] = Some(param_grad(ctx, g, bias)?);
+        let stash = ctx.ty(x).dtype.stash_type();
+        let gs = cast_to(ctx, g, stash)?;
+        out[2] = Some(param_grad(ctx, gs, bias)?);
     }
     if !want(0) && !want(1) {
         return Ok(out);
     }
-    let xs = cast_to(ctx, x, stash)?;
-    let centred = if centre {
-        let mean = reduce(ctx, ReduceKind::Mean, xs, &axes, true)?;
-        binary(ctx, BinaryOp::Sub, xs, mean)?
-    } else {
-        xs
-    };
-    let sq = binary(ctx, BinaryOp::Mul, centred, centred)?;
-    let var = reduce(ctx, ReduceKind::Mean, sq, &axes, true)?;
-    let eps = ctx.scalar(stash, epsilon);
-    let var_eps = binary(ctx, BinaryOp::Add, var, eps)?;
-    let std = unary(ctx, UnaryOp::Sqrt, var_eps)?;
-    let inv = unary(ctx, UnaryOp::Reciprocal, std)?;
-    let xhat = binary(ctx, BinaryOp::Mul, centred, inv)?;
-    if want(1) {
-        let gx = binary(ctx, BinaryOp::Mul, g, xhat)?;
-        out[1] = Some(param_grad(ctx, gx, scale)?);
-    }
+    let grads = ctx.emit(adjoint, &[Some(x), Some(scale), Some(g)])?;
     if want(0) {
-        let scale_s = cast_to(ctx, scale, stash)?;
-        let gh = binary(ctx, BinaryOp::Mul, g, scale_s)?;
-        let ghx = binary(ctx, BinaryOp::Mul, gh, xhat)?;
-        let proj = reduce(ctx, ReduceKind::Mean, ghx, &axes, true)?;
-        let along = binary(ctx, BinaryOp::Mul, xhat, proj)?;
-        let mut inner = binary(ctx, BinaryOp::Sub, gh, along)?;
-        if centre {
-            let mean_gh = reduce(ctx, ReduceKind::Mean, gh, &axes, true)?;
-            inner = binary(ctx, BinaryOp::Sub, inner, mean_gh)?;
-        }
-        let dx = binary(ctx, BinaryOp::Mul, inv, inner)?;
-        out[0] = Some(cast_to(ctx, dx, x_dtype)?);
+        out[0] = Some(grads[0]);
+    }
+    if want(1) {
+        out[1] = Some(param_grad(ctx, grads[1], scale)?);
     }
     Ok(out)
 }

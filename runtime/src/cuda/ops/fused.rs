@@ -130,6 +130,39 @@ pub(super) fn eval(
             }
             Some(vec![y])
         }
+        Op::NormGrad {
+            axis,
+            epsilon,
+            centre,
+        } if x.storage.is_float() => {
+            let (Some(scale), Some(dy)) = (float(1), float(2)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, x.shape.len());
+            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+            if scale.numel() as i64 != cols || dy.storage != x.storage || out.len() != 2 {
+                return Ok(None);
+            }
+            let (dx, gx) = (gpu.output(&out[0])?, gpu.output(&out[1])?);
+            let (pdx, pgx, pdy) = (gpu.ptr(&dx), gpu.ptr(&gx), gpu.ptr(dy));
+            let (px, pg, eps) = (gpu.ptr(x), gpu.ptr(scale), *epsilon as f32);
+            let kind = if *centre { "layernorm" } else { "rmsnorm" };
+            let k = format!("{kind}_bwd_{}", suffix(x));
+            launch!(
+                gpu,
+                k,
+                rows(rows_n as usize),
+                pdx,
+                pgx,
+                pdy,
+                px,
+                pg,
+                rows_n,
+                cols,
+                eps
+            )?;
+            Some(vec![dx, gx])
+        }
         Op::Gelu { approximate } if x.storage.is_float() => {
             let y = gpu.output(ty)?;
             let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
