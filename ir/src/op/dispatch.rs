@@ -48,9 +48,10 @@ impl Op {
             } => attention::infer_rotary(&cx, *rotary_dim, *num_heads),
             Op::MoeRouter { top_k } => moe::infer_router(&cx, *top_k),
             Op::MoeExperts { .. } => moe::infer_experts(&cx),
-            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } | Op::NormGrad { .. } => {
-                super::grad::infer(&cx, self)
-            }
+            Op::AttentionGrad { .. }
+            | Op::MoeExpertsGrad { .. }
+            | Op::NormGrad { .. }
+            | Op::ActivationGrad { .. } => super::grad::infer(&cx, self),
             Op::Comm {
                 kind, axis, parts, ..
             } => super::collective::infer(&cx, *kind, *axis, *parts),
@@ -134,9 +135,10 @@ impl Op {
             Op::RotaryEmbedding { .. } => attention::rotary_flops(input(0)),
             Op::MoeRouter { .. } => norm::flops(NormKind::Softmax, input(0)),
             Op::MoeExperts { .. } => moe::experts_flops(inputs),
-            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } | Op::NormGrad { .. } => {
-                super::grad::flops(self, inputs)
-            }
+            Op::AttentionGrad { .. }
+            | Op::MoeExpertsGrad { .. }
+            | Op::NormGrad { .. }
+            | Op::ActivationGrad { .. } => super::grad::flops(self, inputs),
             Op::Comm { .. } => (0.0, 0.0),
             Op::Reduce { .. } | Op::CumSum { .. } => reduce::flops(input(0), true),
             Op::ArgMax { .. } | Op::TopK { .. } => reduce::flops(input(0), false),
@@ -223,9 +225,10 @@ impl Op {
             } => attention::eval_rotary(&cx, *interleaved, *rotary_dim, *num_heads),
             Op::MoeRouter { top_k } => moe::eval_router(&cx, *top_k),
             Op::MoeExperts { activation } => moe::eval_experts(&cx, *activation),
-            Op::AttentionGrad { .. } | Op::MoeExpertsGrad { .. } | Op::NormGrad { .. } => {
-                super::grad::eval(&cx, self)
-            }
+            Op::AttentionGrad { .. }
+            | Op::MoeExpertsGrad { .. }
+            | Op::NormGrad { .. }
+            | Op::ActivationGrad { .. } => super::grad::eval(&cx, self),
             Op::Comm { kind, .. } => super::collective::eval(&cx, *kind),
             Op::Reduce {
                 kind,

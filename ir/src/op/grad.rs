@@ -1,6 +1,6 @@
 //! Adjoints of the fused ops, which backward passes emit: `AttentionGrad`
-//! (of `Attention`), `MoeExpertsGrad` (of `MoeExperts`) and `NormGrad` (of
-//! `LayerNorm` and `RmsNorm`). Composing these gradients from primitive ops
+//! (of `Attention`), `MoeExpertsGrad` (of `MoeExperts`), `NormGrad` (of
+//! `LayerNorm` and `RmsNorm`) and `ActivationGrad` (of `Gelu` and `Silu`). Composing these gradients from primitive ops
 //! would materialise the full score matrix or every token's expert
 //! activations, or pass over the activations a dozen times; a fused adjoint
 //! recomputes what it needs per head, expert or row from the forward
@@ -9,6 +9,7 @@
 //! The adjoints are not themselves differentiable (no second order), so
 //! their cost has no backward part.
 
+mod activation;
 mod attention;
 mod moe;
 mod norm;
@@ -23,6 +24,7 @@ pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> 
         Op::AttentionGrad { mask_grad, .. } => attention::infer(cx, *mask_grad),
         Op::MoeExpertsGrad { gated, .. } => moe::infer(cx, *gated),
         Op::NormGrad { axis, .. } => norm::infer(cx, *axis),
+        Op::ActivationGrad { .. } => activation::infer(cx),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -53,6 +55,11 @@ pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
             || norm::kernel::<f32>(cx, *axis, *epsilon, *centre),
             || norm::kernel::<f64>(cx, *axis, *epsilon, *centre),
         ),
+        Op::ActivationGrad { activation } => float_outputs(
+            cx,
+            || activation::kernel::<f32>(cx, *activation),
+            || activation::kernel::<f64>(cx, *activation),
+        ),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -63,6 +70,7 @@ pub(super) fn flops(op: &Op, inputs: &[Option<&TensorType>]) -> (f64, f64) {
         Op::AttentionGrad { .. } => (attention::flops(inputs), 0.0),
         Op::MoeExpertsGrad { .. } => (moe::flops(inputs), 0.0),
         Op::NormGrad { .. } => (norm::flops(inputs.first().copied().flatten()), 0.0),
+        Op::ActivationGrad { .. } => (activation::flops(inputs.first().copied().flatten()), 0.0),
         _ => (0.0, 0.0),
     }
 }

@@ -96,7 +96,8 @@ pub enum GeluApprox {
     Tanh,
 }
 
-/// Activation applied inside fused ops (MoE experts).
+/// Activation applied inside fused ops (MoE experts), and the one
+/// `ActivationGrad` differentiates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum Activation {
     Silu,
@@ -209,6 +210,9 @@ pub enum Op {
     /// are its gradient (in the statistics' type: `f32` for 16-bit floats).
     /// Recomputes the statistics.
     NormGrad { axis: i64, epsilon: f64, centre: bool },
+    /// `(x, dout)` → `dx = dout · act'(x)`: the gradient of `Gelu` or `Silu`
+    /// (the `Activation` they compute) with respect to `x`.
+    ActivationGrad { activation: Activation },
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
     /// `(x)`: communication over a `group` of `parts` ranks (see
@@ -412,7 +416,7 @@ impl Op {
             Op::MatMul => OpClass::MatMul,
             Op::Attention { .. } => OpClass::Attention,
             Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::NormGrad { .. } => OpClass::Norm,
-            Op::Gelu { .. } | Op::Silu => OpClass::Activation,
+            Op::Gelu { .. } | Op::Silu | Op::ActivationGrad { .. } => OpClass::Activation,
             Op::Embedding => OpClass::Embedding,
             Op::TopK { .. } | Op::MoeRouter { .. } => OpClass::MoeRouting,
             Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => OpClass::Linear,

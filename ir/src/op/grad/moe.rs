@@ -12,6 +12,7 @@ use super::super::elementwise::activate;
 use super::super::kernel_util::{dim, gemm, invalid, numel, EvalCtx, InferCtx, Mat, Real};
 use super::super::moe::infer_experts;
 use super::super::{Activation, OpError, TensorType};
+use super::activation::derivative as activation_grad;
 use super::check_grad_like;
 
 /// Element-wise FLOPs per hidden unit of one assignment (activation and
@@ -40,30 +41,6 @@ pub(super) fn infer(cx: &InferCtx, gated: bool) -> Result<Vec<TensorType>, OpErr
     check_grad_like(cx, 5, &out[0])?;
     let grads: &[usize] = if gated { &[0, 1, 3, 4, 6] } else { &[0, 1, 3, 4] };
     grads.iter().map(|&i| cx.ty(i).cloned()).collect()
-}
-
-/// The derivative of an activation function at `x`.
-fn activation_grad<T: Real>(act: Activation, x: T) -> T {
-    let half = T::lit(0.5);
-    match act {
-        Activation::Silu => {
-            let s = T::one() / (T::one() + (-x).exp());
-            s * (T::one() + x * (T::one() - s))
-        }
-        Activation::Relu if x > T::zero() => T::one(),
-        Activation::Relu => T::zero(),
-        Activation::Gelu => {
-            let cdf = half * (T::one() + (x * T::lit(std::f64::consts::FRAC_1_SQRT_2)).erf());
-            let pdf = (-half * x * x).exp() * T::lit(1.0 / (2.0 * std::f64::consts::PI).sqrt());
-            cdf + x * pdf
-        }
-        Activation::GeluTanh => {
-            let (c, a) = (T::lit((2.0 / std::f64::consts::PI).sqrt()), T::lit(0.044715));
-            let t = (c * (x + a * x * x * x)).tanh();
-            let three = T::lit(3.0);
-            half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * a * x * x)
-        }
-    }
 }
 
 /// Reference kernel: `[dx, dweights, dw_in, dw_out, dw_gate?]`.
@@ -252,24 +229,8 @@ pub(super) fn flops(inputs: &[Option<&TensorType>]) -> f64 {
 mod tests {
     use super::super::super::testing::{assert_close, eval, f32s, i64s, infer, ty};
     use super::super::super::Op;
-    use super::{activate, activation_grad, Activation};
+    use super::Activation;
     use crate::DType;
-
-    #[test]
-    fn activation_derivatives_match_differences() {
-        for act in [
-            Activation::Silu,
-            Activation::Gelu,
-            Activation::GeluTanh,
-            Activation::Relu,
-        ] {
-            for x in [-2.5f64, -0.3, 0.4, 1.7] {
-                let eps = 1e-6;
-                let want = (activate(act, x + eps) - activate(act, x - eps)) / (2.0 * eps);
-                assert!((activation_grad(act, x) - want).abs() < 1e-8, "{act:?} at {x}");
-            }
-        }
-    }
 
     fn op(gated: bool) -> Op {
         Op::MoeExpertsGrad {

@@ -1,7 +1,8 @@
 //! Backward rules: elementwise ops. Each input's gradient is the output
 //! gradient times the local derivative, summed back to the input's shape
 //! (numpy broadcasting). Derivatives are built from the forward node's
-//! inputs and output with ordinary elementwise ops.
+//! inputs and output with ordinary elementwise ops, except `Gelu` and
+//! `Silu`, whose adjoint is the fused `ActivationGrad`.
 //!
 //! Kinks take PyTorch's choices: `Abs` uses `sign(x)` (zero at zero), `Relu`
 //! passes the gradient where `x > 0`, `Max`/`Min` split it evenly among tied
@@ -11,12 +12,9 @@
 mod binary;
 
 use crate::autodiff::{AutodiffError, Ctx};
-use autopar_ir::{BinaryOp, DType, GeluApprox, Node, Op, ReduceKind, TensorId, UnaryOp};
+use autopar_ir::{Activation, BinaryOp, DType, GeluApprox, Node, Op, ReduceKind, TensorId, UnaryOp};
 use binary::binary_grads;
-use std::f64::consts::{FRAC_1_SQRT_2, PI};
-
-/// GELU's tanh-approximation cubic coefficient.
-const GELU_CUBIC: f64 = 0.044715;
+use std::f64::consts::PI;
 
 /// Input gradients of an elementwise op.
 pub fn backward(
@@ -33,6 +31,7 @@ pub fn backward(
         Op::Binary { func } => return binary_grads(ctx, node, *func, g, wants),
         Op::Where => return where_grads(ctx, node, g, wants),
         Op::Clip => return clip_grads(ctx, node, g, wants),
+        Op::ActivationGrad { .. } => return Err(ctx.unsupported("(second order through ActivationGrad)")),
         _ => {}
     }
     let x = input(node, 0)?;
@@ -40,8 +39,14 @@ pub fn backward(
     out[0] = match &node.op {
         Op::Unary { func } => unary_grad(ctx, *func, x, y, g)?,
         Op::Cast { .. } => cast_grad(ctx, x, g)?,
-        Op::Silu => Some(silu_grad(ctx, x, y, g)?),
-        Op::Gelu { approximate } => Some(gelu_grad(ctx, *approximate, x, g)?),
+        Op::Silu => Some(activation_grad(ctx, Activation::Silu, x, g)?),
+        Op::Gelu { approximate } => {
+            let activation = match approximate {
+                GeluApprox::None => Activation::Gelu,
+                GeluApprox::Tanh => Activation::GeluTanh,
+            };
+            Some(activation_grad(ctx, activation, x, g)?)
+        }
         other => return Err(ctx.unsupported(&format!("(not an elementwise op: {})", other.name()))),
     };
     Ok(out)
@@ -301,52 +306,14 @@ fn sum_to_bound(ctx: &mut Ctx, g: TensorId, bound: TensorId) -> Result<TensorId,
     ctx.reshape_like(total, &shape)
 }
 
-/// `d(x·σ(x)) = σ + y·(1 − σ)` with `y = x·σ(x)` the forward output.
-fn silu_grad(ctx: &mut Ctx, x: TensorId, y: TensorId, g: TensorId) -> Result<TensorId, AutodiffError> {
-    let s = unary(ctx, UnaryOp::Sigmoid, x)?;
-    let one = scalar_like(ctx, s, 1.0);
-    let rest = binary(ctx, BinaryOp::Sub, one, s)?;
-    let yr = binary(ctx, BinaryOp::Mul, y, rest)?;
-    let d = binary(ctx, BinaryOp::Add, s, yr)?;
-    chain(ctx, g, d)
-}
-
-/// GELU's derivative. Exact: `Φ(x) + x·φ(x)` with `Φ(x) = ½(1 + erf(x/√2))`
-/// and `φ(x) = exp(−x²/2)/√(2π)`. Tanh form, with `t = tanh(c(x + k x³))`:
-/// `½(1 + t) + ½x(1 − t²)·c(1 + 3k x²)`.
-fn gelu_grad(ctx: &mut Ctx, approx: GeluApprox, x: TensorId, g: TensorId) -> Result<TensorId, AutodiffError> {
-    let one = scalar_like(ctx, x, 1.0);
-    let d = match approx {
-        GeluApprox::None => {
-            let xs = scale(ctx, x, FRAC_1_SQRT_2)?;
-            let erf = unary(ctx, UnaryOp::Erf, xs)?;
-            let erf1 = binary(ctx, BinaryOp::Add, one, erf)?;
-            let cdf = scale(ctx, erf1, 0.5)?;
-            let pdf = gaussian(ctx, x, 0.5, 1.0 / (2.0 * PI).sqrt())?;
-            let xpdf = binary(ctx, BinaryOp::Mul, x, pdf)?;
-            binary(ctx, BinaryOp::Add, cdf, xpdf)?
-        }
-        GeluApprox::Tanh => {
-            let c = (2.0 / PI).sqrt();
-            let x2 = binary(ctx, BinaryOp::Mul, x, x)?;
-            let kx2 = scale(ctx, x2, GELU_CUBIC)?;
-            let inner1 = binary(ctx, BinaryOp::Add, one, kx2)?;
-            let inner = binary(ctx, BinaryOp::Mul, x, inner1)?;
-            let u = scale(ctx, inner, c)?;
-            let t = unary(ctx, UnaryOp::Tanh, u)?;
-            let t1 = binary(ctx, BinaryOp::Add, one, t)?;
-            let left = scale(ctx, t1, 0.5)?;
-            let t2 = binary(ctx, BinaryOp::Mul, t, t)?;
-            let sech2 = binary(ctx, BinaryOp::Sub, one, t2)?;
-            let kx2_3 = scale(ctx, x2, 3.0 * GELU_CUBIC)?;
-            let du1 = binary(ctx, BinaryOp::Add, one, kx2_3)?;
-            let du = scale(ctx, du1, 0.5 * c)?;
-            let xs = binary(ctx, BinaryOp::Mul, x, sech2)?;
-            let right = binary(ctx, BinaryOp::Mul, xs, du)?;
-            binary(ctx, BinaryOp::Add, left, right)?
-        }
-    };
-    chain(ctx, g, d)
+/// `g · act'(x)` through the fused adjoint.
+fn activation_grad(
+    ctx: &mut Ctx,
+    activation: Activation,
+    x: TensorId,
+    g: TensorId,
+) -> Result<TensorId, AutodiffError> {
+    ctx.emit1(Op::ActivationGrad { activation }, &[x, g])
 }
 
 #[cfg(test)]

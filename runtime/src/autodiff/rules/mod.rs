@@ -29,7 +29,8 @@ pub fn input_grads(
         | Op::Cast { .. }
         | Op::Clip
         | Op::Silu
-        | Op::Gelu { .. } => elementwise::backward(ctx, node, grads, wants),
+        | Op::Gelu { .. }
+        | Op::ActivationGrad { .. } => elementwise::backward(ctx, node, grads, wants),
         Op::MatMul | Op::Gemm { .. } | Op::Linear => linalg::backward(ctx, node, grads, wants),
         Op::Softmax { .. }
         | Op::LogSoftmax { .. }

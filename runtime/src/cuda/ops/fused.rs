@@ -7,7 +7,7 @@ use crate::cuda::kernels::{FLASH_BLOCK_K, FLASH_BLOCK_Q, FLASH_MAX_HEAD_DIM, FLA
 use crate::cuda::module::row_major_strides as strides;
 use crate::cuda::tensor::{allocate, GpuTensor, Storage};
 use crate::cuda::CudaError;
-use autopar_ir::{DType, GeluApprox, Op, ReduceKind, TensorType};
+use autopar_ir::{Activation, DType, GeluApprox, Op, ReduceKind, TensorType};
 use cudarc::driver::LaunchConfig;
 
 /// A float scratch buffer (f32 whatever the run's precision).
@@ -183,6 +183,23 @@ pub(super) fn eval(
             let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
             launch!(gpu, format!("silu_fwd_{}", suffix(x)), grid(x.numel()), py, px, n)?;
             Some(vec![y])
+        }
+        Op::ActivationGrad { activation } if x.storage.is_float() => {
+            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
+                return Ok(None);
+            };
+            let dx = gpu.output(ty)?;
+            let (pdx, pdy, px, n) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), x.numel() as i64);
+            let k = |name: &str| format!("{name}_bwd_{}", suffix(x));
+            match activation {
+                Activation::Silu => launch!(gpu, k("silu"), grid(x.numel()), pdx, pdy, px, n)?,
+                Activation::Gelu | Activation::GeluTanh => {
+                    let tanh = i32::from(*activation == Activation::GeluTanh);
+                    launch!(gpu, k("gelu"), grid(x.numel()), pdx, pdy, px, n, tanh)?
+                }
+                Activation::Relu => return Ok(None),
+            }
+            Some(vec![dx])
         }
         Op::Softmax { axis } | Op::LogSoftmax { axis } if x.storage.is_float() => {
             let rank = x.shape.len();
