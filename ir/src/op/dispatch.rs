@@ -51,7 +51,8 @@ impl Op {
             Op::AttentionGrad { .. }
             | Op::MoeExpertsGrad { .. }
             | Op::NormGrad { .. }
-            | Op::ActivationGrad { .. } => super::grad::infer(&cx, self),
+            | Op::ActivationGrad { .. }
+            | Op::SoftmaxGrad { .. } => super::grad::infer(&cx, self),
             Op::Comm {
                 kind, axis, parts, ..
             } => super::collective::infer(&cx, *kind, *axis, *parts),
@@ -138,7 +139,8 @@ impl Op {
             Op::AttentionGrad { .. }
             | Op::MoeExpertsGrad { .. }
             | Op::NormGrad { .. }
-            | Op::ActivationGrad { .. } => super::grad::flops(self, inputs),
+            | Op::ActivationGrad { .. }
+            | Op::SoftmaxGrad { .. } => super::grad::flops(self, inputs),
             Op::Comm { .. } => (0.0, 0.0),
             Op::Reduce { .. } | Op::CumSum { .. } => reduce::flops(input(0), true),
             Op::ArgMax { .. } | Op::TopK { .. } => reduce::flops(input(0), false),
@@ -228,7 +230,8 @@ impl Op {
             Op::AttentionGrad { .. }
             | Op::MoeExpertsGrad { .. }
             | Op::NormGrad { .. }
-            | Op::ActivationGrad { .. } => super::grad::eval(&cx, self),
+            | Op::ActivationGrad { .. }
+            | Op::SoftmaxGrad { .. } => super::grad::eval(&cx, self),
             Op::Comm { kind, .. } => super::collective::eval(&cx, *kind),
             Op::Reduce {
                 kind,

@@ -1,6 +1,7 @@
 //! Adjoints of the fused ops, which backward passes emit: `AttentionGrad`
 //! (of `Attention`), `MoeExpertsGrad` (of `MoeExperts`), `NormGrad` (of
-//! `LayerNorm` and `RmsNorm`) and `ActivationGrad` (of `Gelu` and `Silu`). Composing these gradients from primitive ops
+//! `LayerNorm` and `RmsNorm`), `ActivationGrad` (of `Gelu` and `Silu`) and
+//! `SoftmaxGrad` (of `Softmax` and `LogSoftmax`). Composing these gradients from primitive ops
 //! would materialise the full score matrix or every token's expert
 //! activations, or pass over the activations a dozen times; a fused adjoint
 //! recomputes what it needs per head, expert or row from the forward
@@ -13,6 +14,7 @@ mod activation;
 mod attention;
 mod moe;
 mod norm;
+mod softmax;
 
 use super::kernel_util::{finish, invalid, EvalCtx, InferCtx};
 use super::{Op, OpError, TensorType};
@@ -25,6 +27,7 @@ pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> 
         Op::MoeExpertsGrad { gated, .. } => moe::infer(cx, *gated),
         Op::NormGrad { axis, .. } => norm::infer(cx, *axis),
         Op::ActivationGrad { .. } => activation::infer(cx),
+        Op::SoftmaxGrad { axis, .. } => softmax::infer(cx, *axis),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -60,6 +63,11 @@ pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
             || activation::kernel::<f32>(cx, *activation),
             || activation::kernel::<f64>(cx, *activation),
         ),
+        Op::SoftmaxGrad { axis, log } => float_outputs(
+            cx,
+            || softmax::kernel::<f32>(cx, *axis, *log),
+            || softmax::kernel::<f64>(cx, *axis, *log),
+        ),
         _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
     }
 }
@@ -71,6 +79,7 @@ pub(super) fn flops(op: &Op, inputs: &[Option<&TensorType>]) -> (f64, f64) {
         Op::MoeExpertsGrad { .. } => (moe::flops(inputs), 0.0),
         Op::NormGrad { .. } => (norm::flops(inputs.first().copied().flatten()), 0.0),
         Op::ActivationGrad { .. } => (activation::flops(inputs.first().copied().flatten()), 0.0),
+        Op::SoftmaxGrad { .. } => (softmax::flops(inputs.first().copied().flatten()), 0.0),
         _ => (0.0, 0.0),
     }
 }

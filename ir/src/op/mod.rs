@@ -213,6 +213,9 @@ pub enum Op {
     /// `(x, dout)` → `dx = dout · act'(x)`: the gradient of `Gelu` or `Silu`
     /// (the `Activation` they compute) with respect to `x`.
     ActivationGrad { activation: Activation },
+    /// `(y, dout)` → `dx`: the gradient of `Softmax` (`log = false`) or
+    /// `LogSoftmax { axis }` from its output `y`.
+    SoftmaxGrad { axis: i64, log: bool },
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
     /// `(x)`: communication over a `group` of `parts` ranks (see
@@ -422,7 +425,7 @@ impl Op {
             Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => OpClass::Linear,
             Op::AttentionGrad { .. } => OpClass::Attention,
             Op::RotaryEmbedding { .. } => OpClass::Elementwise,
-            Op::Softmax { .. } | Op::LogSoftmax { .. } => OpClass::Softmax,
+            Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxGrad { .. } => OpClass::Softmax,
             Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
                 OpClass::Elementwise
             }

@@ -36,7 +36,8 @@ pub fn input_grads(
         | Op::LogSoftmax { .. }
         | Op::LayerNorm { .. }
         | Op::RmsNorm { .. }
-        | Op::NormGrad { .. } => norm::backward(ctx, node, grads, wants),
+        | Op::NormGrad { .. }
+        | Op::SoftmaxGrad { .. } => norm::backward(ctx, node, grads, wants),
         Op::Attention { .. } | Op::RotaryEmbedding { .. } | Op::AttentionGrad { .. } => {
             attention::backward(ctx, node, grads, wants)
         }

@@ -1,8 +1,7 @@
-//! Backward rules: softmax and normalisation, composed from reductions and
-//! elementwise ops.
+//! Backward rules: softmax and normalisation, through fused adjoints.
 //!
-//! - `Softmax`: `dx = y · (g − Σ g·y)`; `LogSoftmax`: `dx = g − exp(y) · Σ g`
-//!   (sums over the axis, `y` the forward output).
+//! - `Softmax`/`LogSoftmax`: `SoftmaxGrad` from the forward output `y`:
+//!   `dx = y · (g − Σ g·y)` or `dx = g − exp(y) · Σ g` (sums over the axis).
 //! - `LayerNorm`/`RmsNorm`: the fused adjoint `NormGrad` recomputes the
 //!   statistics and gives `dx` and `g · x̂`; `dscale = Σ g · x̂` and
 //!   `dbias = Σ g` over the dims they broadcast along.
@@ -10,10 +9,9 @@
 //! Like the forward kernels, `f16`/`bf16` inputs are computed in `f32` (the
 //! stash type) and the gradients rounded back.
 
-use super::elementwise::{binary, cast_to, input, output, unary};
-use super::reduce::reduce;
+use super::elementwise::{cast_to, input, output};
 use crate::autodiff::{AutodiffError, Ctx};
-use autopar_ir::{BinaryOp, Node, Op, ReduceKind, TensorId, UnaryOp};
+use autopar_ir::{Node, Op, TensorId};
 
 /// Input gradients of a softmax or normalisation op.
 pub fn backward(
@@ -60,22 +58,8 @@ fn softmax_grad(
     axis: i64,
     log: bool,
 ) -> Result<TensorId, AutodiffError> {
-    let x_dtype = ctx.ty(input(node, 0)?).dtype;
-    let stash = x_dtype.stash_type();
-    let y = cast_to(ctx, output(node)?, stash)?;
-    let g = cast_to(ctx, g, stash)?;
-    let dx = if log {
-        let sum = reduce(ctx, ReduceKind::Sum, g, &[axis], true)?;
-        let p = unary(ctx, UnaryOp::Exp, y)?;
-        let ps = binary(ctx, BinaryOp::Mul, p, sum)?;
-        binary(ctx, BinaryOp::Sub, g, ps)?
-    } else {
-        let gy = binary(ctx, BinaryOp::Mul, g, y)?;
-        let sum = reduce(ctx, ReduceKind::Sum, gy, &[axis], true)?;
-        let centred = binary(ctx, BinaryOp::Sub, g, sum)?;
-        binary(ctx, BinaryOp::Mul, y, centred)?
-    };
-    cast_to(ctx, dx, x_dtype)
+    let y = output(node)?;
+    ctx.emit1(Op::SoftmaxGrad { axis, log }, &[y, g])
 }
 
 /// `LayerNorm` or `RmsNorm` gradients for `(x, scale, bias?)` through the

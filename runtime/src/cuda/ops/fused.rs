@@ -223,6 +223,22 @@ pub(super) fn eval(
             )?;
             Some(vec![y])
         }
+        Op::SoftmaxGrad { axis, log } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
+                return Ok(None);
+            };
+            if norm(*axis, rank) != rank - 1 {
+                return Ok(None);
+            }
+            let dx = gpu.output(ty)?;
+            let cols = x.shape[rank - 1] as i64;
+            let rows_n = x.numel() as i64 / cols.max(1);
+            let (pdx, pdy, py, log) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), i32::from(*log));
+            let k = format!("softmax_bwd_{}", suffix(x));
+            launch!(gpu, k, rows(rows_n as usize), pdx, pdy, py, rows_n, cols, log)?;
+            Some(vec![dx])
+        }
         Op::Attention { scale, causal } => match Flash::of(args, *scale, *causal, 3) {
             Some(f) => {
                 let (o, _lse) = f.forward(gpu, ty)?;
