@@ -86,6 +86,19 @@ pub(super) fn infer_norm(cx: &InferCtx, axis: i64, with_bias: bool) -> Result<Ve
     Ok(vec![x.clone()])
 }
 
+/// A normalised row's `(mean, 1/√(var + ε))`, the mean zero for RMS
+/// (`centre = false`); the backward pass recomputes them the same way.
+pub(super) fn row_stats<T: Real>(row: &[T], centre: bool, epsilon: f64) -> (T, T) {
+    let count = T::lit(row.len().max(1) as f64);
+    let mean = if centre {
+        row.iter().copied().sum::<T>() / count
+    } else {
+        T::zero()
+    };
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
+    (mean, T::one() / (var + T::lit(epsilon)).sqrt())
+}
+
 fn norm_kernel<T: Real>(cx: &EvalCtx, axis: usize, epsilon: f64, centre: bool) -> Result<Vec<T>, OpError> {
     let x_val = cx.input(0)?;
     let x = cx.floats::<T>(0)?;
@@ -107,17 +120,9 @@ fn norm_kernel<T: Real>(cx: &EvalCtx, axis: usize, epsilon: f64, centre: bool) -
     };
     let scale = param(1)?.unwrap_or_default();
     let bias = if centre { param(2)? } else { None };
-    let eps = T::lit(epsilon);
-    let count = T::lit(n as f64);
     let mut out = vec![T::zero(); x.len()];
     for (row, y) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
-        let mean = if centre {
-            row.iter().copied().sum::<T>() / count
-        } else {
-            T::zero()
-        };
-        let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
-        let inv = T::one() / (var + eps).sqrt();
+        let (mean, inv) = row_stats(row, centre, epsilon);
         for (j, (o, &v)) in y.iter_mut().zip(row).enumerate() {
             *o = (v - mean) * inv * scale[j];
             if let Some(b) = &bias {

@@ -10,7 +10,7 @@
 
 use super::super::broadcast::source_index;
 use super::super::kernel_util::{norm_axis, numel, prod, EvalCtx, InferCtx, Real};
-use super::super::norm::infer_norm;
+use super::super::norm::{infer_norm, row_stats};
 use super::super::{OpError, TensorType};
 use super::check_grad_like;
 
@@ -56,7 +56,7 @@ pub(super) fn kernel<T: Real>(
         .into_iter()
         .map(|j| scale_data[j])
         .collect();
-    let (eps, count) = (T::lit(epsilon), T::lit(n as f64));
+    let count = T::lit(n as f64);
     let mut dx = vec![T::zero(); x.len()];
     let mut product = vec![T::zero(); x.len()];
     let mut xhat = vec![T::zero(); n];
@@ -66,13 +66,7 @@ pub(super) fn kernel<T: Real>(
         .zip(dout.chunks(n))
         .zip(dx.chunks_mut(n).zip(product.chunks_mut(n)));
     for ((row, drow), (dxr, pr)) in rows {
-        let mean = if centre {
-            row.iter().copied().sum::<T>() / count
-        } else {
-            T::zero()
-        };
-        let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
-        let inv = T::one() / (var + eps).sqrt();
+        let (mean, inv) = row_stats(row, centre, epsilon);
         for j in 0..row.len() {
             xhat[j] = (row[j] - mean) * inv;
             gh[j] = drow[j] * scale[j];

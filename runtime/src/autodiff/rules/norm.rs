@@ -29,19 +29,12 @@ pub fn backward(
         Op::Softmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, false)?),
         Op::LogSoftmax { axis } if want(0) => out[0] = Some(softmax_grad(ctx, node, g, axis, true)?),
         Op::Softmax { .. } | Op::LogSoftmax { .. } => {}
-        Op::LayerNorm { axis, epsilon } => {
+        Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } => {
+            let centre = matches!(node.op, Op::LayerNorm { .. });
             let op = Op::NormGrad {
                 axis,
                 epsilon,
-                centre: true,
-            };
-            out = norm_grads(ctx, node, g, op, wants)?;
-        }
-        Op::RmsNorm { axis, epsilon } => {
-            let op = Op::NormGrad {
-                axis,
-                epsilon,
-                centre: false,
+                centre,
             };
             out = norm_grads(ctx, node, g, op, wants)?;
         }

@@ -3,24 +3,32 @@
 // y = (x − mean)·rstd·gamma (+ beta), rstd = 1/sqrt(var + eps) with the
 // biased variance; RMSNorm is the same with mean = 0.
 
+// A row's mean (0 for RMSNorm) and rstd, as the forward and backward passes
+// both compute them (the whole block takes part).
+template <bool Centre, typename T>
+__device__ __forceinline__ float2 row_stats(const T* xr, long long cols, float eps) {
+    float mean = 0.0f;
+    if (Centre) {
+        float s = 0.0f;
+        for (long long c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
+        mean = block_sum(s) / (float)cols;
+    }
+    float ss = 0.0f;
+    for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float d = to_float(xr[c]) - mean;
+        ss += d * d;
+    }
+    return make_float2(mean, 1.0f / sqrtf(block_sum(ss) / (float)cols + eps));
+}
+
 template <bool Centre, typename T>
 __device__ __forceinline__ void norm_fwd(T* y, float* mean_out, float* rstd_out, const T* x, const T* gamma,
                                          const T* beta, long long rows, long long cols, float eps) {
     ROW_LOOP(r, rows) {
         const T* xr = x + r * cols;
         T* yr = y + r * cols;
-        float mean = 0.0f;
-        if (Centre) {
-            float s = 0.0f;
-            for (long long c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
-            mean = block_sum(s) / (float)cols;
-        }
-        float ss = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-            const float d = to_float(xr[c]) - mean;
-            ss += d * d;
-        }
-        const float rstd = 1.0f / sqrtf(block_sum(ss) / (float)cols + eps);
+        const float2 st = row_stats<Centre>(xr, cols, eps);
+        const float mean = st.x, rstd = st.y;
         for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
             float v = (to_float(xr[c]) - mean) * rstd * to_float(gamma[c]);
             if (beta) v += to_float(beta[c]);
@@ -44,18 +52,8 @@ __device__ __forceinline__ void norm_bwd(T* dx, T* gx, const T* dy, const T* x, 
     ROW_LOOP(r, rows) {
         const T* xr = x + r * cols;
         const T* dyr = dy + r * cols;
-        float mean = 0.0f;
-        if (Centre) {
-            float s = 0.0f;
-            for (long long c = threadIdx.x; c < cols; c += blockDim.x) s += to_float(xr[c]);
-            mean = block_sum(s) / (float)cols;
-        }
-        float ss = 0.0f;
-        for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
-            const float d = to_float(xr[c]) - mean;
-            ss += d * d;
-        }
-        const float rstd = 1.0f / sqrtf(block_sum(ss) / (float)cols + eps);
+        const float2 st = row_stats<Centre>(xr, cols, eps);
+        const float mean = st.x, rstd = st.y;
         float sum_g = 0.0f, sum_gx = 0.0f;
         for (long long c = threadIdx.x; c < cols; c += blockDim.x) {
             const float xhat = (to_float(xr[c]) - mean) * rstd, d = to_float(dyr[c]);
