@@ -228,12 +228,9 @@ fn a_missing_data_file_is_named() {
     );
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port no other test of this process is using.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
+    autopar_runtime::launch::loopback_test_port().expect("a free loopback port")
 }
 
 /// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.

@@ -17,10 +17,7 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The endpoints of `world` ranks on loopback TCP, connected from one thread each.
 fn tcp(world: usize) -> Vec<Endpoint> {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a loopback port")
-        .port();
+    let port = autopar_runtime::launch::loopback_test_port().expect("a loopback port");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| s.spawn(move || connect(&LaunchEnv::loopback(rank, world, port), TIMEOUT, TIMEOUT)))

@@ -34,12 +34,9 @@ fn options(steps: usize) -> TrainOptions {
     opts
 }
 
-/// A loopback port that was free a moment ago.
+/// A loopback port no other test of this process is using.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
+    autopar_runtime::launch::loopback_test_port().expect("a free loopback port")
 }
 
 /// Runs every rank on its own thread with its own TCP endpoint, as

@@ -266,13 +266,46 @@ fn slurm_tasks_on_this_node(get: Get) -> Result<Var, LaunchError> {
     ))
 }
 
-/// A loopback port that was free a moment ago (for tests that meet on it).
+/// A loopback port for tests whose ranks meet on it: free when returned,
+/// never returned twice by one process, and below the kernel's ephemeral
+/// range. A port from `bind(0)` is in that range, so any outgoing
+/// connection on the host (another test's rank dialling its rank 0) may
+/// take it before this test's rank 0 listens; this one it cannot.
+pub fn loopback_test_port() -> std::io::Result<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOWEST: u32 = 10_000;
+    let ephemeral = ephemeral_ports_start().max(LOWEST + 1);
+    let span = ephemeral - LOWEST;
+    // Processes start at different places so that concurrent test binaries
+    // rarely probe the same ports.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = (LOWEST + offset) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(
+        std::io::ErrorKind::AddrInUse,
+        format!("every loopback port from {LOWEST} to {ephemeral} is taken"),
+    ))
+}
+
+/// The first port the kernel hands out for outgoing connections (Linux's
+/// `ip_local_port_range`; the IANA range's start elsewhere).
+fn ephemeral_ports_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .filter(|&p: &u32| p <= u32::from(u16::MAX))
+        .unwrap_or(49_152)
+}
+
 #[cfg(test)]
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a loopback port")
+    loopback_test_port().expect("a free loopback port")
 }
 
 #[cfg(test)]
@@ -377,6 +410,17 @@ mod tests {
         for (base, extra, want) in cases.chain(slurm_cases.map(|(extra, want)| (slurm, extra, want))) {
             let message = parse(&format!("{base} {extra}")).expect_err(extra).to_string();
             assert!(message.starts_with(want), "{extra}: got {message}");
+        }
+    }
+
+    #[test]
+    fn test_ports_are_distinct_free_and_not_ephemeral() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        for &port in &ports {
+            assert!(u32::from(port) < ephemeral_ports_start(), "{port}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).expect("the port is free");
         }
     }
 }
