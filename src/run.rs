@@ -165,6 +165,8 @@ pub struct GpuSummary {
     pub planned_arena_bytes: Vec<u64>,
     /// Per rank: weights, gradient accumulators and optimizer state.
     pub planned_model_state_bytes: Vec<u64>,
+    /// How the all-reduces between ranks ran ("NCCL 2.21.5 …", or host-staged and why).
+    pub collectives: String,
 }
 
 /// The plan's degrees and knobs, in short.
@@ -374,6 +376,7 @@ pub fn run(
         host_nodes: c.host_nodes.clone(),
         planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
         planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
+        collectives: c.collectives.clone(),
     };
     // Under a launcher each rank writes its own timeline next to `--trace`.
     let rank_trace = |events: &[TraceEvent]| -> Result<()> {
@@ -545,7 +548,11 @@ pub fn render_summary(r: &Report) -> String {
     }
     out.push('\n');
     if let Some(g) = &r.gpu {
-        let _ = writeln!(out, "device: {} ({})", g.device, g.precision);
+        let _ = writeln!(
+            out,
+            "device: {} ({}); collectives: {}",
+            g.device, g.precision, g.collectives
+        );
         for (rank, (arena, state)) in g
             .planned_arena_bytes
             .iter()

@@ -1,11 +1,13 @@
 //! The CUDA [`Backend`]: a rank's tensors live in GPU memory (stream-ordered
 //! allocations from the driver's pool, so freed buffers are reused), nodes
 //! run as cuBLAS GEMMs and NVRTC kernels on the rank's stream, and the
-//! optimizer steps flat f32 master slices on the device. Nodes without a
+//! optimizer steps flat f32 master slices on the device; all-reduces
+//! between GPUs run on NCCL when there is one. Nodes without a
 //! device kernel run on the host through the reference kernels and are
 //! counted, so a run can say what did not run on the GPU.
 
 use super::module::Kernels;
+use super::nccl::Nccl;
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
@@ -28,6 +30,8 @@ pub struct CudaBackend {
     /// Op name → nodes of that op run on the host (no device kernel for
     /// them), shared by every rank of the run.
     host_nodes: HostNodes,
+    /// All-reduces between GPUs, when this rank's peers have GPUs of their own.
+    nccl: Option<Nccl>,
 }
 
 /// Optimizer state of one parameter (or shard): f32 moments, and an f32
@@ -67,7 +71,16 @@ impl CudaBackend {
                 precision,
             },
             host_nodes,
+            nccl: None,
         })
+    }
+
+    /// The backend with its all-reduces on `nccl`.
+    pub(crate) fn with_nccl(self, nccl: Nccl) -> CudaBackend {
+        CudaBackend {
+            nccl: Some(nccl),
+            ..self
+        }
     }
 
     /// A device copy of `x` with its own buffer.
@@ -333,6 +346,29 @@ impl Backend for CudaBackend {
 
     fn synchronize(&mut self) -> Result<(), String> {
         self.gpu.stream.synchronize().map_err(err)
+    }
+
+    fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {
+        let dtype = match x.storage {
+            Storage::F32 => cudarc::nccl::sys::ncclDataType_t::ncclFloat32,
+            Storage::Bf16 => cudarc::nccl::sys::ncclDataType_t::ncclBfloat16,
+            // Every member holds the same tensor type, so all stage it alike.
+            Storage::I64 | Storage::Bool => return Ok(false),
+        };
+        let Some(nccl) = self.nccl.as_ref().filter(|n| n.connects(group)) else {
+            return Ok(false);
+        };
+        let target = self.owned(x)?;
+        // NCCL enqueues on the calling thread's current device.
+        self.gpu.stream.context().bind_to_thread().map_err(err)?;
+        nccl.all_reduce(
+            group,
+            self.gpu.ptr(target),
+            target.numel(),
+            dtype,
+            &self.gpu.stream,
+        )?;
+        Ok(true)
     }
 }
 

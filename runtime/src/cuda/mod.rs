@@ -20,6 +20,8 @@ mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod module;
 #[cfg(feature = "cuda")]
+mod nccl;
+#[cfg(feature = "cuda")]
 mod nvrtc;
 #[cfg(feature = "cuda")]
 mod ops;
@@ -132,6 +134,8 @@ pub struct CudaReport {
     /// state (weights, gradients, optimizer), from [`memory::plan_memory`]
     /// at the run's float type.
     pub planned: Vec<memory::MemoryPlan>,
+    /// How the ranks' all-reduces ran: "NCCL 2.21.5", or host-staged and why.
+    pub collectives: String,
 }
 
 /// Runs `programs` (one per rank) on one GPU: every rank is a thread with
@@ -161,7 +165,9 @@ pub fn train(
 
 /// Runs this process's one rank of `programs` on GPU `cuda.device`, its
 /// peers in other processes reached through `endpoint` (one process per
-/// GPU, as a launcher starts them; collectives are host-staged over TCP).
+/// GPU, as a launcher starts them). All-reduces run on NCCL when every
+/// rank has its own GPU and NCCL is installed (`AUTOPAR_NCCL=0` turns it
+/// off); everything else is host-staged over TCP.
 /// Rank 0 gets the run's report, with the host-run nodes of its own rank;
 /// every rank gets its own trace.
 pub fn train_rank(

@@ -2,8 +2,9 @@
 //! calibration format the cost models read — cuBLAS GEMM rates over a
 //! shape grid in bf16 and f32, the streaming bandwidth of an element-wise
 //! kernel, and the fixed cost of a kernel launch. Collective bandwidth
-//! needs NCCL across GPUs, which this backend does not drive yet, so the
-//! network stays at the documented defaults (and `about` says so).
+//! needs NCCL across several GPUs, which profiling does not drive yet (runs
+//! do, for all-reduces), so the network stays at the documented defaults
+//! (and `about` says so).
 
 use super::module::Kernels;
 use super::ops::{grid, launch, linalg, Gpu};
@@ -106,7 +107,7 @@ pub(crate) fn profile(ordinal: usize, quick: bool) -> Result<Calibration, CudaEr
             about: format!(
             "autopar profile --backend cuda on {} (compute capability {}.{}, {:.0} GiB){}: cuBLAS GEMMs, \
              a streaming copy kernel and launch overhead measured; collective bandwidth not measured \
-             (NCCL across GPUs is not driven by this backend yet), so network fractions are the defaults",
+             (profiling NCCL across GPUs is not built yet), so network fractions are the defaults",
             info.name,
             info.compute_capability.0,
             info.compute_capability.1,

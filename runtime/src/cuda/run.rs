@@ -4,6 +4,7 @@
 use super::backend::{CudaBackend, HostNodes};
 use super::memory::{self, ElementSize, MemoryPlan};
 use super::module::Kernels;
+use super::nccl::{self, Link};
 use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
 use crate::collective::Endpoint;
 use crate::cpu::parallel::{
@@ -15,6 +16,9 @@ use crate::train::TokenSource;
 use autopar_ir::DType;
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
+
+/// The report's collectives of a run without peers.
+const ONE_RANK: &str = "none (one rank)";
 
 /// What every rank on this process's GPU shares.
 struct Setup {
@@ -74,13 +78,14 @@ impl Setup {
         .map_err(|e| e.to_string())
     }
 
-    fn report(self, train: TrainReport) -> CudaReport {
+    fn report(self, train: TrainReport, collectives: String) -> CudaReport {
         let host_nodes = self.host_nodes.lock().map(|m| m.clone()).unwrap_or_default();
         CudaReport {
             train,
             device: self.info,
             host_nodes,
             planned: self.planned,
+            collectives,
         }
     }
 }
@@ -95,7 +100,11 @@ pub(super) fn train(
 ) -> Result<CudaReport, ExecError> {
     let setup = Setup::new(t, programs, opts, cuda)?;
     let report = train_on(t, programs, data, opts, progress, &|_| setup.backend(cuda))?;
-    Ok(setup.report(report))
+    let collectives = match programs.len() {
+        1 => ONE_RANK,
+        _ => "host-staged (the ranks share one GPU)",
+    };
+    Ok(setup.report(report, collectives.into()))
 }
 
 pub(super) fn train_rank(
@@ -109,16 +118,32 @@ pub(super) fn train_rank(
 ) -> Result<RankResult<CudaReport>, ExecError> {
     let rank = endpoint.rank();
     let setup = Setup::new(t, programs, opts, cuda)?;
-    let backend = setup.backend(cuda).map_err(|message| ExecError::Rank {
+    let starting = |message| ExecError::Rank {
         rank,
         step: 0,
         index: 0,
         what: "starting the backend".into(),
         message,
-    })?;
+    };
+    let backend = setup.backend(cuda).map_err(starting)?;
+    let (backend, collectives) = match nccl::connect(&endpoint, programs, &setup.ctx) {
+        Ok(Link::Nccl(nccl)) => {
+            let name = nccl.describe();
+            (
+                backend.with_nccl(nccl),
+                format!("{name} for all-reduces; the rest host-staged"),
+            )
+        }
+        Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),
+        Ok(Link::Alone) => (backend, ONE_RANK.to_string()),
+        Err(message) => {
+            endpoint.abort(&message);
+            return Err(starting(message));
+        }
+    };
     let result = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
     Ok(RankResult {
-        report: result.report.map(|r| setup.report(r)),
+        report: result.report.map(|r| setup.report(r, collectives)),
         trace: result.trace,
     })
 }

@@ -62,6 +62,18 @@ pub trait Backend {
     fn synchronize(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Sums `x` in place over the ranks of `group` (global ranks, this one
+    /// among them) with the backend's own collectives: NCCL between GPUs,
+    /// where staging through host memory would cost two copies over PCIe
+    /// and the host network. `Ok(false)` where it has none for `group`; the
+    /// interpreter then sums through host memory and the fabric. Every
+    /// member must get the same answer, and calls on one group come in the
+    /// same order on every member. Other handles sharing `x`'s storage keep
+    /// their values (the backend sums into a copy of a shared tensor).
+    fn all_reduce(&mut self, x: &mut Self::Tensor, group: &[usize]) -> Result<bool, String> {
+        let _ = (x, group);
+        Ok(false)
+    }
 }
 
 /// The reference backend: host values, `Op::eval`.

@@ -431,6 +431,9 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 group,
                 reduction,
             } => {
+                if self.all_reduce_grad_on_device(param, group)? {
+                    return Ok(None);
+                }
                 let grad = self.take_grad_host(param)?;
                 let algorithm = match reduction {
                     Reduction::Ring => Algorithm::Ring,
@@ -456,7 +459,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     let g = self.grad(p)?.clone();
                     self.dev.accumulate(&mut sum, &g).map_err(Failure::Other)?;
                 }
-                if group.len() > 1 {
+                if group.len() > 1 && !self.dev.all_reduce(&mut sum, group).map_err(Failure::Other)? {
                     let host = self.host(&sum)?;
                     let mut b = to_buffer(&host);
                     self.ep
@@ -597,6 +600,14 @@ impl<'a, B: Backend> RankRun<'a, B> {
         Ok(Arc::try_unwrap(host).unwrap_or_else(|shared| (*shared).clone()))
     }
 
+    /// Sums `param`'s gradient over `group` with the backend's own
+    /// collectives, in place; false where the backend has none.
+    fn all_reduce_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
+        self.grad(param)?;
+        let g = self.grads.get_mut(param).expect("checked above");
+        self.dev.all_reduce(g, group).map_err(Failure::Other)
+    }
+
     fn weight_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
         let w = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
         self.host(&w)
@@ -692,6 +703,15 @@ impl<'a, B: Backend> RankRun<'a, B> {
             let y = self.dev.duplicate(&held).map_err(Failure::Other)?;
             self.put(Buf::of(&out_name, mb), y);
             return Ok(());
+        }
+        if kind == CommKind::AllReduce {
+            // The backend copies the input before summing in place if it is
+            // shared, as it is here: the input buffer stays readable.
+            let mut y = held.clone();
+            if self.dev.all_reduce(&mut y, group).map_err(Failure::Other)? {
+                self.put(Buf::of(&out_name, mb), y);
+                return Ok(());
+            }
         }
         let x = self.host(&held)?;
         let parts = group.len();

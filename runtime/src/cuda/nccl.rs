@@ -1,0 +1,347 @@
+//! NCCL between GPUs. When each rank of a run is its own process on its own
+//! GPU (as a launcher starts them), the all-reduces of a plan — data-parallel
+//! gradients, tensor-parallel partial sums, tied weights' gradients — run as
+//! NCCL all-reduces on the rank's stream instead of going through host
+//! memory and TCP; the other collectives (ZeRO's reduce-scatters and
+//! gathers, sequence-parallel gathers, pipeline sends) stay host-staged.
+//!
+//! NCCL calls block on the GPU until every member joins, so every rank must
+//! route the same collectives to NCCL: the ranks first agree over the
+//! fabric (each says whether it can, and on which GPU), and every rank
+//! derives the groups from the same programs. A rank's NCCL calls share its
+//! compute stream, so they are ordered with its kernels as the program
+//! orders them and need no events; ranks issue the collectives of a group
+//! in program order, which the lowering keeps consistent across ranks.
+
+use crate::collective::{Buffer, Endpoint};
+use crate::lower::{Instr, Program};
+use autopar_ir::CommKind;
+use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::nccl::{result, sys};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Set to 0 to stage every collective through host memory (to compare, or
+/// to rule NCCL out while debugging).
+pub const DISABLE_VAR: &str = "AUTOPAR_NCCL";
+
+/// NCCL 2.10 added bf16 reductions.
+const MIN_VERSION: i32 = 21000;
+
+/// One rank's NCCL communicators, one per group it all-reduces over.
+pub(crate) struct Nccl {
+    comms: BTreeMap<Vec<usize>, Comm>,
+    version: i32,
+}
+
+/// How this process's rank talks to its peers' GPUs.
+pub(crate) enum Link {
+    /// A run of one rank has no peers.
+    Alone,
+    Nccl(Nccl),
+    /// Collectives go through host memory and the fabric, for this reason.
+    Staged(String),
+}
+
+/// An initialised communicator; aborted (which never blocks on peers) when
+/// the run ends, successfully or not.
+struct Comm(sys::ncclComm_t);
+
+// SAFETY: a communicator is used by one thread at a time (the rank's); NCCL
+// allows that thread to differ from the one that created it.
+unsafe impl Send for Comm {}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        // SAFETY: the communicator was initialised and is not used after this.
+        let _ = unsafe { result::comm_abort(self.0) };
+    }
+}
+
+impl Nccl {
+    /// "NCCL 2.21.5", for the run's report.
+    pub fn describe(&self) -> String {
+        let v = self.version;
+        format!("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+    }
+
+    /// Whether `group` has a communicator (every member gets the same answer).
+    pub fn connects(&self, group: &[usize]) -> bool {
+        self.comms.contains_key(group)
+    }
+
+    /// Sums `count` elements of `dtype` at device address `ptr` in place
+    /// over `group`, queued on `stream`.
+    pub fn all_reduce(
+        &self,
+        group: &[usize],
+        ptr: u64,
+        count: usize,
+        dtype: sys::ncclDataType_t,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), String> {
+        let comm = self
+            .comms
+            .get(group)
+            .ok_or_else(|| format!("no NCCL communicator for ranks {group:?}"))?;
+        // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
+        // device, used in stream order on `stream`; the communicator lives.
+        unsafe {
+            result::all_reduce(
+                ptr as *const _,
+                ptr as *mut _,
+                count,
+                dtype,
+                sys::ncclRedOp_t::ncclSum,
+                comm.0,
+                stream.cu_stream() as _,
+            )
+        }
+        .map_err(|e| format!("NCCL all-reduce over ranks {group:?}: {:?}", e.0))?;
+        Ok(())
+    }
+}
+
+/// Connects this rank's NCCL communicators, or says why collectives stay
+/// host-staged. Every rank of the run calls it at the same point; they all
+/// reach the same decision.
+pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext>) -> Result<Link, String> {
+    let (rank, world) = (ep.rank(), ep.world());
+    if world == 1 {
+        return Ok(Link::Alone);
+    }
+    let (readiness, version) = local_readiness();
+    let uuid = ctx
+        .uuid()
+        .map_err(|e| format!("reading the GPU's UUID: {e}"))?
+        .bytes
+        .map(|b| b as u8);
+    let mine = Buffer::F64(encode_row(readiness, &uuid));
+    let everyone: Vec<usize> = (0..world).collect();
+    let rows = ep
+        .all_gather(&everyone, &mine, "nccl/readiness", "agreeing on NCCL")
+        .map_err(|e| e.to_string())?;
+    let Buffer::F64(rows) = rows else {
+        return Err("the NCCL readiness rows arrived as f32".into());
+    };
+    if let Err(why) = agree(&rows, world) {
+        return Ok(Link::Staged(why));
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    let mut comms = BTreeMap::new();
+    for group in all_reduce_groups(programs) {
+        let Some(position) = group.iter().position(|&r| r == rank) else {
+            continue;
+        };
+        let tag = format!("nccl/id/{group:?}");
+        let what = format!("sharing the NCCL id of ranks {group:?}");
+        let id = if position == 0 {
+            let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+            for &member in &group[1..] {
+                ep.send(member, &tag, Buffer::F64(encode_bytes(&id_bytes(&id))), &what)
+                    .map_err(|e| e.to_string())?;
+            }
+            id
+        } else {
+            match ep.recv(group[0], &tag, &what).map_err(|e| e.to_string())? {
+                Buffer::F64(words) => id_from(&decode_bytes(&words, 128)?),
+                Buffer::F32(_) => return Err(format!("{what}: the id arrived as f32")),
+            }
+        };
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` is written by NCCL; every member calls this for the
+        // same groups in the same (sorted) order, so the blocking
+        // initialisations cannot wait on each other in a cycle.
+        unsafe { result::comm_init_rank(&mut comm, group.len() as i32, id, position as i32) }
+            .map_err(|e| format!("ncclCommInitRank for ranks {group:?}: {:?}", e.0))?;
+        comms.insert(group, Comm(comm));
+    }
+    Ok(Link::Nccl(Nccl { comms, version }))
+}
+
+/// Whether this process can use NCCL: 0 if so, else a reason code, with
+/// the library's version (0 when absent).
+fn local_readiness() -> (u32, i32) {
+    if std::env::var(DISABLE_VAR).is_ok_and(|v| v.trim() == "0") {
+        return (1, 0);
+    }
+    // SAFETY: only tries to dlopen libnccl.
+    if !unsafe { sys::is_culib_present() } {
+        return (2, 0);
+    }
+    match result::get_nccl_version() {
+        Ok(v) if v >= MIN_VERSION => (0, v),
+        Ok(v) => (3, v),
+        Err(_) => (2, 0),
+    }
+}
+
+/// What a reason code from [`local_readiness`] means.
+fn reason(code: u32) -> &'static str {
+    match code {
+        1 => "AUTOPAR_NCCL=0",
+        2 => "libnccl.so not found (install NCCL, e.g. the nvidia-nccl wheel, and add its lib folder with a libnccl.so link to LD_LIBRARY_PATH)",
+        3 => "NCCL older than 2.10 (no bf16 reductions)",
+        0 => "ready",
+        _ => "an unknown reason",
+    }
+}
+
+/// One rank's readiness row: its reason code, then its GPU's UUID as four
+/// 32-bit words (exact in f64, so the row survives any fabric).
+fn encode_row(readiness: u32, uuid: &[u8; 16]) -> Vec<f64> {
+    std::iter::once(f64::from(readiness))
+        .chain(encode_bytes(uuid))
+        .collect()
+}
+
+const ROW: usize = 5;
+
+/// Collectives go to NCCL only if every rank can use it and no two ranks
+/// share a GPU (NCCL refuses duplicate devices); otherwise says why not.
+fn agree(rows: &[f64], world: usize) -> Result<(), String> {
+    if rows.len() != world * ROW {
+        return Err(format!("{} readiness values from {world} ranks", rows.len()));
+    }
+    let mut seen: BTreeMap<Vec<u64>, usize> = BTreeMap::new();
+    for (rank, row) in rows.chunks(ROW).enumerate() {
+        if row[0] != 0.0 {
+            return Err(format!("rank {rank}: {}", reason(row[0] as u32)));
+        }
+        let uuid: Vec<u64> = row[1..].iter().map(|&w| w as u64).collect();
+        if let Some(first) = seen.insert(uuid, rank) {
+            return Err(format!("ranks {first} and {rank} share a GPU"));
+        }
+    }
+    Ok(())
+}
+
+/// The groups of every all-reduce that goes to NCCL, over all ranks'
+/// programs, in one order every rank computes alike.
+fn all_reduce_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
+    programs
+        .iter()
+        .flat_map(|p| &p.instructions)
+        .filter_map(|instr| match instr {
+            Instr::AllReduceGrad { group, .. }
+            | Instr::SumTiedGrads { group, .. }
+            | Instr::Collective {
+                kind: CommKind::AllReduce,
+                group,
+                ..
+            } => Some(group),
+            _ => None,
+        })
+        .filter(|group| group.len() > 1)
+        .cloned()
+        .collect()
+}
+
+/// Bytes as little-endian 32-bit words, each exact in an f64.
+fn encode_bytes(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks(4)
+        .map(|c| {
+            let mut word = [0u8; 4];
+            word[..c.len()].copy_from_slice(c);
+            f64::from(u32::from_le_bytes(word))
+        })
+        .collect()
+}
+
+/// The `len` bytes [`encode_bytes`] made.
+fn decode_bytes(words: &[f64], len: usize) -> Result<Vec<u8>, String> {
+    if words.len() != len.div_ceil(4)
+        || words
+            .iter()
+            .any(|&w| w.fract() != 0.0 || !(0.0..=4294967295.0).contains(&w))
+    {
+        return Err(format!("malformed {len}-byte message"));
+    }
+    let mut bytes: Vec<u8> = words.iter().flat_map(|&w| (w as u32).to_le_bytes()).collect();
+    bytes.truncate(len);
+    Ok(bytes)
+}
+
+fn id_bytes(id: &sys::ncclUniqueId) -> Vec<u8> {
+    id.internal.iter().map(|&c| c as u8).collect()
+}
+
+fn id_from(bytes: &[u8]) -> sys::ncclUniqueId {
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (to, &b) in internal.iter_mut().zip(bytes) {
+        *to = b as std::ffi::c_char;
+    }
+    sys::ncclUniqueId { internal }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::{for_strategy, lower, Strategy};
+
+    #[test]
+    fn bytes_round_trip_through_words() {
+        let bytes: Vec<u8> = (0..=255u8).rev().take(130).collect();
+        let words = encode_bytes(&bytes);
+        assert_eq!(words.len(), 33);
+        assert_eq!(decode_bytes(&words, 130).unwrap(), bytes);
+        assert_eq!(id_bytes(&id_from(&bytes[..128])), bytes[..128]);
+        assert!(decode_bytes(&words[1..], 130).is_err());
+        assert!(decode_bytes(&[0.5; 33], 130).is_err());
+    }
+
+    /// Without libnccl the check says so instead of the loader panicking;
+    /// with it, the version is read (neither needs a GPU).
+    #[test]
+    fn readiness_is_read_without_a_gpu() {
+        let (code, version) = local_readiness();
+        match code {
+            0 => assert!(version >= MIN_VERSION, "{version}"),
+            1 | 2 => assert_eq!(version, 0),
+            _ => assert!(version > 0 && version < MIN_VERSION, "{version}"),
+        }
+        eprintln!(
+            "NCCL readiness here: {code} ({}), version {version}",
+            reason(code)
+        );
+    }
+
+    #[test]
+    fn ranks_agree_only_when_all_can_on_distinct_gpus() {
+        let row = |code, gpu: u8| encode_row(code, &[gpu; 16]);
+        let rows = |rs: Vec<Vec<f64>>| rs.concat();
+        assert_eq!(agree(&rows(vec![row(0, 1), row(0, 2), row(0, 3)]), 3), Ok(()));
+        assert_eq!(
+            agree(&rows(vec![row(0, 1), row(0, 2), row(0, 1)]), 3),
+            Err("ranks 0 and 2 share a GPU".into())
+        );
+        let missing = agree(&rows(vec![row(0, 1), row(2, 2)]), 2).unwrap_err();
+        assert!(missing.starts_with("rank 1: libnccl.so not found"), "{missing}");
+        assert_eq!(
+            agree(&rows(vec![row(1, 1), row(0, 2)]), 2),
+            Err("rank 0: AUTOPAR_NCCL=0".into())
+        );
+        assert!(agree(&row(0, 1), 2).is_err());
+    }
+
+    /// The groups are the same from every rank's view, and cover the
+    /// data- and tensor-parallel all-reduces of a hybrid plan.
+    #[test]
+    fn groups_of_a_hybrid_plan() {
+        let g = autopar_ir::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+        let s = Strategy::new(2, 1, 2, 1, 2).with_tp(2, false);
+        let t = for_strategy(&g, &s, 8).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        let groups = all_reduce_groups(&programs);
+        // Ranks are laid out tp-inner: tp groups {0,1}, {2,3}; dp {0,2}, {1,3}.
+        let expected: BTreeSet<Vec<usize>> = [vec![0, 1], vec![0, 2], vec![1, 3], vec![2, 3]].into();
+        assert_eq!(groups, expected);
+        // A pipeline sends activations; its one all-reduce sums the tied
+        // embedding's gradients of the first and last stages.
+        let s = Strategy::new(1, 2, 2, 1, 2);
+        let t = for_strategy(&g, &s, 8).unwrap();
+        assert_eq!(all_reduce_groups(&lower(&t, &s).unwrap()), [vec![0, 1]].into());
+    }
+}
