@@ -27,8 +27,8 @@ struct Summing {
     endpoint: Endpoint,
     /// Calls so far by group, which also make each call's tag.
     calls: BTreeMap<Vec<usize>, usize>,
-    /// Every rank's calls, by group size, for the test to check.
-    log: Arc<Mutex<BTreeMap<usize, usize>>>,
+    /// Every rank's calls, by kind, for the test to check.
+    log: Arc<Mutex<BTreeMap<Kind, usize>>>,
 }
 
 impl Backend for Summing {
@@ -73,25 +73,114 @@ impl Backend for Summing {
     }
 
     fn all_reduce(&mut self, x: &mut Arc<Value>, group: &[usize]) -> Result<bool, String> {
-        let n = self.calls.entry(group.to_vec()).or_insert(0);
-        *n += 1;
-        let tag = format!("device/{group:?}/{n}");
-        *self.log.lock().unwrap().entry(group.len()).or_insert(0) += 1;
-        let value = Arc::make_mut(x);
-        let mut buffer = match &value.data {
-            Data::F32(v) => Buffer::F32(v.clone()),
-            Data::F64(v) => Buffer::F64(v.clone()),
-            other => return Err(format!("all-reduce of {other:?}")),
-        };
+        let tag = self.next_tag(Kind::AllReduce, group);
+        let mut buffer = flat(x, x.numel())?;
         self.endpoint
             .all_reduce(group, &mut buffer, Algorithm::Ring, &tag, "a device all-reduce")
             .map_err(|e| e.to_string())?;
-        value.data = match buffer {
-            Buffer::F32(v) => Data::F32(v),
-            Buffer::F64(v) => Data::F64(v),
-        };
+        *x = Arc::new(shaped(buffer, x, &x.shape));
         Ok(true)
     }
+
+    fn reduce_scatter(&mut self, x: &Arc<Value>, group: &[usize]) -> Result<Option<Arc<Value>>, String> {
+        let tag = self.next_tag(Kind::ReduceScatter, group);
+        let part = x.numel().div_ceil(group.len());
+        let mine = self
+            .endpoint
+            .reduce_scatter(
+                group,
+                &flat(x, part * group.len())?,
+                &tag,
+                "a device reduce-scatter",
+            )
+            .map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(shaped(mine, x, &[part]))))
+    }
+
+    fn all_gather(
+        &mut self,
+        part: &Arc<Value>,
+        group: &[usize],
+        shape: &[usize],
+    ) -> Result<Option<Arc<Value>>, String> {
+        let tag = self.next_tag(Kind::AllGather, group);
+        let all = self
+            .endpoint
+            .all_gather(group, &flat(part, part.numel())?, &tag, "a device all-gather")
+            .map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(shaped(all, part, shape))))
+    }
+
+    fn all_gather_parts(&mut self, w: &mut Arc<Value>, group: &[usize]) -> Result<bool, String> {
+        let tag = self.next_tag(Kind::AllGather, group);
+        let position = group.iter().position(|&r| r == self.endpoint.rank()).unwrap();
+        let part = w.numel().div_ceil(group.len());
+        let mine = match flat(w, part * group.len())? {
+            Buffer::F32(v) => Buffer::F32(v[position * part..][..part].to_vec()),
+            Buffer::F64(v) => Buffer::F64(v[position * part..][..part].to_vec()),
+        };
+        let all = self
+            .endpoint
+            .all_gather(group, &mine, &tag, "a device all-gather")
+            .map_err(|e| e.to_string())?;
+        *w = Arc::new(shaped(all, w, &w.shape));
+        Ok(true)
+    }
+}
+
+/// What the stand-in backend ran, for the test to count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+}
+
+impl Summing {
+    /// Counts a call and names it uniquely (members call alike, in order).
+    fn next_tag(&mut self, kind: Kind, group: &[usize]) -> String {
+        let n = self.calls.entry(group.to_vec()).or_insert(0);
+        *n += 1;
+        *self.log.lock().unwrap().entry(kind).or_insert(0) += 1;
+        format!("device/{group:?}/{n}")
+    }
+}
+
+/// `v`'s floats, zero-padded to `len`.
+fn flat(v: &Value, len: usize) -> Result<Buffer, String> {
+    Ok(match &v.data {
+        Data::F32(x) => Buffer::F32(
+            x.iter()
+                .copied()
+                .chain(std::iter::repeat(0.0))
+                .take(len)
+                .collect(),
+        ),
+        Data::F64(x) => Buffer::F64(
+            x.iter()
+                .copied()
+                .chain(std::iter::repeat(0.0))
+                .take(len)
+                .collect(),
+        ),
+        other => return Err(format!("a collective on {other:?}")),
+    })
+}
+
+/// The first elements of `b` as a value of `shape`, typed like `like`.
+fn shaped(b: Buffer, like: &Value, shape: &[usize]) -> Value {
+    let n = shape.iter().product();
+    let data = match b {
+        Buffer::F32(mut x) => {
+            x.truncate(n);
+            Data::F32(x)
+        }
+        Buffer::F64(mut x) => {
+            x.truncate(n);
+            Data::F64(x)
+        }
+    };
+    Value::new(like.dtype, shape.to_vec(), data).unwrap()
 }
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
@@ -103,9 +192,10 @@ fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
     (t, programs)
 }
 
-/// Runs `s` both ways; returns the device all-reduces by group size and
-/// the plan's all-reduce instructions of each kind across ranks.
-fn check(s: Strategy) -> (BTreeMap<usize, usize>, [usize; 3]) {
+/// Runs `s` both ways (two steps) and checks that the stand-in ran each
+/// of the plan's all-reduces, reduce-scatters and gathers once a step;
+/// returns how many of each kind the plan has, over all ranks.
+fn check(s: Strategy) -> BTreeMap<Kind, usize> {
     let (t, programs) = lowered(&s);
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 2);
     opts.timeout = Duration::from_secs(20);
@@ -133,7 +223,7 @@ fn check(s: Strategy) -> (BTreeMap<usize, usize>, [usize; 3]) {
     .unwrap();
     let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
     assert_eq!(losses(&on_device), losses(&staged), "losses differ");
-    // The all-reduces no longer go through the interpreter's fabric.
+    // Those collectives no longer go through the interpreter's fabric.
     let sent = |r: &TrainReport| r.ranks.iter().map(|r| r.bytes_sent).sum::<u64>();
     assert!(
         sent(&on_device) < sent(&staged),
@@ -141,50 +231,57 @@ fn check(s: Strategy) -> (BTreeMap<usize, usize>, [usize; 3]) {
         sent(&on_device),
         sent(&staged)
     );
-    let mut kinds = [0; 3];
+    let mut planned = BTreeMap::new();
     for instr in programs.iter().flat_map(|p| &p.instructions) {
-        match instr {
-            Instr::AllReduceGrad { group, .. } if group.len() > 1 => kinds[0] += 1,
-            Instr::Collective {
+        let kind = match instr {
+            Instr::AllReduceGrad { .. }
+            | Instr::Collective {
                 kind: CommKind::AllReduce,
-                group,
                 ..
-            } if group.len() > 1 => kinds[1] += 1,
-            Instr::SumTiedGrads { group, .. } if group.len() > 1 => kinds[2] += 1,
-            _ => {}
-        }
+            } => Kind::AllReduce,
+            Instr::SumTiedGrads { group, .. } if group.len() > 1 => Kind::AllReduce,
+            Instr::ReduceScatterGrad { .. } => Kind::ReduceScatter,
+            Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => Kind::AllGather,
+            _ => continue,
+        };
+        *planned.entry(kind).or_insert(0) += 1;
     }
-    let log = log.lock().unwrap().clone();
-    (log, kinds)
+    let twice: BTreeMap<Kind, usize> = planned.iter().map(|(k, n)| (*k, 2 * n)).collect();
+    assert_eq!(*log.lock().unwrap(), twice);
+    planned
 }
 
 #[test]
 fn data_parallel_gradients() {
-    let (log, kinds) = check(Strategy::new(2, 1, LAYERS, 1, 2));
-    assert!(kinds[0] > 0, "{kinds:?}");
-    // Two steps, every rank's call counted.
-    assert_eq!(log.get(&2), Some(&(2 * kinds[0])), "{log:?}");
+    let planned = check(Strategy::new(2, 1, LAYERS, 1, 2));
+    assert_eq!(planned.keys().collect::<Vec<_>>(), [&Kind::AllReduce]);
 }
 
 #[test]
 fn tensor_parallel_activations_and_gradients() {
-    let (log, kinds) = check(Strategy::new(1, 1, LAYERS, 1, 2).with_tp(2, false));
-    assert!(kinds[1] > 0, "{kinds:?}");
-    assert_eq!(
-        log.values().sum::<usize>(),
-        2 * kinds.iter().sum::<usize>(),
-        "{log:?} {kinds:?}"
-    );
+    let planned = check(Strategy::new(1, 1, LAYERS, 1, 2).with_tp(2, false));
+    assert!(planned.contains_key(&Kind::AllReduce), "{planned:?}");
 }
 
 #[test]
-fn hybrid_with_a_pipeline() {
-    let s = Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, false);
-    let (log, kinds) = check(s);
-    assert!(kinds[0] > 0 && kinds[1] > 0, "{kinds:?}");
-    assert_eq!(
-        log.values().sum::<usize>(),
-        2 * kinds.iter().sum::<usize>(),
-        "{log:?} {kinds:?}"
-    );
+fn hybrid_with_a_pipeline_and_tied_embeddings() {
+    let planned = check(Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, false));
+    assert!(planned.contains_key(&Kind::AllReduce), "{planned:?}");
+}
+
+#[test]
+fn zero_stages() {
+    for zero in 1..=3 {
+        let mut s = Strategy::new(2, 1, LAYERS, 1, 2);
+        s.zero = zero;
+        let planned = check(s);
+        let gathers = planned.get(&Kind::AllGather).copied().unwrap_or(0);
+        assert!(gathers > 0, "zero {zero}: {planned:?}");
+        if zero >= 2 {
+            assert!(
+                planned.contains_key(&Kind::ReduceScatter),
+                "zero {zero}: {planned:?}"
+            );
+        }
+    }
 }

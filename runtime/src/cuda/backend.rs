@@ -7,7 +7,7 @@
 //! counted, so a run can say what did not run on the GPU.
 
 use super::module::Kernels;
-use super::nccl::Nccl;
+use super::nccl::{DataType, Nccl};
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
@@ -88,17 +88,29 @@ impl CudaBackend {
         let mut y = tensor::allocate(&self.gpu.stream, x.dtype, x.storage, x.shape.clone(), false)?;
         y.ints = x.ints.clone();
         y.seed = x.seed.clone();
-        // SAFETY: both buffers hold at least `x.bytes()` bytes; same stream.
+        self.copy_into(&y, x)?;
+        Ok(y)
+    }
+
+    /// Copies `x`'s elements to the start of `y`, which holds at least as many bytes.
+    fn copy_into(&self, y: &GpuTensor, x: &GpuTensor) -> Result<(), CudaError> {
+        let room = y.buf.len() as u64 - y.offset;
+        if room < x.bytes() as u64 {
+            return Err(CudaError::Driver(format!(
+                "copying {} bytes into {room}",
+                x.bytes()
+            )));
+        }
+        // SAFETY: both buffers hold at least `x.bytes()` bytes (checked); same stream.
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(
-                self.gpu.ptr(&y),
+                self.gpu.ptr(y),
                 self.gpu.ptr(x),
                 x.bytes(),
                 self.gpu.stream.cu_stream(),
             )
         }
-        .map_err(|e| CudaError::Driver(e.to_string()))?;
-        Ok(y)
+        .map_err(|e| CudaError::Driver(e.to_string()))
     }
 
     /// `x` as a tensor whose buffer nobody else holds (copied if shared).
@@ -349,26 +361,100 @@ impl Backend for CudaBackend {
     }
 
     fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {
-        let dtype = match x.storage {
-            Storage::F32 => cudarc::nccl::sys::ncclDataType_t::ncclFloat32,
-            Storage::Bf16 => cudarc::nccl::sys::ncclDataType_t::ncclBfloat16,
-            // Every member holds the same tensor type, so all stage it alike.
-            Storage::I64 | Storage::Bool => return Ok(false),
-        };
-        let Some(nccl) = self.nccl.as_ref().filter(|n| n.connects(group)) else {
+        let Some((nccl, dtype)) = self.nccl_for(x, group) else {
             return Ok(false);
         };
         let target = self.owned(x)?;
-        // NCCL enqueues on the calling thread's current device.
-        self.gpu.stream.context().bind_to_thread().map_err(err)?;
-        nccl.all_reduce(
-            group,
-            self.gpu.ptr(target),
-            target.numel(),
-            dtype,
-            &self.gpu.stream,
-        )?;
+        let ptr = self.gpu.ptr(target);
+        nccl.all_reduce(group, ptr, target.numel(), dtype, &self.gpu.stream)?;
         Ok(true)
+    }
+
+    fn reduce_scatter(
+        &mut self,
+        x: &Arc<GpuTensor>,
+        group: &[usize],
+    ) -> Result<Option<Arc<GpuTensor>>, String> {
+        let Some((nccl, dtype)) = self.nccl_for(x, group) else {
+            return Ok(None);
+        };
+        let part = x.numel().div_ceil(group.len());
+        let len = part * group.len();
+        let padded = (len > x.numel()).then(|| self.padded(x, len)).transpose()?;
+        let mine = self.allocate_like(x, vec![part])?;
+        let ptrs = (self.gpu.ptr(padded.as_ref().unwrap_or(x)), self.gpu.ptr(&mine));
+        nccl.reduce_scatter(group, ptrs, part, dtype, &self.gpu.stream)?;
+        Ok(Some(Arc::new(mine)))
+    }
+
+    fn all_gather(
+        &mut self,
+        part: &Arc<GpuTensor>,
+        group: &[usize],
+        shape: &[usize],
+    ) -> Result<Option<Arc<GpuTensor>>, String> {
+        let Some((nccl, dtype)) = self.nccl_for(part, group) else {
+            return Ok(None);
+        };
+        let count = part.numel();
+        if shape.iter().product::<usize>() > count * group.len() {
+            return Err(format!(
+                "gathering {} parts of {count} elements cannot fill a {shape:?} weight",
+                group.len()
+            ));
+        }
+        let all = self.allocate_like(part, vec![count * group.len()])?;
+        let ptrs = (self.gpu.ptr(part), self.gpu.ptr(&all));
+        nccl.all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
+        Ok(Some(Arc::new(all.alias(part.dtype, shape.to_vec()))))
+    }
+
+    fn all_gather_parts(&mut self, w: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {
+        let Some((nccl, dtype)) = self.nccl_for(w, group) else {
+            return Ok(false);
+        };
+        let position = nccl
+            .position(group)
+            .ok_or_else(|| format!("this rank is not in the group {group:?} it gathers over"))?;
+        let part = w.numel().div_ceil(group.len());
+        let len = part * group.len();
+        if len > w.numel() {
+            let mut all = self.padded(w, len)?;
+            all.seed = w.seed.clone();
+            *w = Arc::new(all.alias(w.dtype, w.shape.clone()));
+        }
+        // In place: this member's part already sits where the gather puts it.
+        let target = self.owned(w)?;
+        let at = self.gpu.ptr(target);
+        let mine = at + (position * part * target.storage.size()) as u64;
+        nccl.all_gather(group, (mine, at), part, dtype, &self.gpu.stream)?;
+        Ok(true)
+    }
+}
+
+impl CudaBackend {
+    /// NCCL and its element type for a collective of `x` over `group`, or
+    /// `None` where it is staged through the host (every member alike).
+    fn nccl_for(&self, x: &GpuTensor, group: &[usize]) -> Option<(&Nccl, DataType)> {
+        let dtype = match x.storage {
+            Storage::F32 => DataType::ncclFloat32,
+            Storage::Bf16 => DataType::ncclBfloat16,
+            Storage::I64 | Storage::Bool => return None,
+        };
+        let nccl = self.nccl.as_ref().filter(|n| n.connects(group))?;
+        Some((nccl, dtype))
+    }
+
+    /// A new tensor of `x`'s types and `shape` (contents unset).
+    fn allocate_like(&self, x: &GpuTensor, shape: Vec<usize>) -> Result<GpuTensor, String> {
+        tensor::allocate(&self.gpu.stream, x.dtype, x.storage, shape, false).map_err(err)
+    }
+
+    /// `x` flattened and zero-padded to `len` elements, in a new buffer.
+    fn padded(&self, x: &GpuTensor, len: usize) -> Result<GpuTensor, String> {
+        let y = tensor::allocate(&self.gpu.stream, x.dtype, x.storage, vec![len], true).map_err(err)?;
+        self.copy_into(&y, x).map_err(err)?;
+        Ok(y)
     }
 }
 

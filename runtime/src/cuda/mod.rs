@@ -165,9 +165,10 @@ pub fn train(
 
 /// Runs this process's one rank of `programs` on GPU `cuda.device`, its
 /// peers in other processes reached through `endpoint` (one process per
-/// GPU, as a launcher starts them). All-reduces run on NCCL when every
-/// rank has its own GPU and NCCL is installed (`AUTOPAR_NCCL=0` turns it
-/// off); everything else is host-staged over TCP.
+/// GPU, as a launcher starts them). All-reduces and ZeRO's reduce-scatters
+/// and gathers run on NCCL when every rank has its own GPU and NCCL is
+/// installed (`AUTOPAR_NCCL=0` turns it off); the rest is host-staged over
+/// TCP.
 /// Rank 0 gets the run's report, with the host-run nodes of its own rank;
 /// every rank gets its own trace.
 pub fn train_rank(

@@ -1,9 +1,10 @@
 //! NCCL between GPUs. When each rank of a run is its own process on its own
-//! GPU (as a launcher starts them), the all-reduces of a plan — data-parallel
-//! gradients, tensor-parallel partial sums, tied weights' gradients — run as
-//! NCCL all-reduces on the rank's stream instead of going through host
-//! memory and TCP; the other collectives (ZeRO's reduce-scatters and
-//! gathers, sequence-parallel gathers, pipeline sends) stay host-staged.
+//! GPU (as a launcher starts them), a plan's all-reduces (data-parallel
+//! gradients, tensor-parallel partial sums, tied weights' gradients) and
+//! ZeRO's gradient reduce-scatters and weight gathers run as NCCL calls on
+//! the rank's stream instead of going through host memory and TCP; the
+//! rest (sequence-parallel gathers along an axis, pipeline sends) stays
+//! host-staged.
 //!
 //! NCCL calls block on the GPU until every member joins, so every rank must
 //! route the same collectives to NCCL: the ranks first agree over the
@@ -28,11 +29,16 @@ pub const DISABLE_VAR: &str = "AUTOPAR_NCCL";
 /// NCCL 2.10 added bf16 reductions.
 const MIN_VERSION: i32 = 21000;
 
-/// One rank's NCCL communicators, one per group it all-reduces over.
+/// One rank's NCCL communicators, one per group it meets in a collective.
 pub(crate) struct Nccl {
+    rank: usize,
     comms: BTreeMap<Vec<usize>, Comm>,
     version: i32,
 }
+
+/// NCCL's element types.
+pub(crate) type DataType = sys::ncclDataType_t;
+type Stream = Arc<CudaStream>;
 
 /// How this process's rank talks to its peers' GPUs.
 pub(crate) enum Link {
@@ -70,6 +76,11 @@ impl Nccl {
         self.comms.contains_key(group)
     }
 
+    /// This rank's position in `group` (its rank in the group's communicator).
+    pub fn position(&self, group: &[usize]) -> Option<usize> {
+        group.iter().position(|&r| r == self.rank)
+    }
+
     /// Sums `count` elements of `dtype` at device address `ptr` in place
     /// over `group`, queued on `stream`.
     pub fn all_reduce(
@@ -77,28 +88,91 @@ impl Nccl {
         group: &[usize],
         ptr: u64,
         count: usize,
-        dtype: sys::ncclDataType_t,
-        stream: &Arc<CudaStream>,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.enqueue("all-reduce", group, stream, |comm, s| {
+            // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
+            // device, used in stream order.
+            unsafe {
+                result::all_reduce(
+                    ptr as *const _,
+                    ptr as *mut _,
+                    count,
+                    dtype,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    s,
+                )
+            }
+        })
+    }
+
+    /// Sums the `count × group size` elements at `send` over `group` and
+    /// writes part `position` of the sum (`count` elements) to `recv`.
+    pub fn reduce_scatter(
+        &self,
+        group: &[usize],
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.enqueue("reduce-scatter", group, stream, |comm, s| {
+            // SAFETY: `send` holds count × group size elements and `recv`
+            // count, both on this device, used in stream order.
+            unsafe {
+                result::reduce_scatter(
+                    send as *const _,
+                    recv as *mut _,
+                    count,
+                    dtype,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    s,
+                )
+            }
+        })
+    }
+
+    /// Concatenates every member's `count` elements at `send` into `recv`
+    /// (`count × group size` elements, parts in group order). In place
+    /// when `send` is this member's part of `recv`.
+    pub fn all_gather(
+        &self,
+        group: &[usize],
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.enqueue("all-gather", group, stream, |comm, s| {
+            // SAFETY: `send` holds `count` elements and `recv` count × group
+            // size, both on this device, used in stream order.
+            unsafe { result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s) }
+        })
+    }
+
+    /// Queues `call` on `group`'s communicator and `stream`.
+    fn enqueue(
+        &self,
+        name: &str,
+        group: &[usize],
+        stream: &Stream,
+        call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<(), String> {
         let comm = self
             .comms
             .get(group)
             .ok_or_else(|| format!("no NCCL communicator for ranks {group:?}"))?;
-        // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
-        // device, used in stream order on `stream`; the communicator lives.
-        unsafe {
-            result::all_reduce(
-                ptr as *const _,
-                ptr as *mut _,
-                count,
-                dtype,
-                sys::ncclRedOp_t::ncclSum,
-                comm.0,
-                stream.cu_stream() as _,
-            )
-        }
-        .map_err(|e| format!("NCCL all-reduce over ranks {group:?}: {:?}", e.0))?;
-        Ok(())
+        // NCCL enqueues on the calling thread's current device.
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(|e| format!("binding the CUDA context: {e}"))?;
+        call(comm.0, stream.cu_stream() as _)
+            .map(drop)
+            .map_err(|e| format!("NCCL {name} over ranks {group:?}: {:?}", e.0))
     }
 }
 
@@ -130,7 +204,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     ctx.bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
     let mut comms = BTreeMap::new();
-    for group in all_reduce_groups(programs) {
+    for group in collective_groups(programs) {
         let Some(position) = group.iter().position(|&r| r == rank) else {
             continue;
         };
@@ -157,7 +231,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
             .map_err(|e| format!("ncclCommInitRank for ranks {group:?}: {:?}", e.0))?;
         comms.insert(group, Comm(comm));
     }
-    Ok(Link::Nccl(Nccl { comms, version }))
+    Ok(Link::Nccl(Nccl { rank, comms, version }))
 }
 
 /// Whether this process can use NCCL: 0 if so, else a reason code, with
@@ -217,15 +291,18 @@ fn agree(rows: &[f64], world: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The groups of every all-reduce that goes to NCCL, over all ranks'
+/// The groups of every collective that goes to NCCL, over all ranks'
 /// programs, in one order every rank computes alike.
-fn all_reduce_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
+fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
     programs
         .iter()
         .flat_map(|p| &p.instructions)
         .filter_map(|instr| match instr {
             Instr::AllReduceGrad { group, .. }
             | Instr::SumTiedGrads { group, .. }
+            | Instr::ReduceScatterGrad { group, .. }
+            | Instr::AllGatherParam { group, .. }
+            | Instr::GatherParam { group, .. }
             | Instr::Collective {
                 kind: CommKind::AllReduce,
                 group,
@@ -334,7 +411,7 @@ mod tests {
         let s = Strategy::new(2, 1, 2, 1, 2).with_tp(2, false);
         let t = for_strategy(&g, &s, 8).unwrap();
         let programs = lower(&t, &s).unwrap();
-        let groups = all_reduce_groups(&programs);
+        let groups = collective_groups(&programs);
         // Ranks are laid out tp-inner: tp groups {0,1}, {2,3}; dp {0,2}, {1,3}.
         let expected: BTreeSet<Vec<usize>> = [vec![0, 1], vec![0, 2], vec![1, 3], vec![2, 3]].into();
         assert_eq!(groups, expected);
@@ -342,6 +419,16 @@ mod tests {
         // embedding's gradients of the first and last stages.
         let s = Strategy::new(1, 2, 2, 1, 2);
         let t = for_strategy(&g, &s, 8).unwrap();
-        assert_eq!(all_reduce_groups(&lower(&t, &s).unwrap()), [vec![0, 1]].into());
+        assert_eq!(collective_groups(&lower(&t, &s).unwrap()), [vec![0, 1]].into());
+        // ZeRO-3 meets over the data-parallel group in reduce-scatters and gathers only.
+        let mut s = Strategy::new(2, 1, 2, 1, 2);
+        s.zero = 3;
+        let t = for_strategy(&g, &s, 8).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        assert!(programs[0]
+            .instructions
+            .iter()
+            .all(|i| !matches!(i, Instr::AllReduceGrad { .. })));
+        assert_eq!(collective_groups(&programs), [vec![0, 1]].into());
     }
 }

@@ -131,7 +131,7 @@ pub(super) fn train_rank(
             let name = nccl.describe();
             (
                 backend.with_nccl(nccl),
-                format!("{name} for all-reduces; the rest host-staged"),
+                format!("{name} (all-reduces, ZeRO reduce-scatters and gathers; the rest host-staged)"),
             )
         }
         Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),

@@ -74,6 +74,36 @@ pub trait Backend {
         let _ = (x, group);
         Ok(false)
     }
+    /// ZeRO's gradient reduce-scatter, as [`Backend::all_reduce`] routes
+    /// all-reduces: `x` flattened and zero-padded to a multiple of the
+    /// group's size, summed over `group`, and this member's part of the
+    /// sum (shape `[padded / group size]`, parts in group order); `None`
+    /// where the backend has no collectives for `group`.
+    fn reduce_scatter(&mut self, x: &Self::Tensor, group: &[usize]) -> Result<Option<Self::Tensor>, String> {
+        let _ = (x, group);
+        Ok(None)
+    }
+    /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
+    /// concatenated in group order, cut to the whole weight's `shape`;
+    /// `None` where the backend has no collectives for `group`.
+    fn all_gather(
+        &mut self,
+        part: &Self::Tensor,
+        group: &[usize],
+        shape: &[usize],
+    ) -> Result<Option<Self::Tensor>, String> {
+        let _ = (part, group, shape);
+        Ok(None)
+    }
+    /// ZeRO-1/2's weight refresh after a sharded optimizer step: every
+    /// member holds the whole `w` but updated only its own part of it (`w`
+    /// flattened, zero-padded to a multiple of the group's size and split
+    /// evenly, parts in group order); replaces each part of `w` by its
+    /// owner's. `Ok(false)` where the backend has no collectives for `group`.
+    fn all_gather_parts(&mut self, w: &mut Self::Tensor, group: &[usize]) -> Result<bool, String> {
+        let _ = (w, group);
+        Ok(false)
+    }
 }
 
 /// The reference backend: host values, `Op::eval`.

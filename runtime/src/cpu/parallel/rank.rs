@@ -473,6 +473,9 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 }
             }
             Instr::ReduceScatterGrad { param, group } => {
+                if self.reduce_scatter_grad_on_device(param, group)? {
+                    return Ok(None);
+                }
                 let grad = self.take_grad_host(param)?;
                 let into = Slot::Grad {
                     dtype: grad.dtype,
@@ -489,6 +492,10 @@ impl<'a, B: Backend> RankRun<'a, B> {
             }
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, step, grads_out)?,
             Instr::AllGatherParam { param, group } => {
+                let w = self.weights.get_mut(param).ok_or_else(|| missing(param))?;
+                if self.dev.all_gather_parts(w, group).map_err(Failure::Other)? {
+                    return Ok(None);
+                }
                 let w = self.weight_host(param)?;
                 let shard = Shard {
                     index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
@@ -511,6 +518,16 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 let k = self.gathers.entry(param.clone()).or_insert(0);
                 *k += 1;
                 let t = tag(&format!("gather/{param}/{k}"));
+                let part = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
+                let (_, shape) = self.ty(param)?;
+                if let Some(full) = self
+                    .dev
+                    .all_gather(&part, group, &shape)
+                    .map_err(Failure::Other)?
+                {
+                    self.bufs.insert(Buf::step(param), full);
+                    return Ok(None);
+                }
                 let w = self.weight_host(param)?;
                 let all = self.ep.all_gather(group, &to_buffer(&w), &t, what)?;
                 let (dtype, shape) = self.ty(param)?;
@@ -606,6 +623,19 @@ impl<'a, B: Backend> RankRun<'a, B> {
         self.grad(param)?;
         let g = self.grads.get_mut(param).expect("checked above");
         self.dev.all_reduce(g, group).map_err(Failure::Other)
+    }
+
+    /// Replaces `param`'s gradient by this rank's part of its sum over
+    /// `group`, with the backend's own collectives; false where it has none.
+    fn reduce_scatter_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
+        let grad = self.grad(param)?.clone();
+        match self.dev.reduce_scatter(&grad, group).map_err(Failure::Other)? {
+            Some(part) => {
+                self.grads.insert(param.to_string(), part);
+                Ok(true)
+            }
+            None => Ok(false),
+        }
     }
 
     fn weight_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
