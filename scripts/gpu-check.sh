@@ -106,7 +106,9 @@ name, cpu, f32, bf16 = sys.argv[1], *(json.loads(a) for a in sys.argv[2:])
 def worst(a, b):
     return max(abs(x - y) / abs(x) for x, y in zip(a["losses"], b["losses"]))
 e32, e16 = worst(cpu, f32), worst(cpu, bf16)
-ok = e32 <= 1e-3 and e16 <= 5e-2
+# Attention (masked, for the ONNX models) must run on the GPU's flash kernels.
+on_host = f32.get("gpu", {}).get("host_nodes", {})
+ok = e32 <= 1e-3 and e16 <= 5e-2 and not {"Attention", "AttentionGrad"} & set(on_host)
 print(json.dumps({"check": name, "ok": ok, "f32_rel": e32, "bf16_rel": e16,
                   "cpu_losses": cpu["losses"], "cuda_f32_losses": f32["losses"],
                   "cuda_bf16_losses": bf16["losses"],

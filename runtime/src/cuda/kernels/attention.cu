@@ -1,8 +1,21 @@
 // Flash attention (fp32 accumulation, online softmax, K/V tiles in shared
-// memory). q [B, Hq, Sq, D], k/v [B, Hk, Sk, D], o like q, lse [B, Hq, Sq]
-// (natural log); head h reads kv head h / (Hq / Hk). Causal: query i sees
-// key j iff j <= i (upper-left aligned, as Op::Attention). D ≤ FLASH_MAX_D (checked by the executor; a
+// memory). q [B, Hq, Sq, D], k/v [B, Hk, Sk, D], o like q; head h reads kv
+// head h / (Hq / Hk). Causal: query i sees key j iff j <= i (upper-left
+// aligned, as Op::Attention). D ≤ FLASH_MAX_D (checked by the executor; a
 // larger D makes the kernels return without writing).
+//
+// An optional mask, as Op::Attention's: a bool mask (bytes) keeps nonzero, a
+// float mask (of the run's type) is added to the scaled scores; keys from
+// `mlen` on are masked. It is read through element strides (msb, msh, msq,
+// msk) over (batch, query head, query, key), 0 where it is broadcast.
+//
+// Scores s = scale·q·k + bias stay in natural units, so a bias of -3.4e38
+// (what exported masks use) is added as it is, as the reference adds it.
+// The forward pass keeps, per query row, the running maximum m and the sum l
+// of exp(s - m), and writes both (stats [B·Hq·Sq][2]: m, ln l) for the
+// backward pass. Kept apart, not summed into one log-sum-exp, so that a row
+// whose every score carries such a bias gets p = exp((s - m) - ln l) exactly
+// as the forward pass had it: m + ln l would round ln l away.
 //
 // Threads work in groups of 4 consecutive lanes on one row (a query row in the
 // forward pass, a key row in the backward pass); lane `part` of a group owns
@@ -18,7 +31,6 @@
 #define FLASH_BWD_ROWS 16
 
 #define LOG2E 1.4426950408889634f
-#define LN2 0.6931471805599453f
 
 __device__ __forceinline__ int flash_col(int j, int part) { return (j >> 2) * 16 + part * 4 + (j & 3); }
 
@@ -66,6 +78,44 @@ __device__ __forceinline__ void load_tile(float* dst, const T* src, float* dst2,
     }
 }
 
+// One line of a mask's scores: entry n is at n·step from the start; entries
+// from `len` on are masked. No pointer set: no mask.
+template <typename T>
+struct MaskLine {
+    const T* f;
+    const unsigned char* b;
+    long long step;
+    int len;
+
+    // The bias of entry n: -inf where masked.
+    __device__ __forceinline__ float at(int n) const {
+        if (!f && !b) return 0.0f;
+        if (n >= len) return -F32_INF;
+        if (b) return b[n * step] ? 0.0f : -F32_INF;
+        return to_float(f[n * step]);
+    }
+};
+
+// A mask as the kernels read it (see the top of this file).
+template <typename T>
+struct FlashMask {
+    const T* f;
+    const unsigned char* b;
+    long long sb, sh, sq, sk;
+    int len;
+
+    // The biases of query i's scores, along the keys.
+    __device__ __forceinline__ MaskLine<T> keys(int batch, int head, int i) const {
+        const long long at = batch * sb + head * sh + i * sq;
+        return MaskLine<T>{f ? f + at : f, b ? b + at : b, sk, len};
+    }
+    // The biases of key j's scores, along the queries (all masked past `len`).
+    __device__ __forceinline__ MaskLine<T> queries(int batch, int head, int j) const {
+        const long long at = batch * sb + head * sh + (long long)min(j, len - 1) * sk;
+        return MaskLine<T>{f ? f + at : f, b ? b + at : b, sq, j < len ? 0x7fffffff : 0};
+    }
+};
+
 // Which kv head query head h reads, and the offsets of (b, h) and (b, kv head).
 struct Heads {
     int b, h, hk;
@@ -76,8 +126,9 @@ __device__ __forceinline__ Heads flash_heads(int Hq, int Hk) {
 }
 
 template <int DMAX, typename T>
-__device__ __forceinline__ void flash_fwd(float* smem, T* o, float* lse, const T* q, const T* k, const T* v, int Hq,
-                                          int Hk, int Sq, int Sk, int D, float scale, int causal) {
+__device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const T* q, const T* k, const T* v,
+                                          const FlashMask<T> mask, int Hq, int Hk, int Sq, int Sk, int D,
+                                          float scale, int causal) {
     constexpr int NJ = DMAX / 4, BQ = FLASH_BLOCK_Q, BK = FLASH_BLOCK_K;
     float* ks = smem;
     float* vs = smem + BK * DMAX;
@@ -87,15 +138,16 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* lse, const T
     const long long q_row = (long long)blockIdx.y * Sq + qi;
     const long long kv_base = ((long long)hd.b * Hk + hd.hk) * Sk * D;
 
-    // This lane's columns of the query row, pre-scaled into base-2 logits.
+    // This lane's columns of the query row, pre-scaled.
     float qr[NJ], acc[NJ];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
         const int c = flash_col(j, part);
-        qr[j] = (qi < Sq && c < D) ? to_float(q[q_row * D + c]) * (scale * LOG2E) : 0.0f;
+        qr[j] = (qi < Sq && c < D) ? to_float(q[q_row * D + c]) * scale : 0.0f;
         acc[j] = 0.0f;
     }
     float m = -F32_INF, l = 0.0f;
+    const MaskLine<T> bias = mask.keys(hd.b, hd.h, min(qi, Sq - 1));
     // Keys past the last one the tile's last row sees are skipped.
     const int k_end = causal ? min(Sk, min(q0 + BQ, Sq) + shift) : Sk;
     for (int k0 = 0; k0 < k_end; k0 += BK) {
@@ -108,19 +160,19 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* lse, const T
         for (int kk = 0; kk < BK; ++kk) {
             const float dot = group_sum(partial_dot(qr, ks + kk * DMAX, part));
             const int key = k0 + kk;
-            const bool visible = key < Sk && (!causal || key <= qi + shift);
-            s[kk] = visible ? dot : -F32_INF;
+            const bool visible = qi < Sq && key < Sk && (!causal || key <= qi + shift);
+            s[kk] = visible ? dot + bias.at(key) : -F32_INF;
             m_new = fmaxf(m_new, s[kk]);
         }
         // All keys so far masked: keep exponents finite (every p is 0).
         const float m_use = m_new == -F32_INF ? 0.0f : m_new;
-        const float alpha = exp2f(m - m_use);
+        const float alpha = exp2f((m - m_use) * LOG2E);
         l *= alpha;
 #pragma unroll
         for (int j = 0; j < NJ; ++j) acc[j] *= alpha;
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
-            const float p = exp2f(s[kk] - m_use);
+            const float p = exp2f((s[kk] - m_use) * LOG2E);
             l += p;
             axpy(acc, p, vs + kk * DMAX, part);
         }
@@ -133,7 +185,10 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* lse, const T
         const int c = flash_col(j, part);
         if (c < D) o[q_row * D + c] = from_float<T>(acc[j] * inv);
     }
-    if (part == 0) lse[q_row] = l > 0.0f ? (m + log2f(l)) * LN2 : -F32_INF;
+    if (part == 0) {
+        stats[2 * q_row] = l > 0.0f ? m : -F32_INF;
+        stats[2 * q_row + 1] = l > 0.0f ? logf(l) : 0.0f;
+    }
 }
 
 // delta[r] = Σ_d o[r, d]·dO[r, d], one warp per row, any launch geometry
@@ -157,16 +212,17 @@ __device__ __forceinline__ void flash_bwd_pre(float* delta, const T* o, const T*
 // this key tile's contribution per step (atomicAdd).
 template <int DMAX, typename T>
 __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_acc, float* dv_acc, const T* q,
-                                          const T* k, const T* v, const T* dO, const float* lse,
-                                          const float* delta, int Hq, int Hk, int Sq, int Sk, int D, float scale,
-                                          int causal) {
+                                          const T* k, const T* v, const T* dO, const float* stats,
+                                          const float* delta, const FlashMask<T> mask, int Hq, int Hk, int Sq,
+                                          int Sk, int D, float scale, int causal) {
     constexpr int NJ = DMAX / 4, BK = FLASH_BLOCK_K, BR = FLASH_BWD_ROWS, DS_STRIDE = BK + 1;
     float* ks = smem;                      // [BK][DMAX]: K tile for dQ
     float* qs = ks + BK * DMAX;            // [BR][DMAX]
     float* dos = qs + BR * DMAX;           // [BR][DMAX]
     float* ds_s = dos + BR * DMAX;         // [BR][BK + 1]: scale·dS
-    float* lse_s = ds_s + BR * DS_STRIDE;  // [BR]: lse·log2(e)
-    float* delta_s = lse_s + BR;           // [BR]
+    float* max_s = ds_s + BR * DS_STRIDE;  // [BR]: the rows' m
+    float* logl_s = max_s + BR;            // [BR]: the rows' ln l
+    float* delta_s = logl_s + BR;          // [BR]
     const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
     const Heads hd = flash_heads(Hq, Hk);
     const int k0 = blockIdx.x * BK, key = k0 + row, shift = 0;  // as in the forward pass
@@ -176,10 +232,11 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
     load_tile<DMAX>(ks, k + kv_base, (float*)0, (const T*)0, k0, BK, Sk, D);
     __syncthreads();
     float kr[NJ], vr[NJ], dk[NJ], dv[NJ];
+    const MaskLine<T> bias = mask.queries(hd.b, hd.h, min(key, Sk - 1));
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
         const int c = flash_col(j, part);
-        kr[j] = ks[row * DMAX + c] * (scale * LOG2E);
+        kr[j] = ks[row * DMAX + c] * scale;
         vr[j] = (key < Sk && c < D) ? to_float(v[kv_base + (long long)key * D + c]) : 0.0f;
         dk[j] = 0.0f;
         dv[j] = 0.0f;
@@ -191,7 +248,9 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
         load_tile<DMAX>(qs, q + q_base * D, dos, dO + q_base * D, r0, BR, Sq, D);
         if (threadIdx.x < BR) {
             const int qi = r0 + threadIdx.x;
-            lse_s[threadIdx.x] = qi < Sq ? lse[q_base + qi] * LOG2E : F32_INF;
+            // A row without a visible key (m = -inf) gets p = 0 below.
+            max_s[threadIdx.x] = qi < Sq ? stats[2 * (q_base + qi)] : -F32_INF;
+            logl_s[threadIdx.x] = qi < Sq ? stats[2 * (q_base + qi) + 1] : 0.0f;
             delta_s[threadIdx.x] = qi < Sq ? delta[q_base + qi] : 0.0f;
         }
         __syncthreads();
@@ -199,8 +258,9 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
             const int qi = r0 + i;
             const float s = group_sum(partial_dot(kr, qs + i * DMAX, part));
             const float dp = group_sum(partial_dot(vr, dos + i * DMAX, part));
-            const bool visible = qi < Sq && key < Sk && (!causal || key <= qi + shift);
-            const float p = visible ? exp2f(s - lse_s[i]) : 0.0f;
+            const bool visible = qi < Sq && key < Sk && (!causal || key <= qi + shift) && max_s[i] != -F32_INF;
+            const float p =
+                visible ? exp2f(((s + bias.at(qi) - max_s[i]) - logl_s[i]) * LOG2E) : 0.0f;
             const float ds = p * (dp - delta_s[i]);
             axpy(dv, p, dos + i * DMAX, part);
             axpy(dk, ds, qs + i * DMAX, part);
@@ -247,30 +307,38 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
 // Shared memory for the largest specialisation (D ≤ 128), in floats.
 #define FLASH_FWD_SMEM (2 * FLASH_BLOCK_K * FLASH_MAX_D)
 #define FLASH_BWD_SMEM \
-    ((FLASH_BLOCK_K + 2 * FLASH_BWD_ROWS) * FLASH_MAX_D + FLASH_BWD_ROWS * (FLASH_BLOCK_K + 1) + 2 * FLASH_BWD_ROWS)
+    ((FLASH_BLOCK_K + 2 * FLASH_BWD_ROWS) * FLASH_MAX_D + FLASH_BWD_ROWS * (FLASH_BLOCK_K + 1) + 3 * FLASH_BWD_ROWS)
 
 #define FLASH_KERNEL extern "C" __global__ void __launch_bounds__(FLASH_THREADS)
-#define ATTENTION_KERNELS(T, S)                                                                          \
-    FLASH_KERNEL flash_attn_fwd_##S(T* o, float* lse, const T* q, const T* k, const T* v, int B, int Hq, \
-                                    int Hk, int Sq, int Sk, int D, float scale, int causal) {            \
-        __shared__ __align__(16) float smem[FLASH_FWD_SMEM];                                             \
-        if (D <= 64)                                                                                     \
-            flash_fwd<64>(smem, o, lse, q, k, v, Hq, Hk, Sq, Sk, D, scale, causal);                      \
-        else if (D <= FLASH_MAX_D)                                                                       \
-            flash_fwd<FLASH_MAX_D>(smem, o, lse, q, k, v, Hq, Hk, Sq, Sk, D, scale, causal);             \
-    }                                                                                                    \
-    KERNEL flash_attn_bwd_pre_##S(float* delta, const T* o, const T* dO, long long rows, int D) {        \
-        flash_bwd_pre(delta, o, dO, rows, D);                                                            \
-    }                                                                                                    \
-    FLASH_KERNEL flash_attn_bwd_##S(float* dq_acc, float* dk_acc, float* dv_acc, const T* q, const T* k, \
-                                    const T* v, const T* dO, const float* lse, const float* delta, int B, \
-                                    int Hq, int Hk, int Sq, int Sk, int D, float scale, int causal) {    \
-        __shared__ __align__(16) float smem[FLASH_BWD_SMEM];                                             \
-        if (D <= 64)                                                                                     \
-            flash_bwd<64>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, lse, delta, Hq, Hk, Sq, Sk, D,      \
-                          scale, causal);                                                                \
-        else if (D <= FLASH_MAX_D)                                                                       \
-            flash_bwd<FLASH_MAX_D>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, lse, delta, Hq, Hk, Sq, Sk, \
-                                   D, scale, causal);                                                    \
+#define FLASH_MASK_PARAMS(T) \
+    const T *mask_f, const unsigned char *mask_b, long long msb, long long msh, long long msq, long long msk, int mlen
+#define FLASH_MASK(T) \
+    FlashMask<T> { mask_f, mask_b, msb, msh, msq, msk, mlen }
+#define ATTENTION_KERNELS(T, S)                                                                             \
+    FLASH_KERNEL flash_attn_fwd_##S(T* o, float* stats, const T* q, const T* k, const T* v,                 \
+                                    FLASH_MASK_PARAMS(T), int B, int Hq, int Hk, int Sq, int Sk, int D,     \
+                                    float scale, int causal) {                                              \
+        __shared__ __align__(16) float smem[FLASH_FWD_SMEM];                                                \
+        const FlashMask<T> mask = FLASH_MASK(T);                                                            \
+        if (D <= 64)                                                                                        \
+            flash_fwd<64>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal);                 \
+        else if (D <= FLASH_MAX_D)                                                                          \
+            flash_fwd<FLASH_MAX_D>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal);        \
+    }                                                                                                       \
+    KERNEL flash_attn_bwd_pre_##S(float* delta, const T* o, const T* dO, long long rows, int D) {           \
+        flash_bwd_pre(delta, o, dO, rows, D);                                                               \
+    }                                                                                                       \
+    FLASH_KERNEL flash_attn_bwd_##S(float* dq_acc, float* dk_acc, float* dv_acc, const T* q, const T* k,    \
+                                    const T* v, const T* dO, const float* stats, const float* delta,        \
+                                    FLASH_MASK_PARAMS(T), int B, int Hq, int Hk, int Sq, int Sk, int D,     \
+                                    float scale, int causal) {                                              \
+        __shared__ __align__(16) float smem[FLASH_BWD_SMEM];                                                \
+        const FlashMask<T> mask = FLASH_MASK(T);                                                            \
+        if (D <= 64)                                                                                        \
+            flash_bwd<64>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, stats, delta, mask, Hq, Hk, Sq, Sk, D, \
+                          scale, causal);                                                                   \
+        else if (D <= FLASH_MAX_D)                                                                          \
+            flash_bwd<FLASH_MAX_D>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, stats, delta, mask, Hq, Hk,   \
+                                   Sq, Sk, D, scale, causal);                                               \
     }
 FOR_EACH_TYPE(ATTENTION_KERNELS)

@@ -239,9 +239,9 @@ pub(super) fn eval(
             launch!(gpu, k, rows(rows_n as usize), pdx, pdy, py, rows_n, cols, log)?;
             Some(vec![dx])
         }
-        Op::Attention { scale, causal } => match Flash::of(args, *scale, *causal, 3) {
+        Op::Attention { scale, causal } => match Flash::of(gpu, args, *scale, *causal, 3) {
             Some(f) => {
-                let (o, _lse) = f.forward(gpu, ty)?;
+                let (o, _stats) = f.forward(gpu, ty)?;
                 Some(vec![o])
             }
             None => None,
@@ -250,7 +250,7 @@ pub(super) fn eval(
             scale,
             causal,
             mask_grad: false,
-        } => match (Flash::of(args, *scale, *causal, 4), float(3)) {
+        } => match (Flash::of(gpu, args, *scale, *causal, 4), float(3)) {
             (Some(f), Some(dout)) if dout.shape == f.q.shape => Some(f.backward(gpu, dout, out)?),
             _ => None,
         },
@@ -407,20 +407,77 @@ fn reduce(
     Ok(Some(y))
 }
 
-/// The operands of a flash-attention call without a mask.
+/// The operands of a flash-attention call.
 struct Flash<'a> {
     q: &'a GpuTensor,
     k: &'a GpuTensor,
     v: &'a GpuTensor,
+    mask: FlashMask,
     scale: f32,
     causal: i32,
     dims: [i32; 6],
 }
 
+/// A mask operand as the flash kernels read it (`FlashMask` in
+/// attention.cu): a float pointer or a bool pointer (0 for none), element
+/// strides over (batch, query head, query, key), and the keys it covers.
+#[derive(Clone, Copy, Default)]
+struct FlashMask {
+    float: u64,
+    bool: u64,
+    strides: [i64; 4],
+    len: i32,
+}
+
+impl FlashMask {
+    /// `mask` broadcast to scores `[b, hq, sq, len]` (`len` its last dim,
+    /// at most `sk`); `None` for shapes that do not broadcast.
+    fn of(gpu: &Gpu, mask: &GpuTensor, scores: [usize; 4]) -> Option<FlashMask> {
+        let (st, len) = mask_strides(&mask.shape, scores)?;
+        let p = gpu.ptr(mask);
+        let (float, bool) = match mask.storage {
+            Storage::Bool => (0, p),
+            s if s == gpu.float() => (p, 0),
+            _ => return None,
+        };
+        Some(FlashMask {
+            float,
+            bool,
+            strides: st,
+            len: i32::try_from(len).ok()?,
+        })
+    }
+}
+
+/// Element strides of a contiguous mask of `shape` broadcast to scores
+/// `[b, hq, sq, len]` (0 along broadcast dims), `len` being its last dim,
+/// with `len`; `None` unless the mask has rank 1 to 4, `len ≤ sk` and every
+/// other dim is 1 or the scores'.
+fn mask_strides(shape: &[usize], [b, hq, sq, sk]: [usize; 4]) -> Option<([i64; 4], usize)> {
+    let rank = shape.len();
+    let len = *shape.last()?;
+    if rank > 4 || len > sk {
+        return None;
+    }
+    let target = [b, hq, sq, len];
+    let own = strides(shape);
+    let mut st = [0i64; 4];
+    for (d, (&n, &s)) in shape.iter().zip(&own).enumerate() {
+        let at = d + 4 - rank;
+        match n {
+            1 => {}
+            n if n == target[at] => st[at] = s,
+            _ => return None,
+        }
+    }
+    Some((st, len))
+}
+
 impl<'a> Flash<'a> {
-    /// `None` when a mask (operand `mask_at`) is given or the shapes are
-    /// outside the kernel's range (then the host runs the node).
+    /// `None` when the shapes (or the mask, operand `mask_at`) are outside
+    /// the kernel's range (then the host runs the node).
     fn of(
+        gpu: &Gpu,
         args: &[Option<&'a GpuTensor>],
         scale: Option<f64>,
         causal: bool,
@@ -428,9 +485,6 @@ impl<'a> Flash<'a> {
     ) -> Option<Flash<'a>> {
         let float = |i: usize| super::float_arg(args, i);
         let (q, k, v) = (float(0)?, float(1)?, float(2)?);
-        if args.get(mask_at).copied().flatten().is_some() {
-            return None;
-        }
         if q.shape.len() != 4 || k.shape.len() != 4 || v.shape != k.shape {
             return None;
         }
@@ -443,12 +497,17 @@ impl<'a> Flash<'a> {
         if [b, hq, sq, sk, d].contains(&0) || b * hq > 65_535 {
             return None;
         }
+        let mask = match args.get(mask_at).copied().flatten() {
+            Some(m) => FlashMask::of(gpu, m, [b, hq, sq, sk])?,
+            None => FlashMask::default(),
+        };
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32;
         let dims = [b, hq, hk, sq, sk, d].map(|x| x as i32);
         Some(Flash {
             q,
             k,
             v,
+            mask,
             scale,
             causal: i32::from(causal),
             dims,
@@ -464,19 +523,25 @@ impl<'a> Flash<'a> {
         }
     }
 
-    /// The output and the rows' log-sum-exp (for the backward pass).
+    /// The output and the rows' softmax statistics (for the backward pass).
     fn forward(&self, gpu: &Gpu, ty: &TensorType) -> Result<(GpuTensor, GpuTensor), CudaError> {
         let [b, hq, hk, sq, sk, d] = self.dims;
         let o = gpu.output(ty)?;
-        let lse = scratch(gpu, vec![(b * hq * sq) as usize], false)?;
+        let stats = scratch(gpu, vec![(b * hq * sq) as usize, 2], false)?;
         let (po, pl, pq, pk, pv) = (
             gpu.ptr(&o),
-            gpu.ptr(&lse),
+            gpu.ptr(&stats),
             gpu.ptr(self.q),
             gpu.ptr(self.k),
             gpu.ptr(self.v),
         );
         let (scale, causal) = (self.scale, self.causal);
+        let FlashMask {
+            float: mf,
+            bool: mb,
+            strides: [msb, msh, msq, msk],
+            len: mlen,
+        } = self.mask;
         let k = format!("flash_attn_fwd_{}", suffix(self.q));
         launch!(
             gpu,
@@ -487,6 +552,13 @@ impl<'a> Flash<'a> {
             pq,
             pk,
             pv,
+            mf,
+            mb,
+            msb,
+            msh,
+            msq,
+            msk,
+            mlen,
             b,
             hq,
             hk,
@@ -496,14 +568,14 @@ impl<'a> Flash<'a> {
             scale,
             causal
         )?;
-        Ok((o, lse))
+        Ok((o, stats))
     }
 
-    /// (dq, dk, dv): the forward pass again for the output and log-sum-exp,
+    /// (dq, dk, dv): the forward pass again for the output and statistics,
     /// the rows' `Σ o·dO`, then the tiled backward into f32 accumulators.
     fn backward(&self, gpu: &Gpu, dout: &GpuTensor, out: &[TensorType]) -> Result<Vec<GpuTensor>, CudaError> {
         let [b, hq, hk, sq, sk, d] = self.dims;
-        let (o, lse) = self.forward(gpu, &out[0])?;
+        let (o, stats) = self.forward(gpu, &out[0])?;
         let rows_n = (b * hq * sq) as i64;
         let delta = scratch(gpu, vec![rows_n as usize], false)?;
         let (pdelta, po, pdo) = (gpu.ptr(&delta), gpu.ptr(&o), gpu.ptr(dout));
@@ -514,8 +586,14 @@ impl<'a> Flash<'a> {
         let dk = scratch(gpu, self.k.shape.clone(), true)?;
         let dv = scratch(gpu, self.v.shape.clone(), true)?;
         let (pdq, pdk, pdv) = (gpu.ptr(&dq), gpu.ptr(&dk), gpu.ptr(&dv));
-        let (pq, pk, pv, pl) = (gpu.ptr(self.q), gpu.ptr(self.k), gpu.ptr(self.v), gpu.ptr(&lse));
+        let (pq, pk, pv, pl) = (gpu.ptr(self.q), gpu.ptr(self.k), gpu.ptr(self.v), gpu.ptr(&stats));
         let (scale, causal) = (self.scale, self.causal);
+        let FlashMask {
+            float: mf,
+            bool: mb,
+            strides: [msb, msh, msq, msk],
+            len: mlen,
+        } = self.mask;
         let k = format!("flash_attn_bwd_{}", suffix(self.q));
         launch!(
             gpu,
@@ -530,6 +608,13 @@ impl<'a> Flash<'a> {
             pdo,
             pl,
             pdelta,
+            mf,
+            mb,
+            msb,
+            msh,
+            msq,
+            msk,
+            mlen,
             b,
             hq,
             hk,
@@ -544,5 +629,29 @@ impl<'a> Flash<'a> {
             finish(gpu, dk, &out[1])?,
             finish(gpu, dv, &out[2])?,
         ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_strides;
+
+    /// Masks broadcast to the scores `[b=2, hq=4, sq=5, sk=6]` as the
+    /// reference broadcasts them (right-aligned, size-1 dims repeat).
+    #[test]
+    fn mask_strides_broadcast_like_the_reference() {
+        let scores = [2, 4, 5, 6];
+        assert_eq!(mask_strides(&[2, 1, 5, 6], scores), Some(([30, 0, 6, 1], 6)));
+        assert_eq!(mask_strides(&[5, 6], scores), Some(([0, 0, 6, 1], 6)));
+        assert_eq!(mask_strides(&[2, 4, 1, 6], scores), Some(([24, 6, 0, 1], 6)));
+        // A mask shorter than the keys covers the first keys.
+        assert_eq!(mask_strides(&[1, 5, 3], scores), Some(([0, 0, 3, 1], 3)));
+        assert_eq!(mask_strides(&[6], scores), Some(([0, 0, 0, 1], 6)));
+        assert_eq!(mask_strides(&[1, 1, 1, 1], scores), Some(([0, 0, 0, 0], 1)));
+        // Longer than the keys, a dim that is neither 1 nor the scores', rank 5, rank 0.
+        assert_eq!(mask_strides(&[5, 7], scores), None);
+        assert_eq!(mask_strides(&[3, 5, 6], scores), None);
+        assert_eq!(mask_strides(&[1, 2, 4, 5, 6], scores), None);
+        assert_eq!(mask_strides(&[], scores), None);
     }
 }

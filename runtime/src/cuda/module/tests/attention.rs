@@ -1,9 +1,12 @@
 //! attention.cu against naive attention in f64 (GPU only): shapes that are
 //! not multiples of the tiles, grouped-query heads, both head-dimension
 //! specialisations, causal masks (upper-left aligned, as `Op::Attention`)
-//! with Sq < Sk and Sq > Sk.
+//! with Sq < Sk and Sq > Sk, and mask operands: an additive float mask with
+//! -inf entries, a fully masked row and a row of -3.4e38 (as exported
+//! models build them), and a 2-D bool mask shorter than the keys.
 
 use super::*;
+use cudarc::driver::DevicePtr;
 
 #[derive(Clone, Copy, Debug)]
 struct Dims {
@@ -14,6 +17,79 @@ struct Dims {
     sk: usize,
     d: usize,
     causal: bool,
+    mask: MaskCase,
+}
+
+/// The mask operand of a case.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum MaskCase {
+    None,
+    /// Float `[b, 1, sq, sk]`, added to the scores.
+    Float,
+    /// Bool `[sq, sk - 3]`: keys past it masked.
+    Bool,
+}
+
+/// A case's mask as the kernels take it: its values (floats, or 0/1 for
+/// bool), element strides over (batch, head, query, key) and key length.
+struct MaskData {
+    values: Vec<f32>,
+    strides: [i64; 4],
+    len: usize,
+}
+
+impl MaskData {
+    fn new(s: Dims, seed: u64) -> Option<MaskData> {
+        match s.mask {
+            MaskCase::None => None,
+            MaskCase::Float => {
+                let mut values = random(s.b * s.sq * s.sk, seed, -2.0, 2.0);
+                for (at, x) in values.iter_mut().enumerate() {
+                    let (i, j) = (at / s.sk % s.sq, at % s.sk);
+                    if j % 7 == 3 || i == 1 {
+                        *x = f32::NEG_INFINITY;
+                    } else if i == 2 {
+                        *x = f32::MIN;
+                    }
+                }
+                let strides = [(s.sq * s.sk) as i64, 0, s.sk as i64, 1];
+                Some(MaskData {
+                    values,
+                    strides,
+                    len: s.sk,
+                })
+            }
+            MaskCase::Bool => {
+                let len = s.sk - 3;
+                let values = (0..s.sq * len)
+                    .map(|at| {
+                        let (i, j) = (at / len, at % len);
+                        f32::from(u8::from(i > 0 && (i + 2 * j) % 5 != 0))
+                    })
+                    .collect();
+                Some(MaskData {
+                    values,
+                    strides: [0, 0, len as i64, 1],
+                    len,
+                })
+            }
+        }
+    }
+
+    /// The bias of score (b, h, i, j), as `Op::Attention` adds it.
+    fn bias(&self, kind: MaskCase, [b, h, i, j]: [usize; 4]) -> f64 {
+        if j >= self.len {
+            return f64::NEG_INFINITY;
+        }
+        let st = self.strides;
+        let x =
+            self.values[(b as i64 * st[0] + h as i64 * st[1] + i as i64 * st[2] + j as i64 * st[3]) as usize];
+        match kind {
+            MaskCase::Bool if x == 0.0 => f64::NEG_INFINITY,
+            MaskCase::Bool => 0.0,
+            _ => x as f64,
+        }
+    }
 }
 
 impl Dims {
@@ -34,7 +110,14 @@ fn dot(a: &[f32], b: &[f32]) -> f64 {
 }
 
 /// Softmax probabilities P[b, h, i, j] (0 where masked), the output and lse.
-fn forward(q: &[f32], k: &[f32], v: &[f32], s: Dims, scale: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+fn forward(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: Dims,
+    scale: f64,
+    mask: Option<&MaskData>,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let (mut p, mut o, mut lse) = (Vec::new(), Vec::new(), Vec::new());
     for b in 0..s.b {
         for h in 0..s.hq {
@@ -43,22 +126,26 @@ fn forward(q: &[f32], k: &[f32], v: &[f32], s: Dims, scale: f64) -> (Vec<f64>, V
                 let scores: Vec<f64> = (0..s.sk)
                     .map(|j| {
                         let kj = &k[s.kv_at(b, h, j)..][..s.d];
+                        let bias = mask.map_or(0.0, |m| m.bias(s.mask, [b, h, i, j]));
                         if s.visible(i, j) {
-                            scale * dot(qi, kj)
+                            scale * dot(qi, kj) + bias
                         } else {
                             f64::NEG_INFINITY
                         }
                     })
                     .collect();
                 let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                // exp(x - m) / sum rather than exp(x - lse): a row of -3.4e38
+                // biases would lose ln(sum) in m + ln(sum).
+                let sum: f64 = scores.iter().map(|x| (x - m).exp()).sum();
                 let l = if m == f64::NEG_INFINITY {
                     f64::NEG_INFINITY
                 } else {
-                    m + scores.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                    m + sum.ln()
                 };
                 let row: Vec<f64> = scores
                     .iter()
-                    .map(|&x| if l.is_finite() { (x - l).exp() } else { 0.0 })
+                    .map(|&x| if m.is_finite() { (x - m).exp() / sum } else { 0.0 })
                     .collect();
                 for c in 0..s.d {
                     o.push((0..s.sk).map(|j| row[j] * v[s.kv_at(b, h, j) + c] as f64).sum());
@@ -125,19 +212,34 @@ fn check_case<T: Elem>(g: &Gpu, s: Dims, seed: u64) {
     let rows_n = s.b * s.hq * s.sq;
     let ints = [s.b, s.hq, s.hk, s.sq, s.sk, s.d].map(|x| x as i32);
     let causal = s.causal as i32;
+    // The mask as stored on the device (floats in T, bools as bytes).
+    let mask = MaskData::new(s, seed + 4).map(|mut m| {
+        if s.mask == MaskCase::Float {
+            m.values = stored::<T>(&m.values);
+        }
+        m
+    });
+    let mask_f = mask
+        .as_ref()
+        .filter(|_| s.mask == MaskCase::Float)
+        .map(|m| up::<T>(g, &m.values));
+    let mask_b = mask
+        .as_ref()
+        .filter(|_| s.mask == MaskCase::Bool)
+        .map(|m| up_raw::<u8>(g, &m.values.iter().map(|&x| x as u8).collect::<Vec<_>>()));
+    let mf = mask_f.as_ref().map_or(0, |m| m.device_ptr(&g.stream).0);
+    let mb = mask_b.as_ref().map_or(0, |m| m.device_ptr(&g.stream).0);
+    let (ms, mlen) = mask.as_ref().map_or(([0; 4], 0), |m| (m.strides, m.len as i32));
 
-    let (mut o, mut lse) = (zeros::<T>(g, nq), zeros::<f32>(g, rows_n));
+    let (mut o, mut stats) = (zeros::<T>(g, nq), zeros::<f32>(g, 2 * rows_n));
     let heads = s.b * s.hq;
     launch!(g, format!("flash_attn_fwd_{}", T::SUFFIX), flash_grid(s.sq, kernels::FLASH_BLOCK_Q, heads);
-        &mut o, &mut lse, &q_d, &k_d, &v_d, &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal);
-    let (p, o_want, lse_want) = forward(&q, &k, &v, s, scale as f64);
+        &mut o, &mut stats, &q_d, &k_d, &v_d, &mf, &mb, &ms[0], &ms[1], &ms[2], &ms[3], &mlen,
+        &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal);
+    let (p, o_want, lse_want) = forward(&q, &k, &v, s, scale as f64, mask.as_ref());
     assert_close(&format!("{what}: o"), &down(g, &o), &f32s(&o_want), T::TOL);
-    assert_close(
-        &format!("{what}: lse"),
-        &down_raw(g, &lse),
-        &f32s(&lse_want),
-        1e-5,
-    );
+    let lse: Vec<f32> = down_raw(g, &stats).chunks(2).map(|ml| ml[0] + ml[1]).collect();
+    assert_close(&format!("{what}: lse"), &lse, &f32s(&lse_want), 1e-5);
 
     let o_got = down(g, &o);
     let mut delta = zeros::<f32>(g, rows_n);
@@ -150,7 +252,8 @@ fn check_case<T: Elem>(g: &Gpu, s: Dims, seed: u64) {
 
     let (mut dq, mut dk, mut dv) = (zeros::<f32>(g, nq), zeros::<f32>(g, nk), zeros::<f32>(g, nk));
     launch!(g, format!("flash_attn_bwd_{}", T::SUFFIX), flash_grid(s.sk, kernels::FLASH_BLOCK_K, heads);
-        &mut dq, &mut dk, &mut dv, &q_d, &k_d, &v_d, &do_d, &lse, &delta,
+        &mut dq, &mut dk, &mut dv, &q_d, &k_d, &v_d, &do_d, &stats, &delta,
+        &mf, &mb, &ms[0], &ms[1], &ms[2], &ms[3], &mlen,
         &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal);
     let (dq_want, dk_want, dv_want) = backward(&q, &k, &v, &d_o, &p, &delta_got, s, scale as f64);
     // Gradients stay in float: only accumulation order and exp2 differ.
@@ -168,8 +271,27 @@ fn check<T: Elem>(g: &Gpu) {
         sk: 45,
         d: 40,
         causal: true,
+        mask: MaskCase::None,
     };
     check_case::<T>(g, base, 60);
+    check_case::<T>(
+        g,
+        Dims {
+            mask: MaskCase::Float,
+            ..base
+        },
+        110,
+    );
+    check_case::<T>(
+        g,
+        Dims {
+            causal: false,
+            d: 96,
+            mask: MaskCase::Bool,
+            ..base
+        },
+        120,
+    );
     check_case::<T>(
         g,
         Dims {
@@ -199,6 +321,7 @@ fn check<T: Elem>(g: &Gpu) {
             sk: 33,
             d: 128,
             causal: true,
+            mask: MaskCase::Float,
         },
         90,
     );
@@ -212,6 +335,7 @@ fn check<T: Elem>(g: &Gpu) {
             sk: 70,
             d: 64,
             causal: false,
+            mask: MaskCase::None,
         },
         100,
     );
