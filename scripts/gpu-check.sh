@@ -13,7 +13,8 @@
 #   5. one process per rank: a 2-rank plan launched as two processes (both on
 #      the one GPU, so they must agree not to use NCCL and talk over TCP)
 #      against the same plan in one process;
-#   6. MFU of a 1.3B-parameter GPT step in bf16 on one GPU;
+#   6. MFU of a 1.3B-parameter GPT step in bf16 on one GPU, with its measured
+#      peak device memory next to the planned;
 # and writes a JSON summary to $OUT/gpu-check.json (or ./gpu-check.json).
 # Tolerances: f32 losses within 1e-3 relative of the CPU backend; bf16 within
 # 5e-2 (bf16 keeps 8 bits of mantissa; activations and GEMM inputs round).
@@ -173,8 +174,11 @@ run, flops = json.loads(sys.argv[1]), float(sys.argv[2])
 peak = 989e12  # H200 dense bf16 (cost-models/src/presets/hgx-h200.toml)
 step = run["median_step_time_s"]
 mfu = flops / step / peak
+gpu = run.get("gpu", {})
 print(json.dumps({"step_s": step, "model_flops_per_step": flops, "mfu": mfu,
-                  "target": 0.5, "host_nodes": run.get("gpu", {}).get("host_nodes", {})}))
+                  "target": 0.5, "host_nodes": gpu.get("host_nodes", {}),
+                  "measured_peak_bytes": gpu.get("measured_peak_bytes"),
+                  "planned_bytes": gpu.get("planned_here_bytes")}))
 PY
 )
   if python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["mfu"] >= 0.5 else 1)' "$line"; then

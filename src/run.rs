@@ -167,6 +167,12 @@ pub struct GpuSummary {
     pub planned_model_state_bytes: Vec<u64>,
     /// How the all-reduces between ranks ran ("NCCL 2.21.5 …", or host-staged and why).
     pub collectives: String,
+    /// The most bytes the run's tensors held at once on this process's GPU,
+    /// measured (absent on devices without memory pools).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_peak_bytes: Option<u64>,
+    /// Planned bytes (buffers and model state) of the ranks on this process's GPU.
+    pub planned_here_bytes: u64,
 }
 
 /// The plan's degrees and knobs, in short.
@@ -377,6 +383,8 @@ pub fn run(
         planned_arena_bytes: c.planned.iter().map(|m| m.arena_bytes).collect(),
         planned_model_state_bytes: c.planned.iter().map(|m| m.persistent.total()).collect(),
         collectives: c.collectives.clone(),
+        measured_peak_bytes: c.measured_peak_bytes,
+        planned_here_bytes: c.planned_here_bytes,
     };
     // Under a launcher each rank writes its own timeline next to `--trace`.
     let rank_trace = |events: &[TraceEvent]| -> Result<()> {
@@ -564,6 +572,14 @@ pub fn render_summary(r: &Report) -> String {
                 "  rank {rank:>2}: planned device memory {} of buffers + {} of model state",
                 binary(*arena as f64),
                 binary(*state as f64)
+            );
+        }
+        if let Some(peak) = g.measured_peak_bytes {
+            let _ = writeln!(
+                out,
+                "  device memory at peak: {} measured (tensors, this GPU's ranks) against {} planned",
+                binary(peak as f64),
+                binary(g.planned_here_bytes as f64)
             );
         }
         if !g.host_nodes.is_empty() {

@@ -55,3 +55,55 @@ pub(crate) fn probe(ordinal: usize) -> Result<DeviceInfo, CudaError> {
         devices,
     })
 }
+
+/// The most bytes in use at once in device `ctx`'s default memory pool
+/// since the last [`reset_pool_peak`]: every tensor of the run is a
+/// stream-ordered allocation from that pool (cuBLAS workspaces, NCCL
+/// buffers and kernel images are not). `None` on a device without pools.
+pub(crate) fn pool_peak(ctx: &CudaContext) -> Result<Option<u64>, CudaError> {
+    let Some(pool) = default_pool(ctx)? else {
+        return Ok(None);
+    };
+    let mut peak: u64 = 0;
+    // SAFETY: a valid pool; USED_MEM_HIGH is a cuuint64_t.
+    unsafe {
+        result::mem_pool::get_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            (&mut peak as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| CudaError::Driver(format!("reading the memory pool's peak: {e}")))?;
+    Ok(Some(peak))
+}
+
+/// Starts [`pool_peak`] afresh (from what is in use now).
+pub(crate) fn reset_pool_peak(ctx: &CudaContext) -> Result<(), CudaError> {
+    let Some(pool) = default_pool(ctx)? else {
+        return Ok(());
+    };
+    let mut zero: u64 = 0;
+    // SAFETY: a valid pool; the driver takes 0 to reset a high watermark.
+    unsafe {
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+            (&mut zero as *mut u64).cast(),
+        )
+    }
+    .map_err(|e| CudaError::Driver(format!("resetting the memory pool's peak: {e}")))
+}
+
+/// The device's default memory pool, where it has one.
+fn default_pool(ctx: &CudaContext) -> Result<Option<sys::CUmemoryPool>, CudaError> {
+    let pools = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)
+        .map_err(|e| CudaError::Driver(e.to_string()))?;
+    if pools == 0 {
+        return Ok(None);
+    }
+    // SAFETY: the context's device is a device handle from the driver.
+    unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+        .map(Some)
+        .map_err(|e| CudaError::Driver(format!("the device's memory pool: {e}")))
+}

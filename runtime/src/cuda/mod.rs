@@ -136,6 +136,13 @@ pub struct CudaReport {
     pub planned: Vec<memory::MemoryPlan>,
     /// How the ranks' all-reduces ran: "NCCL 2.21.5", or host-staged and why.
     pub collectives: String,
+    /// The most bytes the run's tensors held at once on this process's GPU
+    /// (every rank it ran), measured from the driver's memory pool; `None`
+    /// on a device without memory pools.
+    pub measured_peak_bytes: Option<u64>,
+    /// The planned bytes (arena and model state) of the ranks this process
+    /// ran, to hold the measured peak against.
+    pub planned_here_bytes: u64,
 }
 
 /// Runs `programs` (one per rank) on one GPU: every rank is a thread with

@@ -58,6 +58,7 @@ impl Setup {
         // SAFETY: no buffer is used from a stream other than the one that made it.
         unsafe { ctx.disable_event_tracking() };
         let kernels = Arc::new(Kernels::load(&ctx, info.compute_capability).map_err(setup)?);
+        device::reset_pool_peak(&ctx).map_err(setup)?;
         Ok(Setup {
             info,
             ctx,
@@ -78,14 +79,24 @@ impl Setup {
         .map_err(|e| e.to_string())
     }
 
-    fn report(self, train: TrainReport, collectives: String) -> CudaReport {
+    /// The run's report; `ranks` are the ranks this process ran.
+    fn report(self, train: TrainReport, collectives: String, ranks: &[usize]) -> CudaReport {
         let host_nodes = self.host_nodes.lock().map(|m| m.clone()).unwrap_or_default();
+        // A failed reading loses the figure, not the run.
+        let measured_peak_bytes = device::pool_peak(&self.ctx).ok().flatten();
+        let planned_here_bytes = ranks
+            .iter()
+            .filter_map(|&r| self.planned.get(r))
+            .map(|m| m.arena_bytes + m.persistent.total())
+            .sum();
         CudaReport {
             train,
             device: self.info,
             host_nodes,
             planned: self.planned,
             collectives,
+            measured_peak_bytes,
+            planned_here_bytes,
         }
     }
 }
@@ -104,7 +115,8 @@ pub(super) fn train(
         1 => ONE_RANK,
         _ => "host-staged (the ranks share one GPU)",
     };
-    Ok(setup.report(report, collectives.into()))
+    let ranks: Vec<usize> = (0..programs.len()).collect();
+    Ok(setup.report(report, collectives.into(), &ranks))
 }
 
 pub(super) fn train_rank(
@@ -143,7 +155,7 @@ pub(super) fn train_rank(
     };
     let result = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
     Ok(RankResult {
-        report: result.report.map(|r| setup.report(r, collectives)),
+        report: result.report.map(|r| setup.report(r, collectives, &[rank])),
         trace: result.trace,
     })
 }
