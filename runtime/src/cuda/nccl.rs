@@ -11,10 +11,12 @@
 //! fabric (each says whether it can, and on which GPU), and every rank
 //! derives the groups from the same programs. A rank's NCCL calls share its
 //! compute stream, so they are ordered with its kernels as the program
-//! orders them and need no events; ranks issue the collectives of a group
-//! in program order, which the lowering keeps consistent across ranks.
+//! orders them and need no events; every rank replays the programs'
+//! communication first ([`check_blocking`]) and keeps collectives
+//! host-staged if members would meet them in orders that wait in a cycle.
 
 use crate::collective::{Buffer, Endpoint};
+use crate::lower::blocking::check_blocking;
 use crate::lower::{Instr, Program};
 use autopar_ir::CommKind;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -183,6 +185,12 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     let (rank, world) = (ep.rank(), ep.world());
     if world == 1 {
         return Ok(Link::Alone);
+    }
+    // Every rank reaches the same verdict from the same programs.
+    if let Err(deadlock) = check_blocking(programs) {
+        return Ok(Link::Staged(format!(
+            "under NCCL's blocking collectives {deadlock}"
+        )));
     }
     let (readiness, version) = local_readiness();
     let uuid = ctx

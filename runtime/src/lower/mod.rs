@@ -5,6 +5,7 @@
 //! the point-to-point transfers, gradient reductions, optimizer steps and
 //! ZeRO parameter traffic the plan implies ([`emit`](self)).
 
+pub mod blocking;
 mod emit;
 pub mod expert_parallel;
 pub mod partition;
