@@ -16,7 +16,7 @@
 //! host-staged if members would meet them in orders that wait in a cycle.
 
 use crate::collective::{Buffer, Endpoint};
-use crate::lower::blocking::check_blocking;
+use crate::lower::blocking::{check_blocking, Transfers};
 use crate::lower::{Instr, Program};
 use autopar_ir::CommKind;
 use cudarc::driver::{CudaContext, CudaStream};
@@ -187,7 +187,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
         return Ok(Link::Alone);
     }
     // Every rank reaches the same verdict from the same programs.
-    if let Err(deadlock) = check_blocking(programs) {
+    if let Err(deadlock) = check_blocking(programs, Transfers::Buffered) {
         return Ok(Link::Staged(format!(
             "under NCCL's blocking collectives {deadlock}"
         )));

@@ -1,24 +1,43 @@
 //! Whether per-rank programs finish when each collective holds its rank
-//! until every member reaches the same collective — as a GPU stream runs
-//! NCCL calls, in program order. The fabric's collectives match by tag, so
+//! until every member reaches the same one — as a GPU stream runs NCCL
+//! calls, in program order. The fabric's collectives match by tag, so
 //! programs whose members meet their collectives in different orders can
 //! still finish on the CPU, and would hang on NCCL; this check replays the
 //! programs' communication without data and finds that before anything
-//! runs. Sends are buffered (they stay host-staged): a receive waits only
-//! for its send.
+//! runs.
+//!
+//! Transfers (pipeline sends and receives) are checked either as the fabric
+//! runs them — a send is buffered and never waits — or as NCCL would: a run
+//! of consecutive transfers (frees between them allowed) is one group, posted
+//! at once, which completes when every transfer's counterpart has been
+//! posted by its peer.
 
 use super::{Instr, Program};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::HashMap;
 
-/// How one instruction meets other ranks.
+/// How transfers run, for [`check_blocking`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transfers {
+    /// A send is buffered and returns at once; a receive waits for its send.
+    Buffered,
+    /// Runs of transfers are groups that wait for their counterparts.
+    Grouped,
+}
+
+/// One step of a rank's communication.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Meet {
     /// Every member of `group` must be at this collective (same `what`).
     Collective { group: Vec<usize>, what: String },
-    /// Buffered: never waits.
-    Send { to: usize, what: String },
-    /// Waits for the matching send.
-    Recv { from: usize, what: String },
+    /// Transfers posted together.
+    Transfers(Vec<Transfer>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Transfer {
+    send: bool,
+    peer: usize,
+    what: String,
 }
 
 /// Where the replay stopped: each unfinished rank and what it waits at.
@@ -28,29 +47,33 @@ pub struct Deadlock {
     pub waiting: Vec<(usize, String)>,
 }
 
-/// Replays `programs`' communication under blocking collectives; `Err`
-/// names the ranks that would wait forever.
-pub fn check_blocking(programs: &[Program]) -> Result<(), Deadlock> {
-    let meets: Vec<Vec<Meet>> = programs
-        .iter()
-        .map(|p| p.instructions.iter().filter_map(|i| meet(i, p.rank)).collect())
-        .collect();
+/// Whether `instr` continues a run of transfers that [`Transfers::Grouped`]
+/// posts as one group (a transfer, or a free between transfers). Runtimes
+/// that group transfers close a group at the first instruction for which
+/// this is false.
+pub fn continues_transfers(instr: &Instr) -> bool {
+    instr.is_transfer() || matches!(instr, Instr::Free { .. })
+}
+
+/// Replays `programs`' communication under blocking collectives and
+/// `transfers`; `Err` names the ranks that would wait forever.
+pub fn check_blocking(programs: &[Program], transfers: Transfers) -> Result<(), Deadlock> {
+    let meets: Vec<Vec<Meet>> = programs.iter().map(|p| communication(p, transfers)).collect();
+    replay(&meets, transfers)
+}
+
+/// [`check_blocking`] over each rank's communication.
+fn replay<'p>(meets: &'p [Vec<Meet>], transfers: Transfers) -> Result<(), Deadlock> {
     let mut at = vec![0usize; meets.len()];
-    // Sends posted and not yet received: (from, to, what) → count.
-    let mut posted: BTreeMap<(usize, usize, String), usize> = BTreeMap::new();
+    // Transfers posted per (from, to, what): (sends, receives), and the
+    // ordinals of each rank's posted transfers (matched in order).
+    let mut posted: HashMap<(usize, usize, &str), (usize, usize)> = HashMap::new();
+    let mut ordinals: Vec<Option<Vec<usize>>> = vec![None; meets.len()];
     loop {
         let mut moved = false;
         for rank in 0..meets.len() {
-            // A rank runs ahead through everything that does not wait.
             while let Some(m) = meets[rank].get(at[rank]) {
                 match m {
-                    Meet::Send { to, what } => {
-                        *posted.entry((rank, *to, what.clone())).or_insert(0) += 1;
-                    }
-                    Meet::Recv { from, what } => match posted.get_mut(&(*from, rank, what.clone())) {
-                        Some(n) if *n > 0 => *n -= 1,
-                        _ => break,
-                    },
                     Meet::Collective { group, what } => {
                         let all_here = group.iter().all(|&r| {
                             matches!(meets.get(r).and_then(|ms| ms.get(at[r])),
@@ -59,10 +82,37 @@ pub fn check_blocking(programs: &[Program]) -> Result<(), Deadlock> {
                         if !all_here {
                             break;
                         }
-                        let members: BTreeSet<usize> = group.iter().copied().collect();
-                        for r in members.into_iter().filter(|&r| r != rank) {
+                        for &r in group.iter().filter(|&&r| r != rank) {
                             at[r] += 1;
                         }
+                    }
+                    Meet::Transfers(ts) => {
+                        let key = |t: &'p Transfer| match t.send {
+                            true => (rank, t.peer, t.what.as_str()),
+                            false => (t.peer, rank, t.what.as_str()),
+                        };
+                        let mine = ordinals[rank].get_or_insert_with(|| {
+                            ts.iter()
+                                .map(|t| {
+                                    let n = posted.entry(key(t)).or_insert((0, 0));
+                                    let side = if t.send { &mut n.0 } else { &mut n.1 };
+                                    *side += 1;
+                                    *side
+                                })
+                                .collect()
+                        });
+                        let done = ts.iter().zip(mine.iter()).all(|(t, &k)| {
+                            let (sends, recvs) = posted[&key(t)];
+                            match (t.send, transfers) {
+                                (true, Transfers::Buffered) => true,
+                                (true, Transfers::Grouped) => recvs >= k,
+                                (false, _) => sends >= k,
+                            }
+                        });
+                        if !done {
+                            break;
+                        }
+                        ordinals[rank] = None;
                     }
                 }
                 at[rank] += 1;
@@ -85,46 +135,63 @@ pub fn check_blocking(programs: &[Program]) -> Result<(), Deadlock> {
     }
 }
 
-/// What `instr` on `rank` waits for, if it communicates.
-fn meet(instr: &Instr, rank: usize) -> Option<Meet> {
-    let collective = |group: &Vec<usize>| {
-        (group.len() > 1 && group.contains(&rank)).then(|| Meet::Collective {
-            group: group.clone(),
-            what: instr.describe(),
-        })
-    };
-    match instr {
-        Instr::Collective { group, .. }
-        | Instr::AllReduceGrad { group, .. }
-        | Instr::ReduceScatterGrad { group, .. }
-        | Instr::AllGatherParam { group, .. }
-        | Instr::GatherParam { group, .. }
-        | Instr::SumTiedGrads { group, .. } => collective(group),
-        Instr::Send { buf, to } => Some(Meet::Send {
-            to: *to,
-            what: buf.to_string(),
-        }),
-        Instr::Recv { buf, from } => Some(Meet::Recv {
-            from: *from,
-            what: buf.to_string(),
-        }),
-        Instr::SendParam { param, to } => Some(Meet::Send {
-            to: *to,
-            what: param.clone(),
-        }),
-        Instr::RecvParam { param, from } => Some(Meet::Recv {
-            from: *from,
-            what: param.clone(),
-        }),
-        _ => None,
+/// `program`'s communication in order.
+fn communication(program: &Program, transfers: Transfers) -> Vec<Meet> {
+    let rank = program.rank;
+    let mut out: Vec<Meet> = Vec::new();
+    let mut open = false;
+    for instr in &program.instructions {
+        if let Some(t) = transfer(instr) {
+            match out.last_mut() {
+                Some(Meet::Transfers(ts)) if open && transfers == Transfers::Grouped => ts.push(t),
+                _ => out.push(Meet::Transfers(vec![t])),
+            }
+            open = true;
+            continue;
+        }
+        open &= continues_transfers(instr);
+        let group = match instr {
+            Instr::Collective { group, .. }
+            | Instr::AllReduceGrad { group, .. }
+            | Instr::ReduceScatterGrad { group, .. }
+            | Instr::AllGatherParam { group, .. }
+            | Instr::GatherParam { group, .. }
+            | Instr::SumTiedGrads { group, .. } => group,
+            _ => continue,
+        };
+        if group.len() > 1 && group.contains(&rank) {
+            out.push(Meet::Collective {
+                group: group.clone(),
+                what: instr.describe(),
+            });
+        }
     }
+    out
+}
+
+/// `instr` as a transfer, if it is one.
+fn transfer(instr: &Instr) -> Option<Transfer> {
+    let (send, peer, what) = match instr {
+        Instr::Send { buf, to } => (true, *to, buf.to_string()),
+        Instr::Recv { buf, from } => (false, *from, buf.to_string()),
+        Instr::SendParam { param, to } => (true, *to, param.clone()),
+        Instr::RecvParam { param, from } => (false, *from, param.clone()),
+        _ => return None,
+    };
+    Some(Transfer { send, peer, what })
 }
 
 fn describe(m: &Meet) -> String {
     match m {
         Meet::Collective { group, what } => format!("{what} over ranks {group:?}"),
-        Meet::Send { to, what } => format!("send {what} to rank {to}"),
-        Meet::Recv { from, what } => format!("recv {what} from rank {from}"),
+        Meet::Transfers(ts) => ts
+            .iter()
+            .map(|t| match t.send {
+                true => format!("send {} to rank {}", t.what, t.peer),
+                false => format!("recv {} from rank {}", t.what, t.peer),
+            })
+            .collect::<Vec<_>>()
+            .join(" + "),
     }
 }
 
@@ -159,12 +226,44 @@ mod tests {
                 s.chunks = 2;
             }
             let p = programs(&s);
+            let case = format!("dp {dp} pp {pp} tp {tp} zero {zero} {schedule:?}");
+            assert_eq!(check_blocking(&p, Transfers::Buffered), Ok(()), "{case}");
+            // Grouped transfers serve 1F1B and GPipe; the interleaved
+            // schedule's stages send ahead of what their peers receive.
+            let grouped = check_blocking(&p, Transfers::Grouped);
             assert_eq!(
-                check_blocking(&p),
-                Ok(()),
-                "dp {dp} pp {pp} tp {tp} zero {zero} {schedule:?}"
+                grouped.is_ok(),
+                schedule != Schedule::Interleaved,
+                "{case}: {grouped:?}"
             );
         }
+    }
+
+    /// One transfer at a time, 1F1B's steady state would hang: each stage
+    /// sends before it receives what its neighbour sends it.
+    #[test]
+    fn a_send_that_waits_needs_its_receive_in_the_same_group() {
+        let buf = |t: &str| crate::lower::Buf::of(t, 0);
+        let send = |t: &str, to| Instr::Send { buf: buf(t), to };
+        let recv = |t: &str, from| Instr::Recv { buf: buf(t), from };
+        let free = Instr::Free { buf: buf("x") };
+        let ps = [
+            program(0, vec![send("a", 1), free.clone(), recv("b", 1)]),
+            program(1, vec![send("b", 0), recv("a", 0)]),
+        ];
+        assert_eq!(check_blocking(&ps, Transfers::Buffered), Ok(()));
+        assert_eq!(check_blocking(&ps, Transfers::Grouped), Ok(()));
+        // Work between the send and the receive splits the group.
+        let ps = [
+            program(0, vec![send("a", 1), all_reduce("g", &[0]), recv("b", 1)]),
+            program(1, vec![send("b", 0), recv("a", 0)]),
+        ];
+        assert_eq!(check_blocking(&ps, Transfers::Buffered), Ok(()));
+        let err = check_blocking(&ps, Transfers::Grouped).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ranks wait on each other: rank 0 at send a@mb0 to rank 1, rank 1 at send b@mb0 to rank 0 + recv a@mb0 from rank 0"
+        );
     }
 
     fn program(rank: usize, instructions: Vec<Instr>) -> Program {
@@ -195,7 +294,7 @@ mod tests {
             program(0, vec![all_reduce("a", &[0, 1]), all_reduce("b", &[0, 1])]),
             program(1, vec![all_reduce("b", &[0, 1]), all_reduce("a", &[0, 1])]),
         ];
-        let err = check_blocking(&ps).unwrap_err();
+        let err = check_blocking(&ps, Transfers::Buffered).unwrap_err();
         assert_eq!(err.waiting.len(), 2);
         assert!(
             err.to_string().starts_with(
@@ -209,13 +308,25 @@ mod tests {
             program(1, vec![all_reduce("y", &[1, 2]), all_reduce("x", &[0, 1])]),
             program(2, vec![all_reduce("z", &[0, 2]), all_reduce("y", &[1, 2])]),
         ];
-        assert_eq!(check_blocking(&ps).unwrap_err().waiting.len(), 3);
+        assert_eq!(
+            check_blocking(&ps, Transfers::Buffered)
+                .unwrap_err()
+                .waiting
+                .len(),
+            3
+        );
         // A receive with no send waits forever; a buffered send does not.
         let recv = Instr::Recv {
             buf: crate::lower::Buf::of("t", 0),
             from: 1,
         };
         let ps = [program(0, vec![recv]), program(1, vec![all_reduce("a", &[1])])];
-        assert_eq!(check_blocking(&ps).unwrap_err().waiting.len(), 1);
+        assert_eq!(
+            check_blocking(&ps, Transfers::Buffered)
+                .unwrap_err()
+                .waiting
+                .len(),
+            1
+        );
     }
 }

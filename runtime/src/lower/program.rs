@@ -192,6 +192,15 @@ impl Instr {
         )
     }
 
+    /// Whether it moves a tensor between two ranks (a pipeline's
+    /// activations and gradients, a shared weight).
+    pub fn is_transfer(&self) -> bool {
+        matches!(
+            self,
+            Instr::Send { .. } | Instr::Recv { .. } | Instr::SendParam { .. } | Instr::RecvParam { .. }
+        )
+    }
+
     /// A short description for errors and traces.
     pub fn describe(&self) -> String {
         match self {
