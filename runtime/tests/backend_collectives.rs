@@ -7,7 +7,8 @@
 //! runs also show that the plans issue their all-reduces in an order in
 //! which no ranks wait on each other in a cycle.
 
-use autopar_ir::{CommKind, Data, Graph, Op, Value};
+use autopar_cost_models::Schedule;
+use autopar_ir::{CommKind, DType, Data, Graph, Op, Value};
 use autopar_runtime::collective::{fabric, Algorithm, Buffer, Endpoint};
 use autopar_runtime::cpu::parallel::{train, train_on, Backend, CpuBackend, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
@@ -29,6 +30,8 @@ struct Summing {
     calls: BTreeMap<Vec<usize>, usize>,
     /// Every rank's calls, by kind, for the test to check.
     log: Arc<Mutex<BTreeMap<Kind, usize>>>,
+    /// Sends of the open group, waiting for their receivers: (rank, tag).
+    unconfirmed: Vec<(usize, String)>,
 }
 
 impl Backend for Summing {
@@ -78,7 +81,7 @@ impl Backend for Summing {
         self.endpoint
             .all_reduce(group, &mut buffer, Algorithm::Ring, &tag, "a device all-reduce")
             .map_err(|e| e.to_string())?;
-        *x = Arc::new(shaped(buffer, x, &x.shape));
+        *x = Arc::new(shaped(buffer, x.dtype, &x.shape));
         Ok(true)
     }
 
@@ -94,7 +97,7 @@ impl Backend for Summing {
                 "a device reduce-scatter",
             )
             .map_err(|e| e.to_string())?;
-        Ok(Some(Arc::new(shaped(mine, x, &[part]))))
+        Ok(Some(Arc::new(shaped(mine, x.dtype, &[part]))))
     }
 
     fn all_gather(
@@ -108,7 +111,7 @@ impl Backend for Summing {
             .endpoint
             .all_gather(group, &flat(part, part.numel())?, &tag, "a device all-gather")
             .map_err(|e| e.to_string())?;
-        Ok(Some(Arc::new(shaped(all, part, shape))))
+        Ok(Some(Arc::new(shaped(all, part.dtype, shape))))
     }
 
     fn all_gather_parts(&mut self, w: &mut Arc<Value>, group: &[usize]) -> Result<bool, String> {
@@ -123,8 +126,44 @@ impl Backend for Summing {
             .endpoint
             .all_gather(group, &mine, &tag, "a device all-gather")
             .map_err(|e| e.to_string())?;
-        *w = Arc::new(shaped(all, w, &w.shape));
+        *w = Arc::new(shaped(all, w.dtype, &w.shape));
         Ok(true)
+    }
+
+    fn send(&mut self, x: &Arc<Value>, to: usize) -> Result<bool, String> {
+        let tag = self.next_tag(Kind::Send, &[self.endpoint.rank(), to]);
+        self.endpoint
+            .send(to, &tag, flat(x, x.numel())?, "a device send")
+            .map_err(|e| e.to_string())?;
+        self.unconfirmed.push((to, format!("{tag}/posted")));
+        Ok(true)
+    }
+
+    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Arc<Value>>, String> {
+        let tag = self.next_tag(Kind::Recv, &[from, self.endpoint.rank()]);
+        let ep = &self.endpoint;
+        let got = ep
+            .recv(from, &tag, "a device receive")
+            .map_err(|e| e.to_string())?;
+        ep.send(
+            from,
+            &format!("{tag}/posted"),
+            Buffer::F32(Vec::new()),
+            "a receipt",
+        )
+        .map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(shaped(got, dtype, shape))))
+    }
+
+    /// A group's sends complete when their receivers have posted, as an
+    /// NCCL group's do.
+    fn flush_transfers(&mut self) -> Result<(), String> {
+        for (to, tag) in std::mem::take(&mut self.unconfirmed) {
+            self.endpoint
+                .recv(to, &tag, "a send's receipt")
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
     }
 }
 
@@ -134,6 +173,8 @@ enum Kind {
     AllReduce,
     ReduceScatter,
     AllGather,
+    Send,
+    Recv,
 }
 
 impl Summing {
@@ -167,8 +208,8 @@ fn flat(v: &Value, len: usize) -> Result<Buffer, String> {
     })
 }
 
-/// The first elements of `b` as a value of `shape`, typed like `like`.
-fn shaped(b: Buffer, like: &Value, shape: &[usize]) -> Value {
+/// The first elements of `b` as a `dtype` value of `shape`.
+fn shaped(b: Buffer, dtype: DType, shape: &[usize]) -> Value {
     let n = shape.iter().product();
     let data = match b {
         Buffer::F32(mut x) => {
@@ -180,7 +221,7 @@ fn shaped(b: Buffer, like: &Value, shape: &[usize]) -> Value {
             Data::F64(x)
         }
     };
-    Value::new(like.dtype, shape.to_vec(), data).unwrap()
+    Value::new(dtype, shape.to_vec(), data).unwrap()
 }
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
@@ -218,6 +259,7 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
                 .expect("one backend per rank"),
             calls: BTreeMap::new(),
             log: log.clone(),
+            unconfirmed: Vec::new(),
         })
     })
     .unwrap();
@@ -242,6 +284,8 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
             Instr::SumTiedGrads { group, .. } if group.len() > 1 => Kind::AllReduce,
             Instr::ReduceScatterGrad { .. } => Kind::ReduceScatter,
             Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => Kind::AllGather,
+            Instr::Send { .. } | Instr::SendParam { .. } => Kind::Send,
+            Instr::Recv { .. } | Instr::RecvParam { .. } => Kind::Recv,
             _ => continue,
         };
         *planned.entry(kind).or_insert(0) += 1;
@@ -267,6 +311,18 @@ fn tensor_parallel_activations_and_gradients() {
 fn hybrid_with_a_pipeline_and_tied_embeddings() {
     let planned = check(Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, false));
     assert!(planned.contains_key(&Kind::AllReduce), "{planned:?}");
+}
+
+#[test]
+fn pipelines() {
+    for schedule in [Schedule::OneFOneB, Schedule::Gpipe] {
+        let mut s = Strategy::new(1, 2, LAYERS, 1, 4);
+        s.schedule = schedule;
+        let planned = check(s);
+        assert!(planned.contains_key(&Kind::Send), "{schedule:?}: {planned:?}");
+    }
+    let planned = check(Strategy::new(1, 4, LAYERS, 1, 8));
+    assert!(planned.contains_key(&Kind::Recv), "{planned:?}");
 }
 
 #[test]

@@ -7,14 +7,14 @@
 //! counted, so a run can say what did not run on the GPU.
 
 use super::module::Kernels;
-use super::nccl::{DataType, Nccl};
+use super::nccl::{DataType, Nccl, Posted};
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
 use crate::cpu::parallel::Backend;
 use crate::train::Optimizer;
-use autopar_ir::{Op, Value};
+use autopar_ir::{DType, Op, Value};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice};
 use std::collections::BTreeMap;
@@ -32,6 +32,9 @@ pub struct CudaBackend {
     host_nodes: HostNodes,
     /// All-reduces between GPUs, when this rank's peers have GPUs of their own.
     nccl: Option<Nccl>,
+    /// Transfers posted for the next NCCL group, with the tensors they
+    /// read or fill (held until the group is queued).
+    posted: Vec<(Posted, Arc<GpuTensor>)>,
 }
 
 /// Optimizer state of one parameter (or shard): f32 moments, and an f32
@@ -72,6 +75,7 @@ impl CudaBackend {
             },
             host_nodes,
             nccl: None,
+            posted: Vec::new(),
         })
     }
 
@@ -430,6 +434,38 @@ impl Backend for CudaBackend {
         nccl.all_gather(group, (mine, at), part, dtype, &self.gpu.stream)?;
         Ok(true)
     }
+
+    fn send(&mut self, x: &Arc<GpuTensor>, to: usize) -> Result<bool, String> {
+        let Some(dtype) = self.transfer_type(x.storage) else {
+            return Ok(false);
+        };
+        let ptr = self.gpu.ptr(x);
+        self.post(true, to, ptr, dtype, x.clone());
+        Ok(true)
+    }
+
+    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Arc<GpuTensor>>, String> {
+        let storage = tensor::storage_of(dtype, self.gpu.precision);
+        let Some((storage, nccl_type)) = storage.and_then(|s| Some((s, self.transfer_type(s)?))) else {
+            return Ok(None);
+        };
+        let x =
+            Arc::new(tensor::allocate(&self.gpu.stream, dtype, storage, shape.to_vec(), false).map_err(err)?);
+        let ptr = self.gpu.ptr(&x);
+        self.post(false, from, ptr, nccl_type, x.clone());
+        Ok(Some(x))
+    }
+
+    fn flush_transfers(&mut self) -> Result<(), String> {
+        if self.posted.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.posted);
+        let posted: Vec<Posted> = held.iter().map(|(p, _)| *p).collect();
+        let nccl = self.nccl.as_ref().ok_or("transfers posted without NCCL")?;
+        // Stream-ordered frees of `held` come after the queued group.
+        nccl.transfer(&posted, &self.gpu.stream)
+    }
 }
 
 impl CudaBackend {
@@ -443,6 +479,32 @@ impl CudaBackend {
         };
         let nccl = self.nccl.as_ref().filter(|n| n.connects(group))?;
         Some((nccl, dtype))
+    }
+
+    /// NCCL's type for a transfer of `storage`, where transfers run on NCCL:
+    /// floats only (every rank routes a transfer alike, knowing its dtype).
+    fn transfer_type(&self, storage: Storage) -> Option<DataType> {
+        self.nccl.as_ref().filter(|n| n.carries_transfers())?;
+        match storage {
+            Storage::F32 => Some(DataType::ncclFloat32),
+            Storage::Bf16 => Some(DataType::ncclBfloat16),
+            Storage::I64 | Storage::Bool => None,
+        }
+    }
+
+    /// Adds a transfer of `x` (at `ptr`) to the open group.
+    fn post(&mut self, send: bool, peer: usize, ptr: u64, dtype: DataType, x: Arc<GpuTensor>) {
+        let count = x.numel();
+        self.posted.push((
+            Posted {
+                send,
+                peer,
+                ptr,
+                count,
+                dtype,
+            },
+            x,
+        ));
     }
 
     /// A new tensor of `x`'s types and `shape` (contents unset).

@@ -3,8 +3,10 @@
 //! gradients, tensor-parallel partial sums, tied weights' gradients) and
 //! ZeRO's gradient reduce-scatters and weight gathers run as NCCL calls on
 //! the rank's stream instead of going through host memory and TCP; the
-//! rest (sequence-parallel gathers along an axis, pipeline sends) stays
-//! host-staged.
+//! pipeline transfers (sends and receives, grouped as the program runs them
+//! back to back) too, when the programs finish with NCCL's waiting
+//! transfers (1F1B and GPipe do, the interleaved schedule does not); the
+//! rest (sequence-parallel gathers along an axis) stays host-staged.
 //!
 //! NCCL calls block on the GPU until every member joins, so every rank must
 //! route the same collectives to NCCL: the ranks first agree over the
@@ -31,11 +33,25 @@ pub const DISABLE_VAR: &str = "AUTOPAR_NCCL";
 /// NCCL 2.10 added bf16 reductions.
 const MIN_VERSION: i32 = 21000;
 
-/// One rank's NCCL communicators, one per group it meets in a collective.
+/// One rank's NCCL communicators, one per group it meets in a collective,
+/// and one over every rank for transfers when they go to NCCL too.
 pub(crate) struct Nccl {
     rank: usize,
     comms: BTreeMap<Vec<usize>, Comm>,
+    /// The communicator of all ranks, where transfers run on NCCL.
+    world: Option<Vec<usize>>,
     version: i32,
+}
+
+/// A send or receive of `count` elements at a device address, posted for
+/// the next group.
+#[derive(Clone, Copy)]
+pub(crate) struct Posted {
+    pub send: bool,
+    pub peer: usize,
+    pub ptr: u64,
+    pub count: usize,
+    pub dtype: DataType,
 }
 
 /// NCCL's element types.
@@ -67,15 +83,47 @@ impl Drop for Comm {
 }
 
 impl Nccl {
-    /// "NCCL 2.21.5", for the run's report.
+    /// "NCCL 2.21.5 (…)", for the run's report: the version and what runs on it.
     pub fn describe(&self) -> String {
         let v = self.version;
-        format!("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100)
+        let what = match self.carries_transfers() {
+            true => "all-reduces, ZeRO reduce-scatters and gathers, pipeline transfers",
+            false => "all-reduces, ZeRO reduce-scatters and gathers; transfers host-staged",
+        };
+        format!("NCCL {}.{}.{} ({what})", v / 10000, v / 100 % 100, v % 100)
     }
 
     /// Whether `group` has a communicator (every member gets the same answer).
     pub fn connects(&self, group: &[usize]) -> bool {
         self.comms.contains_key(group)
+    }
+
+    /// Whether transfers between ranks run on NCCL (all ranks agree).
+    pub fn carries_transfers(&self) -> bool {
+        self.world.is_some()
+    }
+
+    /// Runs `posted` as one NCCL group on the communicator of all ranks,
+    /// queued on `stream`: it completes when every peer has posted its side.
+    pub fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
+        let world = self.world.as_deref().ok_or("transfers do not run on NCCL here")?;
+        self.enqueue("send/receive group", world, stream, |comm, s| {
+            result::group_start()?;
+            let issued = posted.iter().try_for_each(|p| {
+                // SAFETY: `ptr` holds `count` elements of `dtype` on this
+                // device, kept alive by the caller until the group is queued.
+                unsafe {
+                    match p.send {
+                        true => result::send(p.ptr as *const _, p.count, p.dtype, p.peer as i32, comm, s),
+                        false => result::recv(p.ptr as *mut _, p.count, p.dtype, p.peer as i32, comm, s),
+                    }
+                }
+                .map(drop)
+            });
+            // The group is closed even when a call failed.
+            let ended = result::group_end();
+            issued.and(ended)
+        })
     }
 
     /// This rank's position in `group` (its rank in the group's communicator).
@@ -186,7 +234,9 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     if world == 1 {
         return Ok(Link::Alone);
     }
-    // Every rank reaches the same verdict from the same programs.
+    // Every rank reaches the same verdicts from the same programs: transfers
+    // go to NCCL only if the programs finish with them grouped and waiting.
+    let transfers = check_blocking(programs, Transfers::Grouped).is_ok();
     if let Err(deadlock) = check_blocking(programs, Transfers::Buffered) {
         return Ok(Link::Staged(format!(
             "under NCCL's blocking collectives {deadlock}"
@@ -211,8 +261,18 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     }
     ctx.bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    let mut groups = collective_groups(programs);
+    let world_group: Vec<usize> = (0..world).collect();
+    let transfers = transfers
+        && programs
+            .iter()
+            .flat_map(|p| &p.instructions)
+            .any(Instr::is_transfer);
+    if transfers {
+        groups.insert(world_group.clone());
+    }
     let mut comms = BTreeMap::new();
-    for group in collective_groups(programs) {
+    for group in groups {
         let Some(position) = group.iter().position(|&r| r == rank) else {
             continue;
         };
@@ -239,7 +299,12 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
             .map_err(|e| format!("ncclCommInitRank for ranks {group:?}: {:?}", e.0))?;
         comms.insert(group, Comm(comm));
     }
-    Ok(Link::Nccl(Nccl { rank, comms, version }))
+    Ok(Link::Nccl(Nccl {
+        rank,
+        comms,
+        world: transfers.then_some(world_group),
+        version,
+    }))
 }
 
 /// Whether this process can use NCCL: 0 if so, else a reason code, with

@@ -141,10 +141,7 @@ pub(super) fn train_rank(
     let (backend, collectives) = match nccl::connect(&endpoint, programs, &setup.ctx) {
         Ok(Link::Nccl(nccl)) => {
             let name = nccl.describe();
-            (
-                backend.with_nccl(nccl),
-                format!("{name} (all-reduces, ZeRO reduce-scatters and gathers; the rest host-staged)"),
-            )
+            (backend.with_nccl(nccl), name)
         }
         Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),
         Ok(Link::Alone) => (backend, ONE_RANK.to_string()),

@@ -8,7 +8,7 @@
 
 use crate::cpu::{widen_op, Precision};
 use crate::train::{Optimizer, State};
-use autopar_ir::{Data, Op, Value};
+use autopar_ir::{DType, Data, Op, Value};
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -103,6 +103,29 @@ pub trait Backend {
     fn all_gather_parts(&mut self, w: &mut Self::Tensor, group: &[usize]) -> Result<bool, String> {
         let _ = (w, group);
         Ok(false)
+    }
+    /// Posts `x` for rank `to` (a pipeline's activations or gradients, a
+    /// shared weight) with the backend's own transport; `Ok(false)` where
+    /// it has none (then the peer's [`Backend::recv`] has none either).
+    /// Transfers posted between two [`Backend::flush_transfers`] form one
+    /// group, which completes when every peer has posted its side.
+    fn send(&mut self, x: &Self::Tensor, to: usize) -> Result<bool, String> {
+        let _ = (x, to);
+        Ok(false)
+    }
+    /// Posts a receive of a `dtype` tensor of `shape` from rank `from`:
+    /// the tensor, whose contents arrive in the backend's order once its
+    /// group is flushed; `None` where the backend has no transport.
+    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Self::Tensor>, String> {
+        let _ = (from, dtype, shape);
+        Ok(None)
+    }
+    /// Issues the transfers posted since the last flush as one group. The
+    /// interpreter flushes before each instruction that does not continue a
+    /// run of transfers ([`crate::lower::blocking::continues_transfers`])
+    /// and at the end of a step.
+    fn flush_transfers(&mut self) -> Result<(), String> {
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ use super::slices;
 use super::{ExecError, TrainOptions};
 use crate::collective::{with_elements, Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen};
+use crate::lower::blocking::continues_transfers;
 use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
 use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::{decays, TokenSource};
@@ -223,7 +224,11 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     _ => String::new(),
                 };
                 let began = Instant::now();
-                let result = self.execute(instr, step, &what, &mut gradients);
+                let result = match continues_transfers(instr) {
+                    true => Ok(()),
+                    false => self.dev.flush_transfers().map_err(Failure::Other),
+                }
+                .and_then(|()| self.execute(instr, step, &what, &mut gradients));
                 // Overlapped collectives are traced when they finish.
                 if self.opts.trace && !instr.overlaps_compute() {
                     self.record(instr, step, began);
@@ -245,7 +250,12 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 what: "end of step".into(),
                 message,
             };
-            match self.settle_all() {
+            match self
+                .dev
+                .flush_transfers()
+                .map_err(Failure::Other)
+                .and_then(|()| self.settle_all())
+            {
                 Ok(()) => {}
                 Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
                 Err(Failure::Other(m)) => return Err(end(m)),
@@ -393,14 +403,22 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 self.collective(node, *micro_batch, *kind, *axis, group, &t, what)?;
             }
             Instr::Send { buf, to } => {
-                let v = self.host(&self.get(buf)?)?;
-                self.ep.send(*to, &tag(&buf.to_string()), to_buffer(&v), what)?;
+                let x = self.get(buf)?;
+                if !self.dev.send(&x, *to).map_err(Failure::Other)? {
+                    let v = self.host(&x)?;
+                    self.ep.send(*to, &tag(&buf.to_string()), to_buffer(&v), what)?;
+                }
             }
             Instr::Recv { buf, from } => {
-                let got = self.ep.recv(*from, &tag(&buf.to_string()), what)?;
-                let ty = self.ty(&buf.tensor)?;
-                let v = from_buffer(got, ty.0, ty.1)?;
-                self.put_host(buf.clone(), v)?;
+                let (dtype, shape) = self.ty(&buf.tensor)?;
+                match self.dev.recv(*from, dtype, &shape).map_err(Failure::Other)? {
+                    Some(x) => self.put(buf.clone(), x),
+                    None => {
+                        let got = self.ep.recv(*from, &tag(&buf.to_string()), what)?;
+                        let v = from_buffer(got, dtype, shape)?;
+                        self.put_host(buf.clone(), v)?;
+                    }
+                }
             }
             Instr::Free { buf } => {
                 if let Some(v) = self.bufs.remove(buf) {
@@ -536,15 +554,23 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 self.bufs.insert(Buf::step(param), held);
             }
             Instr::SendParam { param, to } => {
-                let w = self.weight_host(param)?;
-                self.ep
-                    .send(*to, &tag(&format!("param/{param}")), to_buffer(&w), what)?;
+                let w = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
+                if !self.dev.send(&w, *to).map_err(Failure::Other)? {
+                    let w = self.host(&w)?;
+                    self.ep
+                        .send(*to, &tag(&format!("param/{param}")), to_buffer(&w), what)?;
+                }
             }
             Instr::RecvParam { param, from } => {
-                let got = self.ep.recv(*from, &tag(&format!("param/{param}")), what)?;
                 let w = self.weight_host(param)?;
-                let v = from_buffer(got, w.dtype, w.shape.clone())?;
-                let held = self.dev.upload(v).map_err(Failure::Other)?;
+                let held = match self.dev.recv(*from, w.dtype, &w.shape).map_err(Failure::Other)? {
+                    Some(x) => x,
+                    None => {
+                        let got = self.ep.recv(*from, &tag(&format!("param/{param}")), what)?;
+                        let v = from_buffer(got, w.dtype, w.shape.clone())?;
+                        self.dev.upload(v).map_err(Failure::Other)?
+                    }
+                };
                 self.weights.insert(param.clone(), held);
             }
             Instr::ReportLoss { buf } => {
