@@ -456,6 +456,10 @@ impl Backend for CudaBackend {
         Ok(Some(x))
     }
 
+    fn bytes_sent(&self) -> u64 {
+        self.nccl.as_ref().map_or(0, Nccl::bytes_sent)
+    }
+
     fn flush_transfers(&mut self) -> Result<(), String> {
         if self.posted.is_empty() {
             return Ok(());

@@ -17,12 +17,14 @@
 //! communication first ([`check_blocking`]) and keeps collectives
 //! host-staged if members would meet them in orders that wait in a cycle.
 
-use crate::collective::{Buffer, Endpoint};
+use crate::collective::{Algorithm, Buffer, Collective, Endpoint};
 use crate::lower::blocking::{check_blocking, Transfers};
 use crate::lower::{Instr, Program};
+use autopar_cost_models::comm::bytes_sent;
 use autopar_ir::CommKind;
 use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result, sys};
+use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
@@ -41,6 +43,9 @@ pub(crate) struct Nccl {
     /// The communicator of all ranks, where transfers run on NCCL.
     world: Option<Vec<usize>>,
     version: i32,
+    /// Bytes this rank has sent, counted per ring algorithm as the fabric
+    /// counts its collectives (NCCL's own choice of ring or tree aside).
+    sent: Cell<u64>,
 }
 
 /// A send or receive of `count` elements at a device address, posted for
@@ -98,6 +103,18 @@ impl Nccl {
         self.comms.contains_key(group)
     }
 
+    /// Bytes this rank has sent through NCCL (see the field).
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.get()
+    }
+
+    /// Counts a `collective` of `count` elements of `dtype` over `group`.
+    fn count(&self, collective: Collective, group: &[usize], count: usize, dtype: DataType) {
+        let bytes = (count * element_size(dtype)) as f64;
+        let sent = bytes_sent(collective, Algorithm::Ring, group.len(), bytes).map_or(0.0, |v| v[0]);
+        self.sent.set(self.sent.get() + sent as u64);
+    }
+
     /// Whether transfers between ranks run on NCCL (all ranks agree).
     pub fn carries_transfers(&self) -> bool {
         self.world.is_some()
@@ -107,6 +124,9 @@ impl Nccl {
     /// queued on `stream`: it completes when every peer has posted its side.
     pub fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
         let world = self.world.as_deref().ok_or("transfers do not run on NCCL here")?;
+        for p in posted.iter().filter(|p| p.send) {
+            self.count(Collective::SendRecv, &[self.rank, p.peer], p.count, p.dtype);
+        }
         self.enqueue("send/receive group", world, stream, |comm, s| {
             result::group_start()?;
             let issued = posted.iter().try_for_each(|p| {
@@ -141,6 +161,7 @@ impl Nccl {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<(), String> {
+        self.count(Collective::AllReduce, group, count, dtype);
         self.enqueue("all-reduce", group, stream, |comm, s| {
             // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
             // device, used in stream order.
@@ -168,6 +189,7 @@ impl Nccl {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<(), String> {
+        self.count(Collective::ReduceScatter, group, count * group.len(), dtype);
         self.enqueue("reduce-scatter", group, stream, |comm, s| {
             // SAFETY: `send` holds count × group size elements and `recv`
             // count, both on this device, used in stream order.
@@ -196,6 +218,7 @@ impl Nccl {
         dtype: DataType,
         stream: &Stream,
     ) -> Result<(), String> {
+        self.count(Collective::AllGather, group, count * group.len(), dtype);
         self.enqueue("all-gather", group, stream, |comm, s| {
             // SAFETY: `send` holds `count` elements and `recv` count × group
             // size, both on this device, used in stream order.
@@ -304,7 +327,18 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
         comms,
         world: transfers.then_some(world_group),
         version,
+        sent: Cell::new(0),
     }))
+}
+
+/// Bytes per element of an NCCL type this backend uses.
+fn element_size(dtype: DataType) -> usize {
+    match dtype {
+        DataType::ncclBfloat16 | DataType::ncclFloat16 => 2,
+        DataType::ncclFloat64 | DataType::ncclInt64 | DataType::ncclUint64 => 8,
+        DataType::ncclInt8 | DataType::ncclUint8 => 1,
+        _ => 4,
+    }
 }
 
 /// Whether this process can use NCCL: 0 if so, else a reason code, with
@@ -440,6 +474,25 @@ mod tests {
         assert_eq!(id_bytes(&id_from(&bytes[..128])), bytes[..128]);
         assert!(decode_bytes(&words[1..], 130).is_err());
         assert!(decode_bytes(&[0.5; 33], 130).is_err());
+    }
+
+    /// NCCL traffic is counted as the fabric counts its ring collectives.
+    #[test]
+    fn bytes_are_counted_per_ring_algorithm() {
+        let nccl = Nccl {
+            rank: 1,
+            comms: BTreeMap::new(),
+            world: None,
+            version: 0,
+            sent: Cell::new(0),
+        };
+        let group = [0, 1, 2, 3];
+        nccl.count(Collective::AllReduce, &group, 1000, DataType::ncclFloat32);
+        assert_eq!(nccl.bytes_sent(), 2 * 3 * 1000);
+        nccl.count(Collective::AllGather, &group, 400, DataType::ncclBfloat16);
+        assert_eq!(nccl.bytes_sent(), 6000 + 3 * 200);
+        nccl.count(Collective::SendRecv, &[1, 3], 10, DataType::ncclFloat32);
+        assert_eq!(nccl.bytes_sent(), 6600 + 40);
     }
 
     /// Without libnccl the check says so instead of the loader panicking;

@@ -127,6 +127,12 @@ pub trait Backend {
     fn flush_transfers(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// Bytes this rank sent through the backend's own collectives and
+    /// transfers, counted as the fabric counts its own (per algorithm), so
+    /// a run reports the same traffic whichever carried it.
+    fn bytes_sent(&self) -> u64 {
+        0
+    }
 }
 
 /// The reference backend: host values, `Op::eval`.

@@ -280,7 +280,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             steps,
             report: super::RankReport {
                 rank: self.program.rank,
-                bytes_sent: self.ep.bytes_sent(),
+                bytes_sent: self.ep.bytes_sent() + self.dev.bytes_sent(),
                 peak_activation_bytes: self.peak_bytes,
                 peak_micro_batches: self.peak_micro_batches,
             },
