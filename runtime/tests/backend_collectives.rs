@@ -324,6 +324,18 @@ fn pipelines() {
     assert!(planned.contains_key(&Kind::Recv), "{planned:?}");
 }
 
+/// Sequence parallelism's gathers and scatters along an axis stay on the
+/// fabric while everything else goes to the backend, in one run.
+#[test]
+fn routed_and_staged_collectives_mix() {
+    let mut s = Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, true);
+    s.zero = 3;
+    let planned = check(s);
+    for kind in [Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather, Kind::Send] {
+        assert!(planned.contains_key(&kind), "{kind:?}: {planned:?}");
+    }
+}
+
 #[test]
 fn zero_stages() {
     for zero in 1..=3 {
