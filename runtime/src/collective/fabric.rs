@@ -314,6 +314,15 @@ impl Endpoint {
         }
     }
 
+    /// The rank that aborted the fabric and why, once any has (this process's
+    /// ranks, or a peer process whose link reported it or went away).
+    pub fn abort_cause(&self) -> Option<(usize, String)> {
+        if !self.shared.aborted.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(lock(&self.shared.abort_cause).clone().unwrap_or_default())
+    }
+
     /// Ends this process's part in a fabric spanning processes: tells every
     /// peer it is done, then waits (up to `patience`: peers may still be
     /// finishing their last step) until each peer has said the same, so no

@@ -20,12 +20,14 @@ mod pool;
 mod tcp;
 #[cfg(test)]
 mod tests;
+mod watchdog;
 
 pub use autopar_cost_models::comm::{Algorithm, Collective};
 pub(crate) use buffer::with_elements;
 pub use buffer::{Buffer, LayoutMismatch};
 pub use fabric::{fabric, Endpoint};
 pub use tcp::{connect, MeshError};
+pub use watchdog::Watchdog;
 
 /// Why a point-to-point message or a collective failed. Every variant names
 /// the rank that saw the failure and `what` it was executing, so a failed

@@ -361,7 +361,13 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> Result<(), String> {
-        self.gpu.stream.synchronize().map_err(err)
+        self.gpu.stream.synchronize().map_err(|e| {
+            // A failure after the watchdog aborted NCCL names the failed rank.
+            match self.nccl.as_ref().and_then(|n| n.comms().stopped()) {
+                Some(why) => format!("{e} ({why})"),
+                None => e.to_string(),
+            }
+        })
     }
 
     fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {

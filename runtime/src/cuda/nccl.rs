@@ -26,7 +26,8 @@ use cudarc::driver::{CudaContext, CudaStream};
 use cudarc::nccl::{result, sys};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 /// Set to 0 to stage every collective through host memory (to compare, or
 /// to rule NCCL out while debugging).
@@ -39,7 +40,7 @@ const MIN_VERSION: i32 = 21000;
 /// and one over every rank for transfers when they go to NCCL too.
 pub(crate) struct Nccl {
     rank: usize,
-    comms: BTreeMap<Vec<usize>, Comm>,
+    comms: Arc<Comms>,
     /// The communicator of all ranks, where transfers run on NCCL.
     world: Option<Vec<usize>>,
     version: i32,
@@ -72,18 +73,53 @@ pub(crate) enum Link {
     Staged(String),
 }
 
-/// An initialised communicator; aborted (which never blocks on peers) when
-/// the run ends, successfully or not.
+/// An initialised communicator.
 struct Comm(sys::ncclComm_t);
 
-// SAFETY: a communicator is used by one thread at a time (the rank's); NCCL
-// allows that thread to differ from the one that created it.
-unsafe impl Send for Comm {}
+/// A rank's communicators by group, aborted (which never blocks on peers)
+/// when the run ends, or earlier by the fabric's watchdog when a rank fails,
+/// which fails the calls in flight instead of leaving them waiting.
+pub(crate) struct Comms {
+    by_group: BTreeMap<Vec<usize>, Comm>,
+    /// Why the communicators were aborted early, once they were.
+    stopped: Mutex<Option<String>>,
+    aborted: AtomicBool,
+}
 
-impl Drop for Comm {
+// SAFETY: the rank's thread makes the calls; the watchdog thread only
+// aborts, which NCCL allows from another thread while calls are in flight,
+// and no call starts once `aborted` is set.
+unsafe impl Send for Comms {}
+unsafe impl Sync for Comms {}
+
+impl Comms {
+    /// Aborts every communicator because rank `by` failed (`why`).
+    pub fn abort(&self, by: usize, why: &str) {
+        if let Ok(mut stopped) = self.stopped.lock() {
+            stopped.get_or_insert_with(|| format!("NCCL stopped because rank {by} failed: {why}"));
+        }
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            for comm in self.by_group.values() {
+                // SAFETY: initialised, and not used once `aborted` is set.
+                let _ = unsafe { result::comm_abort(comm.0) };
+            }
+        }
+    }
+
+    /// Why the communicators were aborted early, if they were.
+    pub fn stopped(&self) -> Option<String> {
+        self.stopped.lock().ok().and_then(|s| s.clone())
+    }
+}
+
+impl Drop for Comms {
     fn drop(&mut self) {
-        // SAFETY: the communicator was initialised and is not used after this.
-        let _ = unsafe { result::comm_abort(self.0) };
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            for comm in self.by_group.values() {
+                // SAFETY: initialised, and not used after this.
+                let _ = unsafe { result::comm_abort(comm.0) };
+            }
+        }
     }
 }
 
@@ -100,7 +136,7 @@ impl Nccl {
 
     /// Whether `group` has a communicator (every member gets the same answer).
     pub fn connects(&self, group: &[usize]) -> bool {
-        self.comms.contains_key(group)
+        self.comms.by_group.contains_key(group)
     }
 
     /// Bytes this rank has sent through NCCL (see the field).
@@ -113,6 +149,11 @@ impl Nccl {
         let bytes = (count * element_size(dtype)) as f64;
         let sent = bytes_sent(collective, Algorithm::Ring, group.len(), bytes).map_or(0.0, |v| v[0]);
         self.sent.set(self.sent.get() + sent as u64);
+    }
+
+    /// The communicators, for a watchdog to abort.
+    pub fn comms(&self) -> Arc<Comms> {
+        self.comms.clone()
     }
 
     /// Whether transfers between ranks run on NCCL (all ranks agree).
@@ -234,8 +275,12 @@ impl Nccl {
         stream: &Stream,
         call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<(), String> {
+        if let Some(why) = self.comms.stopped() {
+            return Err(why);
+        }
         let comm = self
             .comms
+            .by_group
             .get(group)
             .ok_or_else(|| format!("no NCCL communicator for ranks {group:?}"))?;
         // NCCL enqueues on the calling thread's current device.
@@ -294,7 +339,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     if transfers {
         groups.insert(world_group.clone());
     }
-    let mut comms = BTreeMap::new();
+    let mut by_group = BTreeMap::new();
     for group in groups {
         let Some(position) = group.iter().position(|&r| r == rank) else {
             continue;
@@ -320,11 +365,15 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
         // initialisations cannot wait on each other in a cycle.
         unsafe { result::comm_init_rank(&mut comm, group.len() as i32, id, position as i32) }
             .map_err(|e| format!("ncclCommInitRank for ranks {group:?}: {:?}", e.0))?;
-        comms.insert(group, Comm(comm));
+        by_group.insert(group, Comm(comm));
     }
     Ok(Link::Nccl(Nccl {
         rank,
-        comms,
+        comms: Arc::new(Comms {
+            by_group,
+            stopped: Mutex::new(None),
+            aborted: AtomicBool::new(false),
+        }),
         world: transfers.then_some(world_group),
         version,
         sent: Cell::new(0),
@@ -481,7 +530,11 @@ mod tests {
     fn bytes_are_counted_per_ring_algorithm() {
         let nccl = Nccl {
             rank: 1,
-            comms: BTreeMap::new(),
+            comms: Arc::new(Comms {
+                by_group: BTreeMap::new(),
+                stopped: Mutex::new(None),
+                aborted: AtomicBool::new(false),
+            }),
             world: None,
             version: 0,
             sent: Cell::new(0),

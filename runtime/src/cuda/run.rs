@@ -6,7 +6,7 @@ use super::memory::{self, ElementSize, MemoryPlan};
 use super::module::Kernels;
 use super::nccl::{self, Link};
 use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
-use crate::collective::Endpoint;
+use crate::collective::{Endpoint, Watchdog};
 use crate::cpu::parallel::{
     train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport,
 };
@@ -138,9 +138,16 @@ pub(super) fn train_rank(
         message,
     };
     let backend = setup.backend(cuda).map_err(starting)?;
+    // NCCL calls wait on the GPU, out of the fabric's sight: when a rank
+    // fails, the watchdog aborts this rank's communicators so it fails too.
+    let mut watchdog = None;
     let (backend, collectives) = match nccl::connect(&endpoint, programs, &setup.ctx) {
         Ok(Link::Nccl(nccl)) => {
             let name = nccl.describe();
+            let comms = nccl.comms();
+            watchdog = Some(Watchdog::spawn(endpoint.clone(), move |by, why| {
+                comms.abort(by, &why)
+            }));
             (backend.with_nccl(nccl), name)
         }
         Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),
@@ -150,7 +157,9 @@ pub(super) fn train_rank(
             return Err(starting(message));
         }
     };
-    let result = train_rank_on(t, programs, endpoint, data, opts, progress, backend)?;
+    let result = train_rank_on(t, programs, endpoint, data, opts, progress, backend);
+    drop(watchdog);
+    let result = result?;
     Ok(RankResult {
         report: result.report.map(|r| setup.report(r, collectives, &[rank])),
         trace: result.trace,
