@@ -98,6 +98,11 @@ impl Comms {
         if let Ok(mut stopped) = self.stopped.lock() {
             stopped.get_or_insert_with(|| format!("NCCL stopped because rank {by} failed: {why}"));
         }
+        self.abort_once();
+    }
+
+    /// Aborts every communicator, the first time it is called.
+    fn abort_once(&self) {
         if !self.aborted.swap(true, Ordering::SeqCst) {
             for comm in self.by_group.values() {
                 // SAFETY: initialised, and not used once `aborted` is set.
@@ -114,12 +119,7 @@ impl Comms {
 
 impl Drop for Comms {
     fn drop(&mut self) {
-        if !self.aborted.swap(true, Ordering::SeqCst) {
-            for comm in self.by_group.values() {
-                // SAFETY: initialised, and not used after this.
-                let _ = unsafe { result::comm_abort(comm.0) };
-            }
-        }
+        self.abort_once();
     }
 }
 
@@ -303,13 +303,19 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
         return Ok(Link::Alone);
     }
     // Every rank reaches the same verdicts from the same programs: transfers
-    // go to NCCL only if the programs finish with them grouped and waiting.
-    let transfers = check_blocking(programs, Transfers::Grouped).is_ok();
-    if let Err(deadlock) = check_blocking(programs, Transfers::Buffered) {
-        return Ok(Link::Staged(format!(
-            "under NCCL's blocking collectives {deadlock}"
-        )));
-    }
+    // go to NCCL if the programs finish with them grouped and waiting;
+    // otherwise collectives do if they finish with transfers buffered.
+    let transfers = match check_blocking(programs, Transfers::Grouped) {
+        Ok(()) => true,
+        Err(_) => match check_blocking(programs, Transfers::Buffered) {
+            Ok(()) => false,
+            Err(deadlock) => {
+                return Ok(Link::Staged(format!(
+                    "under NCCL's blocking collectives {deadlock}"
+                )))
+            }
+        },
+    };
     let (readiness, version) = local_readiness();
     let uuid = ctx
         .uuid()
