@@ -6,11 +6,18 @@
 //! every member joins, as an NCCL all-reduce holds a GPU's stream, so the
 //! runs also show that the plans issue their all-reduces in an order in
 //! which no ranks wait on each other in a cycle.
+//!
+//! Gradient reductions and ZeRO's weight refresh come [`Order::Overlapped`]
+//! (a GPU runs them on a stream of their own until the interpreter joins
+//! it); the stand-in fails any touch of a tensor they read or wrote before
+//! that join, so the runs also show the interpreter joins before every use.
 
 use autopar_cost_models::Schedule;
 use autopar_ir::{CommKind, DType, Data, Graph, Op, Value};
 use autopar_runtime::collective::{fabric, Algorithm, Buffer, Endpoint};
-use autopar_runtime::cpu::parallel::{train, train_on, Backend, CpuBackend, TrainOptions, TrainReport};
+use autopar_runtime::cpu::parallel::{
+    train, train_on, Backend, CpuBackend, Order, TrainOptions, TrainReport,
+};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
 use autopar_runtime::train::{initialize, Optimizer, State, TokenSource};
@@ -32,6 +39,8 @@ struct Summing {
     log: Arc<Mutex<BTreeMap<Kind, usize>>>,
     /// Sends of the open group, waiting for their receivers: (rank, tag).
     unconfirmed: Vec<(usize, String)>,
+    /// What overlapped collectives read or wrote since the last join.
+    in_flight: Vec<Arc<Value>>,
 }
 
 impl Backend for Summing {
@@ -42,6 +51,7 @@ impl Backend for Summing {
         self.cpu.upload(v)
     }
     fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+        self.untouched(&[x])?;
         self.cpu.download(x)
     }
     fn bytes(&self, x: &Arc<Value>) -> u64 {
@@ -51,12 +61,15 @@ impl Backend for Summing {
         self.cpu.numel(x)
     }
     fn eval(&mut self, node: &str, op: &Op, args: &[Option<&Arc<Value>>]) -> Result<Vec<Arc<Value>>, String> {
+        self.untouched(&args.iter().flatten().copied().collect::<Vec<_>>())?;
         self.cpu.eval(node, op, args)
     }
     fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+        self.untouched(&[x])?;
         self.cpu.duplicate(x)
     }
     fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), String> {
+        self.untouched(&[acc, g])?;
         self.cpu.accumulate(acc, g)
     }
     fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, String> {
@@ -72,20 +85,29 @@ impl Backend for Summing {
         grad: &Arc<Value>,
         g: Range<usize>,
     ) -> Result<(), String> {
+        self.untouched(&[weight, grad])?;
         self.cpu.update(optimizer, state, step, weight, w, grad, g)
     }
 
-    fn all_reduce(&mut self, x: &mut Arc<Value>, group: &[usize]) -> Result<bool, String> {
+    fn all_reduce(&mut self, x: &mut Arc<Value>, group: &[usize], order: Order) -> Result<bool, String> {
+        self.untouched(&[x])?;
         let tag = self.next_tag(Kind::AllReduce, group);
         let mut buffer = flat(x, x.numel())?;
         self.endpoint
             .all_reduce(group, &mut buffer, Algorithm::Ring, &tag, "a device all-reduce")
             .map_err(|e| e.to_string())?;
         *x = Arc::new(shaped(buffer, x.dtype, &x.shape));
+        self.hold(order, [x.clone()]);
         Ok(true)
     }
 
-    fn reduce_scatter(&mut self, x: &Arc<Value>, group: &[usize]) -> Result<Option<Arc<Value>>, String> {
+    fn reduce_scatter(
+        &mut self,
+        x: &Arc<Value>,
+        group: &[usize],
+        order: Order,
+    ) -> Result<Option<Arc<Value>>, String> {
+        self.untouched(&[x])?;
         let tag = self.next_tag(Kind::ReduceScatter, group);
         let part = x.numel().div_ceil(group.len());
         let mine = self
@@ -97,7 +119,9 @@ impl Backend for Summing {
                 "a device reduce-scatter",
             )
             .map_err(|e| e.to_string())?;
-        Ok(Some(Arc::new(shaped(mine, x.dtype, &[part]))))
+        let mine = Arc::new(shaped(mine, x.dtype, &[part]));
+        self.hold(order, [x.clone(), mine.clone()]);
+        Ok(Some(mine))
     }
 
     fn all_gather(
@@ -106,6 +130,7 @@ impl Backend for Summing {
         group: &[usize],
         shape: &[usize],
     ) -> Result<Option<Arc<Value>>, String> {
+        self.untouched(&[part])?;
         let tag = self.next_tag(Kind::AllGather, group);
         let all = self
             .endpoint
@@ -114,7 +139,13 @@ impl Backend for Summing {
         Ok(Some(Arc::new(shaped(all, part.dtype, shape))))
     }
 
-    fn all_gather_parts(&mut self, w: &mut Arc<Value>, group: &[usize]) -> Result<bool, String> {
+    fn all_gather_parts(
+        &mut self,
+        w: &mut Arc<Value>,
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, String> {
+        self.untouched(&[w])?;
         let tag = self.next_tag(Kind::AllGather, group);
         let position = group.iter().position(|&r| r == self.endpoint.rank()).unwrap();
         let part = w.numel().div_ceil(group.len());
@@ -127,10 +158,17 @@ impl Backend for Summing {
             .all_gather(group, &mine, &tag, "a device all-gather")
             .map_err(|e| e.to_string())?;
         *w = Arc::new(shaped(all, w.dtype, &w.shape));
+        self.hold(order, [w.clone()]);
         Ok(true)
     }
 
+    fn join_collectives(&mut self) -> Result<(), String> {
+        self.in_flight.clear();
+        Ok(())
+    }
+
     fn send(&mut self, x: &Arc<Value>, to: usize) -> Result<bool, String> {
+        self.untouched(&[x])?;
         let tag = self.next_tag(Kind::Send, &[self.endpoint.rank(), to]);
         self.endpoint
             .send(to, &tag, flat(x, x.numel())?, "a device send")
@@ -179,9 +217,32 @@ enum Kind {
     AllGather,
     Send,
     Recv,
+    /// Calls of the kinds above issued [`Order::Overlapped`].
+    Overlapped,
 }
 
 impl Summing {
+    /// Fails if an overlapped collective not yet joined reads or writes
+    /// any of `xs`: on a GPU that touch would race with it.
+    fn untouched(&self, xs: &[&Arc<Value>]) -> Result<(), String> {
+        match xs
+            .iter()
+            .any(|x| self.in_flight.iter().any(|held| Arc::ptr_eq(held, x)))
+        {
+            true => Err("touched a tensor of an overlapped collective before joining it".into()),
+            false => Ok(()),
+        }
+    }
+
+    /// Marks `tensors` as an overlapped collective's until the next join,
+    /// counting the call.
+    fn hold(&mut self, order: Order, tensors: impl IntoIterator<Item = Arc<Value>>) {
+        if order == Order::Overlapped {
+            self.in_flight.extend(tensors);
+            *self.log.lock().unwrap().entry(Kind::Overlapped).or_insert(0) += 1;
+        }
+    }
+
     /// Counts a call and names it uniquely (members call alike, in order).
     fn next_tag(&mut self, kind: Kind, group: &[usize]) -> String {
         let n = self.calls.entry(group.to_vec()).or_insert(0);
@@ -237,15 +298,12 @@ fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
     (t, programs)
 }
 
-/// Runs `s` both ways (two steps) and checks that the stand-in ran each
-/// of the plan's all-reduces, reduce-scatters and gathers once a step;
-/// returns how many of each kind the plan has, over all ranks.
-fn check(s: Strategy) -> BTreeMap<Kind, usize> {
-    let (t, programs) = lowered(&s);
-    let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 2);
-    opts.timeout = Duration::from_secs(20);
-    let data = TokenSource::synthetic(64, 3);
-    let staged = train(&t, &programs, &data, &opts, &|_| {}).unwrap();
+/// Runs `s` through the stand-in, two steps, with overlap on or off.
+fn on_device(
+    t: &TrainingGraph,
+    programs: &[Program],
+    opts: &TrainOptions,
+) -> (TrainReport, BTreeMap<Kind, usize>) {
     let endpoints = Mutex::new(
         fabric(programs.len(), opts.timeout)
             .into_iter()
@@ -253,7 +311,8 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
             .collect::<Vec<_>>(),
     );
     let log = Arc::new(Mutex::new(BTreeMap::new()));
-    let on_device = train_on(&t, &programs, &data, &opts, &|_| {}, &|rank| {
+    let data = TokenSource::synthetic(64, 3);
+    let report = train_on(t, programs, &data, opts, &|_| {}, &|rank| {
         Ok(Summing {
             cpu: CpuBackend {
                 precision: Precision::F32,
@@ -264,15 +323,27 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
             calls: BTreeMap::new(),
             log: log.clone(),
             unconfirmed: Vec::new(),
+            in_flight: Vec::new(),
         })
     })
     .unwrap();
-    let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
-    assert_eq!(losses(&on_device), losses(&staged), "losses differ");
-    // The backend's traffic is reported as the fabric's was.
-    let sent = |r: &TrainReport| r.ranks.iter().map(|r| r.bytes_sent).collect::<Vec<_>>();
-    assert_eq!(sent(&on_device), sent(&staged));
+    let log = log.lock().unwrap().clone();
+    (report, log)
+}
+
+/// Runs `s` host-staged and through the stand-in (two steps, with overlap
+/// on and off) and checks that the stand-in ran each of the plan's
+/// all-reduces, reduce-scatters and gathers once a step, the gradient
+/// reductions and weight refreshes overlapped when overlap is on; returns
+/// how many of each kind the plan has, over all ranks.
+fn check(s: Strategy) -> BTreeMap<Kind, usize> {
+    let (t, programs) = lowered(&s);
+    let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 2);
+    opts.timeout = Duration::from_secs(20);
+    let data = TokenSource::synthetic(64, 3);
+    let staged = train(&t, &programs, &data, &opts, &|_| {}).unwrap();
     let mut planned = BTreeMap::new();
+    let mut overlappable = 0;
     for instr in programs.iter().flat_map(|p| &p.instructions) {
         let kind = match instr {
             Instr::AllReduceGrad { .. }
@@ -288,9 +359,28 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
             _ => continue,
         };
         *planned.entry(kind).or_insert(0) += 1;
+        if instr.overlaps_compute() {
+            overlappable += 1;
+        }
     }
-    let twice: BTreeMap<Kind, usize> = planned.iter().map(|(k, n)| (*k, 2 * n)).collect();
-    assert_eq!(*log.lock().unwrap(), twice);
+    for overlap in [true, false] {
+        opts.overlap_comm = overlap;
+        let (routed, log) = on_device(&t, &programs, &opts);
+        let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            losses(&routed),
+            losses(&staged),
+            "overlap {overlap}: losses differ"
+        );
+        // The backend's traffic is reported as the fabric's was.
+        let sent = |r: &TrainReport| r.ranks.iter().map(|r| r.bytes_sent).collect::<Vec<_>>();
+        assert_eq!(sent(&routed), sent(&staged));
+        let mut twice: BTreeMap<Kind, usize> = planned.iter().map(|(k, n)| (*k, 2 * n)).collect();
+        if overlap && overlappable > 0 {
+            twice.insert(Kind::Overlapped, 2 * overlappable);
+        }
+        assert_eq!(log, twice, "overlap {overlap}");
+    }
     planned
 }
 

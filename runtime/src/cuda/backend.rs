@@ -1,8 +1,9 @@
 //! The CUDA [`Backend`]: a rank's tensors live in GPU memory (stream-ordered
 //! allocations from the driver's pool, so freed buffers are reused), nodes
 //! run as cuBLAS GEMMs and NVRTC kernels on the rank's stream, and the
-//! optimizer steps flat f32 master slices on the device; all-reduces
-//! between GPUs run on NCCL when there is one. Nodes without a
+//! optimizer steps flat f32 master slices on the device; collectives
+//! between GPUs run on NCCL when there is one, gradient reductions on a
+//! communication stream of their own. Nodes without a
 //! device kernel run on the host through the reference kernels and are
 //! counted, so a run can say what did not run on the GPU.
 
@@ -12,11 +13,11 @@ use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
-use crate::cpu::parallel::Backend;
+use crate::cpu::parallel::{Backend, Order};
 use crate::train::Optimizer;
 use autopar_ir::{DType, Op, Value};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -35,6 +36,20 @@ pub struct CudaBackend {
     /// Transfers posted for the next NCCL group, with the tensors they
     /// read or fill (held until the group is queued).
     posted: Vec<(Posted, Arc<GpuTensor>)>,
+    /// Where collectives issued [`Order::Overlapped`] run (made on first use).
+    side: Option<SideStream>,
+}
+
+/// A rank's communication stream: NCCL gradient reductions and weight
+/// refreshes queued here run while the compute stream goes on with the
+/// backward pass. Each waits for the compute stream's work queued before
+/// it; the compute stream waits for all of them at a join.
+struct SideStream {
+    stream: Arc<CudaStream>,
+    /// The tensors the queued collectives read or write. Their buffers'
+    /// stream-ordered frees go on the compute stream, so they are held
+    /// until the compute stream has joined this one.
+    held: Vec<Arc<GpuTensor>>,
 }
 
 /// Optimizer state of one parameter (or shard): f32 moments, and an f32
@@ -76,6 +91,7 @@ impl CudaBackend {
             host_nodes,
             nccl: None,
             posted: Vec::new(),
+            side: None,
         })
     }
 
@@ -361,6 +377,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> Result<(), String> {
+        self.join_collectives()?;
         self.gpu.stream.synchronize().map_err(|e| {
             // A failure after the watchdog aborted NCCL names the failed rank.
             match self.nccl.as_ref().and_then(|n| n.comms().stopped()) {
@@ -370,13 +387,15 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {
-        let Some((nccl, dtype)) = self.nccl_for(x, group) else {
+    fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize], order: Order) -> Result<bool, String> {
+        let Some(dtype) = self.nccl_type(x, group) else {
             return Ok(false);
         };
         let target = self.owned(x)?;
-        let ptr = self.gpu.ptr(target);
-        nccl.all_reduce(group, ptr, target.numel(), dtype, &self.gpu.stream)?;
+        let (ptr, count) = (self.gpu.ptr(target), target.numel());
+        let stream = self.stream_for(order)?;
+        self.nccl()?.all_reduce(group, ptr, count, dtype, &stream)?;
+        self.hold(order, [x.clone()]);
         Ok(true)
     }
 
@@ -384,17 +403,23 @@ impl Backend for CudaBackend {
         &mut self,
         x: &Arc<GpuTensor>,
         group: &[usize],
+        order: Order,
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some((nccl, dtype)) = self.nccl_for(x, group) else {
+        let Some(dtype) = self.nccl_type(x, group) else {
             return Ok(None);
         };
         let part = x.numel().div_ceil(group.len());
         let len = part * group.len();
-        let padded = (len > x.numel()).then(|| self.padded(x, len)).transpose()?;
-        let mine = self.allocate_like(x, vec![part])?;
-        let ptrs = (self.gpu.ptr(padded.as_ref().unwrap_or(x)), self.gpu.ptr(&mine));
-        nccl.reduce_scatter(group, ptrs, part, dtype, &self.gpu.stream)?;
-        Ok(Some(Arc::new(mine)))
+        let whole = match len > x.numel() {
+            true => Arc::new(self.padded(x, len)?),
+            false => x.clone(),
+        };
+        let mine = Arc::new(self.allocate_like(x, vec![part])?);
+        let ptrs = (self.gpu.ptr(&whole), self.gpu.ptr(&mine));
+        let stream = self.stream_for(order)?;
+        self.nccl()?.reduce_scatter(group, ptrs, part, dtype, &stream)?;
+        self.hold(order, [whole, mine.clone()]);
+        Ok(Some(mine))
     }
 
     fn all_gather(
@@ -403,7 +428,7 @@ impl Backend for CudaBackend {
         group: &[usize],
         shape: &[usize],
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some((nccl, dtype)) = self.nccl_for(part, group) else {
+        let Some(dtype) = self.nccl_type(part, group) else {
             return Ok(None);
         };
         let count = part.numel();
@@ -415,15 +440,22 @@ impl Backend for CudaBackend {
         }
         let all = self.allocate_like(part, vec![count * group.len()])?;
         let ptrs = (self.gpu.ptr(part), self.gpu.ptr(&all));
-        nccl.all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
+        self.nccl()?
+            .all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
         Ok(Some(Arc::new(all.alias(part.dtype, shape.to_vec()))))
     }
 
-    fn all_gather_parts(&mut self, w: &mut Arc<GpuTensor>, group: &[usize]) -> Result<bool, String> {
-        let Some((nccl, dtype)) = self.nccl_for(w, group) else {
+    fn all_gather_parts(
+        &mut self,
+        w: &mut Arc<GpuTensor>,
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, String> {
+        let Some(dtype) = self.nccl_type(w, group) else {
             return Ok(false);
         };
-        let position = nccl
+        let position = self
+            .nccl()?
             .position(group)
             .ok_or_else(|| format!("this rank is not in the group {group:?} it gathers over"))?;
         let part = w.numel().div_ceil(group.len());
@@ -437,8 +469,20 @@ impl Backend for CudaBackend {
         let target = self.owned(w)?;
         let at = self.gpu.ptr(target);
         let mine = at + (position * part * target.storage.size()) as u64;
-        nccl.all_gather(group, (mine, at), part, dtype, &self.gpu.stream)?;
+        let stream = self.stream_for(order)?;
+        self.nccl()?.all_gather(group, (mine, at), part, dtype, &stream)?;
+        self.hold(order, [w.clone()]);
         Ok(true)
+    }
+
+    fn join_collectives(&mut self) -> Result<(), String> {
+        let Some(side) = self.side.as_mut().filter(|s| !s.held.is_empty()) else {
+            return Ok(());
+        };
+        self.gpu.stream.join(&side.stream).map_err(err)?;
+        // Their frees now queue behind the joined work.
+        side.held.clear();
+        Ok(())
     }
 
     fn send(&mut self, x: &Arc<GpuTensor>, to: usize) -> Result<bool, String> {
@@ -479,16 +523,50 @@ impl Backend for CudaBackend {
 }
 
 impl CudaBackend {
-    /// NCCL and its element type for a collective of `x` over `group`, or
-    /// `None` where it is staged through the host (every member alike).
-    fn nccl_for(&self, x: &GpuTensor, group: &[usize]) -> Option<(&Nccl, DataType)> {
-        let dtype = match x.storage {
-            Storage::F32 => DataType::ncclFloat32,
-            Storage::Bf16 => DataType::ncclBfloat16,
-            Storage::I64 | Storage::Bool => return None,
+    /// NCCL's element type for a collective of `x` over `group`, or `None`
+    /// where it is staged through the host (every member alike).
+    fn nccl_type(&self, x: &GpuTensor, group: &[usize]) -> Option<DataType> {
+        self.nccl.as_ref().filter(|n| n.connects(group))?;
+        match x.storage {
+            Storage::F32 => Some(DataType::ncclFloat32),
+            Storage::Bf16 => Some(DataType::ncclBfloat16),
+            Storage::I64 | Storage::Bool => None,
+        }
+    }
+
+    fn nccl(&self) -> Result<&Nccl, String> {
+        self.nccl
+            .as_ref()
+            .ok_or_else(|| "no NCCL communicators".to_string())
+    }
+
+    /// The stream a collective issued with `order` is queued on. An
+    /// overlapped one goes on the side stream, after the compute stream's
+    /// work queued so far (which wrote its inputs).
+    fn stream_for(&mut self, order: Order) -> Result<Arc<CudaStream>, String> {
+        if order == Order::Inline {
+            return Ok(self.gpu.stream.clone());
+        }
+        let side = match &mut self.side {
+            Some(side) => {
+                side.stream.join(&self.gpu.stream).map_err(err)?;
+                side
+            }
+            // A fork starts behind the compute stream's queued work.
+            None => self.side.insert(SideStream {
+                stream: self.gpu.stream.fork().map_err(err)?,
+                held: Vec::new(),
+            }),
         };
-        let nccl = self.nccl.as_ref().filter(|n| n.connects(group))?;
-        Some((nccl, dtype))
+        Ok(side.stream.clone())
+    }
+
+    /// Keeps `tensors` alive until the next join, when an overlapped
+    /// collective reads or writes them.
+    fn hold(&mut self, order: Order, tensors: impl IntoIterator<Item = Arc<GpuTensor>>) {
+        if let (Order::Overlapped, Some(side)) = (order, &mut self.side) {
+            side.held.extend(tensors);
+        }
     }
 
     /// NCCL's type for a transfer of `storage`, where transfers run on NCCL:

@@ -11,11 +11,20 @@
 //! NCCL calls block on the GPU until every member joins, so every rank must
 //! route the same collectives to NCCL: the ranks first agree over the
 //! fabric (each says whether it can, and on which GPU), and every rank
-//! derives the groups from the same programs. A rank's NCCL calls share its
-//! compute stream, so they are ordered with its kernels as the program
-//! orders them and need no events; every rank replays the programs'
-//! communication first ([`check_blocking`]) and keeps collectives
-//! host-staged if members would meet them in orders that wait in a cycle.
+//! derives the groups from the same programs. Calls whose result the next
+//! instructions read (tensor-parallel sums, ZeRO-3 gathers, transfers) go
+//! on the rank's compute stream, ordered with its kernels as the program
+//! orders them; gradient reductions and the ZeRO weight refresh go on a
+//! communication stream that waits for the compute stream's work before
+//! each call and is joined where the interpreter next touches what they
+//! wrote, so they overlap the backward pass (the backend's `SideStream`).
+//! Every rank replays the programs' communication first
+//! ([`check_blocking`]) and keeps collectives host-staged if members would
+//! meet them in orders that wait in a cycle. The two streams add none:
+//! each rank submits every call from one thread in program order, the
+//! order that replay proves finishes, so even a GPU that ran NCCL kernels
+//! one at a time in submission order (NCCL does not promise concurrent
+//! progress across communicators) finishes them.
 
 use crate::collective::{Algorithm, Buffer, Collective, Endpoint};
 use crate::lower::blocking::{check_blocking, Transfers};

@@ -70,8 +70,8 @@ pub trait Backend {
     /// member must get the same answer, and calls on one group come in the
     /// same order on every member. Other handles sharing `x`'s storage keep
     /// their values (the backend sums into a copy of a shared tensor).
-    fn all_reduce(&mut self, x: &mut Self::Tensor, group: &[usize]) -> Result<bool, String> {
-        let _ = (x, group);
+    fn all_reduce(&mut self, x: &mut Self::Tensor, group: &[usize], order: Order) -> Result<bool, String> {
+        let _ = (x, group, order);
         Ok(false)
     }
     /// ZeRO's gradient reduce-scatter, as [`Backend::all_reduce`] routes
@@ -79,8 +79,13 @@ pub trait Backend {
     /// group's size, summed over `group`, and this member's part of the
     /// sum (shape `[padded / group size]`, parts in group order); `None`
     /// where the backend has no collectives for `group`.
-    fn reduce_scatter(&mut self, x: &Self::Tensor, group: &[usize]) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group);
+    fn reduce_scatter(
+        &mut self,
+        x: &Self::Tensor,
+        group: &[usize],
+        order: Order,
+    ) -> Result<Option<Self::Tensor>, String> {
+        let _ = (x, group, order);
         Ok(None)
     }
     /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
@@ -100,9 +105,21 @@ pub trait Backend {
     /// flattened, zero-padded to a multiple of the group's size and split
     /// evenly, parts in group order); replaces each part of `w` by its
     /// owner's. `Ok(false)` where the backend has no collectives for `group`.
-    fn all_gather_parts(&mut self, w: &mut Self::Tensor, group: &[usize]) -> Result<bool, String> {
-        let _ = (w, group);
+    fn all_gather_parts(
+        &mut self,
+        w: &mut Self::Tensor,
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, String> {
+        let _ = (w, group, order);
         Ok(false)
+    }
+    /// Orders everything issued after it behind the collectives issued
+    /// [`Order::Overlapped`] so far. The interpreter calls it before an
+    /// instruction touches a tensor one of them reads or writes, and at
+    /// the end of each step.
+    fn join_collectives(&mut self) -> Result<(), String> {
+        Ok(())
     }
     /// Posts `x` for rank `to` (a pipeline's activations or gradients, a
     /// shared weight) with the backend's own transport; `Ok(false)` where
@@ -133,6 +150,20 @@ pub trait Backend {
     fn bytes_sent(&self) -> u64 {
         0
     }
+}
+
+/// When a backend collective may run, relative to the computation issued
+/// after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// Before it: the next instructions read the result (tensor-parallel
+    /// sums, ZeRO-3's weight gathers), or overlap is switched off.
+    Inline,
+    /// Beside it, until [`Backend::join_collectives`]: gradient reductions
+    /// and the ZeRO weight refresh, which the cost model overlaps with the
+    /// backward pass. The backend may run these on a stream of their own;
+    /// the tensors they read or write stay untouched until the join.
+    Overlapped,
 }
 
 /// The reference backend: host values, `Op::eval`.

@@ -1,7 +1,7 @@
 //! One rank's interpreter: buffers by name and micro-batch, weights (whole
 //! or a ZeRO shard), optimizer state, and the instruction loop.
 
-use super::backend::Backend;
+use super::backend::{Backend, Order};
 use super::overlap::{CommStream, Done, Job, Op};
 use super::slices;
 use super::{ExecError, TrainOptions};
@@ -14,7 +14,7 @@ use crate::train::{decays, TokenSource};
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::CommKind;
 use autopar_ir::{DType, Data, Graph, NodeIndex, Role, TensorId, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{mpsc, Arc};
 use std::time::Instant;
 
@@ -74,6 +74,9 @@ pub(super) struct RankRun<'a, B: Backend> {
     initial: Vec<(String, Value)>,
     /// Gradient reductions and parameter gathers in flight (during `run`).
     comm: Option<CommStream<Landing>>,
+    /// Parameters whose gradient or weight a backend collective issued
+    /// [`Order::Overlapped`] reads or writes, until the backend joins them.
+    on_device: HashSet<String>,
 }
 
 /// Where the result of an overlapped collective goes, and how to trace it.
@@ -155,6 +158,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             traced_bytes: None,
             initial,
             comm: None,
+            on_device: HashSet::new(),
         }
     }
 
@@ -336,6 +340,9 @@ impl<'a, B: Backend> RankRun<'a, B> {
         while self.comm.as_ref().is_some_and(|c| c.is_pending(param)) {
             self.finish_next()?;
         }
+        if self.on_device.contains(param) {
+            self.join_device()?;
+        }
         Ok(())
     }
 
@@ -344,7 +351,22 @@ impl<'a, B: Backend> RankRun<'a, B> {
         while self.comm.as_ref().is_some_and(|c| !c.is_idle()) {
             self.finish_next()?;
         }
-        Ok(())
+        self.join_device()
+    }
+
+    /// Orders what comes next behind the backend's overlapped collectives.
+    fn join_device(&mut self) -> Result<(), Failure> {
+        self.on_device.clear();
+        self.dev.join_collectives().map_err(Failure::Other)
+    }
+
+    /// How gradient reductions and the ZeRO weight refresh run on the
+    /// backend: beside the computation unless overlap is switched off.
+    fn order(&self) -> Order {
+        match self.opts.overlap_comm {
+            true => Order::Overlapped,
+            false => Order::Inline,
+        }
     }
 
     fn finish_next(&mut self) -> Result<(), Failure> {
@@ -450,6 +472,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 reduction,
             } => {
                 if self.all_reduce_grad_on_device(param, group)? {
+                    self.on_device.insert(param.clone());
                     return Ok(None);
                 }
                 let grad = self.take_grad_host(param)?;
@@ -477,7 +500,12 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     let g = self.grad(p)?.clone();
                     self.dev.accumulate(&mut sum, &g).map_err(Failure::Other)?;
                 }
-                if group.len() > 1 && !self.dev.all_reduce(&mut sum, group).map_err(Failure::Other)? {
+                if group.len() > 1
+                    && !self
+                        .dev
+                        .all_reduce(&mut sum, group, Order::Inline)
+                        .map_err(Failure::Other)?
+                {
                     let host = self.host(&sum)?;
                     let mut b = to_buffer(&host);
                     self.ep
@@ -492,6 +520,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             }
             Instr::ReduceScatterGrad { param, group } => {
                 if self.reduce_scatter_grad_on_device(param, group)? {
+                    self.on_device.insert(param.clone());
                     return Ok(None);
                 }
                 let grad = self.take_grad_host(param)?;
@@ -510,8 +539,14 @@ impl<'a, B: Backend> RankRun<'a, B> {
             }
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, step, grads_out)?,
             Instr::AllGatherParam { param, group } => {
+                let order = self.order();
                 let w = self.weights.get_mut(param).ok_or_else(|| missing(param))?;
-                if self.dev.all_gather_parts(w, group).map_err(Failure::Other)? {
+                if self
+                    .dev
+                    .all_gather_parts(w, group, order)
+                    .map_err(Failure::Other)?
+                {
+                    self.on_device.insert(param.clone());
                     return Ok(None);
                 }
                 let w = self.weight_host(param)?;
@@ -647,15 +682,20 @@ impl<'a, B: Backend> RankRun<'a, B> {
     /// collectives, in place; false where the backend has none.
     fn all_reduce_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
         self.grad(param)?;
+        let order = self.order();
         let g = self.grads.get_mut(param).expect("checked above");
-        self.dev.all_reduce(g, group).map_err(Failure::Other)
+        self.dev.all_reduce(g, group, order).map_err(Failure::Other)
     }
 
     /// Replaces `param`'s gradient by this rank's part of its sum over
     /// `group`, with the backend's own collectives; false where it has none.
     fn reduce_scatter_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
         let grad = self.grad(param)?.clone();
-        match self.dev.reduce_scatter(&grad, group).map_err(Failure::Other)? {
+        match self
+            .dev
+            .reduce_scatter(&grad, group, self.order())
+            .map_err(Failure::Other)?
+        {
             Some(part) => {
                 self.grads.insert(param.to_string(), part);
                 Ok(true)
@@ -764,7 +804,11 @@ impl<'a, B: Backend> RankRun<'a, B> {
             // The backend copies the input before summing in place if it is
             // shared, as it is here: the input buffer stays readable.
             let mut y = held.clone();
-            if self.dev.all_reduce(&mut y, group).map_err(Failure::Other)? {
+            if self
+                .dev
+                .all_reduce(&mut y, group, Order::Inline)
+                .map_err(Failure::Other)?
+            {
                 self.put(Buf::of(&out_name, mb), y);
                 return Ok(());
             }
