@@ -162,6 +162,57 @@ impl Backend for Summing {
         Ok(true)
     }
 
+    fn gather_along(
+        &mut self,
+        x: &Arc<Value>,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Arc<Value>>, String> {
+        self.untouched(&[x])?;
+        // As NCCL here, floats only: expert indices go through the host.
+        if !x.dtype.is_float() {
+            return Ok(None);
+        }
+        let tag = self.next_tag(Kind::AllGather, group);
+        let stacked = self
+            .endpoint
+            .all_gather(group, &flat(x, x.numel())?, &tag, "a device gather")
+            .map_err(|e| e.to_string())?;
+        let parts = group.len();
+        let mut shape = x.shape.clone();
+        shape[axis] *= parts;
+        let joined = permuted(&stacked, &concatenation_order(&x.shape, axis, parts));
+        Ok(Some(Arc::new(shaped(joined, x.dtype, &shape))))
+    }
+
+    fn reduce_scatter_along(
+        &mut self,
+        x: &Arc<Value>,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Arc<Value>>, String> {
+        self.untouched(&[x])?;
+        if !x.dtype.is_float() {
+            return Ok(None);
+        }
+        let tag = self.next_tag(Kind::ReduceScatter, group);
+        let parts = group.len();
+        let mut piece = x.shape.clone();
+        piece[axis] /= parts;
+        // Slice p of x is element block p of the concatenation of slices.
+        let order = concatenation_order(&piece, axis, parts);
+        let mut stacking = vec![0; order.len()];
+        for (at, &from) in order.iter().enumerate() {
+            stacking[from] = at;
+        }
+        let stacked = permuted(&flat(x, x.numel())?, &stacking);
+        let mine = self
+            .endpoint
+            .reduce_scatter(group, &stacked, &tag, "a device reduce-scatter")
+            .map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(shaped(mine, x.dtype, &piece))))
+    }
+
     fn join_collectives(&mut self) -> Result<(), String> {
         self.in_flight.clear();
         Ok(())
@@ -273,6 +324,24 @@ fn flat(v: &Value, len: usize) -> Result<Buffer, String> {
     })
 }
 
+/// Where each element of the concatenation along `axis` of `parts`
+/// row-major `piece`s lies when the pieces are stacked one after another.
+fn concatenation_order(piece: &[usize], axis: usize, parts: usize) -> Vec<usize> {
+    let outer: usize = piece[..axis].iter().product();
+    let row: usize = piece[axis..].iter().product();
+    (0..outer)
+        .flat_map(|o| (0..parts).flat_map(move |p| (p * outer + o) * row..(p * outer + o + 1) * row))
+        .collect()
+}
+
+/// `b[order[i]]` for each `i`.
+fn permuted(b: &Buffer, order: &[usize]) -> Buffer {
+    match b {
+        Buffer::F32(x) => Buffer::F32(order.iter().map(|&i| x[i]).collect()),
+        Buffer::F64(x) => Buffer::F64(order.iter().map(|&i| x[i]).collect()),
+    }
+}
+
 /// The first elements of `b` as a `dtype` value of `shape`.
 fn shaped(b: Buffer, dtype: DType, shape: &[usize]) -> Value {
     let n = shape.iter().product();
@@ -290,8 +359,14 @@ fn shaped(b: Buffer, dtype: DType, shape: &[usize]) -> Value {
 }
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
-    let mut g: Graph = autopar_ir::zoo::build(&spec).unwrap();
+    lowered_model(
+        &format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}"),
+        s,
+    )
+}
+
+fn lowered_model(spec: &str, s: &Strategy) -> (TrainingGraph, Vec<Program>) {
+    let mut g: Graph = autopar_ir::zoo::build(spec).unwrap();
     initialize(&mut g, 7).unwrap();
     let t = for_strategy(&g, s, SEQ).unwrap();
     let programs = lower(&t, s).unwrap();
@@ -338,19 +413,42 @@ fn on_device(
 /// how many of each kind the plan has, over all ranks.
 fn check(s: Strategy) -> BTreeMap<Kind, usize> {
     let (t, programs) = lowered(&s);
+    check_lowered(&t, &programs)
+}
+
+fn check_lowered(t: &TrainingGraph, programs: &[Program]) -> BTreeMap<Kind, usize> {
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 2);
     opts.timeout = Duration::from_secs(20);
     let data = TokenSource::synthetic(64, 3);
-    let staged = train(&t, &programs, &data, &opts, &|_| {}).unwrap();
+    let staged = train(t, programs, &data, &opts, &|_| {}).unwrap();
     let mut planned = BTreeMap::new();
     let mut overlappable = 0;
+    let g = &t.graph;
+    let floats: BTreeMap<&str, bool> = g
+        .node_indices()
+        .map(|i| {
+            let input = g.node(i).inputs.first().copied().flatten();
+            let float = input.is_some_and(|x| g.tensor(x).ty.dtype.is_float());
+            (g.node(i).name.as_str(), float)
+        })
+        .collect();
     for instr in programs.iter().flat_map(|p| &p.instructions) {
         let kind = match instr {
+            // Integer tensors (expert indices) stay host-staged.
+            Instr::Collective { node, .. } if !floats[node.as_str()] => continue,
             Instr::AllReduceGrad { .. }
             | Instr::Collective {
                 kind: CommKind::AllReduce,
                 ..
             } => Kind::AllReduce,
+            Instr::Collective {
+                kind: CommKind::AllGather | CommKind::GatherForCompute,
+                ..
+            } => Kind::AllGather,
+            Instr::Collective {
+                kind: CommKind::ReduceScatter,
+                ..
+            } => Kind::ReduceScatter,
             Instr::SumTiedGrads { group, .. } if group.len() > 1 => Kind::AllReduce,
             Instr::ReduceScatterGrad { .. } => Kind::ReduceScatter,
             Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => Kind::AllGather,
@@ -365,7 +463,7 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
     }
     for overlap in [true, false] {
         opts.overlap_comm = overlap;
-        let (routed, log) = on_device(&t, &programs, &opts);
+        let (routed, log) = on_device(t, programs, &opts);
         let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
         assert_eq!(
             losses(&routed),
@@ -414,14 +512,50 @@ fn pipelines() {
     assert!(planned.contains_key(&Kind::Recv), "{planned:?}");
 }
 
-/// Sequence parallelism's gathers and scatters along an axis stay on the
-/// fabric while everything else goes to the backend, in one run.
+/// Sequence parallelism's gathers and reduce-scatters along an axis go to
+/// the backend with everything else, in a plan that has every kind.
 #[test]
-fn routed_and_staged_collectives_mix() {
+fn sequence_parallel_gathers_in_a_hybrid_plan() {
     let mut s = Strategy::new(2, 2, LAYERS, 1, 2).with_tp(2, true);
     s.zero = 3;
+    let (_, programs) = lowered(&s);
+    let along_axis = programs.iter().flat_map(|p| &p.instructions).any(|i| {
+        matches!(
+            i,
+            Instr::Collective {
+                kind: CommKind::GatherForCompute,
+                ..
+            }
+        )
+    });
+    assert!(along_axis, "the plan gathers along the sequence");
     let planned = check(s);
     for kind in [Kind::AllReduce, Kind::ReduceScatter, Kind::AllGather, Kind::Send] {
+        assert!(planned.contains_key(&kind), "{kind:?}: {planned:?}");
+    }
+}
+
+/// Context parallelism gathers keys and values along the sequence.
+#[test]
+fn context_parallel_gathers() {
+    let mut s = Strategy::new(2, 1, LAYERS, 1, 2).with_cp(2);
+    s.zero = 1;
+    let planned = check(s);
+    for kind in [Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter] {
+        assert!(planned.contains_key(&kind), "{kind:?}: {planned:?}");
+    }
+}
+
+/// Expert parallelism gathers tokens and reduce-scatters the experts'
+/// shares.
+#[test]
+fn expert_parallel_token_exchange() {
+    let spec = format!("moe:layers=2,hidden=32,ffn=48,heads=4,experts=4,top_k=2,vocab=64,seq={SEQ}");
+    let mut s = Strategy::new(2, 1, 2, 1, 2);
+    s.ep = 2;
+    let (t, programs) = lowered_model(&spec, &s);
+    let planned = check_lowered(&t, &programs);
+    for kind in [Kind::AllReduce, Kind::AllGather, Kind::ReduceScatter] {
         assert!(planned.contains_key(&kind), "{kind:?}: {planned:?}");
     }
 }

@@ -7,7 +7,7 @@
 //! device kernel run on the host through the reference kernels and are
 //! counted, so a run can say what did not run on the GPU.
 
-use super::module::Kernels;
+use super::module::{Kernels, View};
 use super::nccl::{DataType, Nccl, Posted};
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
@@ -475,6 +475,77 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
+    fn gather_along(
+        &mut self,
+        x: &Arc<GpuTensor>,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Arc<GpuTensor>>, String> {
+        let Some(dtype) = self.nccl_type(x, group) else {
+            return Ok(None);
+        };
+        let parts = group.len();
+        let Some((stacked, concatenated)) = View::stacked_and_concatenated(&x.shape, axis, parts) else {
+            return Ok(None);
+        };
+        let count = x.numel();
+        let all = self.allocate_like(x, vec![count * parts])?;
+        let ptrs = (self.gpu.ptr(x), self.gpu.ptr(&all));
+        self.nccl()?
+            .all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
+        let mut shape = x.shape.clone();
+        shape[axis] *= parts;
+        if leads_with_ones(&x.shape, axis) {
+            // Stacked pieces already are their concatenation.
+            return Ok(Some(Arc::new(all.alias(x.dtype, shape))));
+        }
+        let out = self.allocate_like(x, shape)?;
+        self.gpu
+            .copy_view(&out, concatenated, &all, stacked, all.numel())
+            .map_err(err)?;
+        Ok(Some(Arc::new(out)))
+    }
+
+    fn reduce_scatter_along(
+        &mut self,
+        x: &Arc<GpuTensor>,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Arc<GpuTensor>>, String> {
+        let Some(dtype) = self.nccl_type(x, group) else {
+            return Ok(None);
+        };
+        let parts = group.len();
+        let mut piece = x.shape.clone();
+        match piece.get_mut(axis) {
+            Some(d) if *d % parts == 0 => *d /= parts,
+            _ => {
+                return Err(format!(
+                    "a {:?} tensor cannot be cut into {parts} equal slices along axis {axis}",
+                    x.shape
+                ))
+            }
+        }
+        let Some((stacked, concatenated)) = View::stacked_and_concatenated(&piece, axis, parts) else {
+            return Ok(None);
+        };
+        let send = match leads_with_ones(&piece, axis) {
+            true => x.clone(),
+            false => {
+                let staged = Arc::new(self.allocate_like(x, vec![x.numel()])?);
+                self.gpu
+                    .copy_view(&staged, stacked, x, concatenated, x.numel())
+                    .map_err(err)?;
+                staged
+            }
+        };
+        let mine = self.allocate_like(x, piece)?;
+        let ptrs = (self.gpu.ptr(&send), self.gpu.ptr(&mine));
+        self.nccl()?
+            .reduce_scatter(group, ptrs, mine.numel(), dtype, &self.gpu.stream)?;
+        Ok(Some(Arc::new(mine)))
+    }
+
     fn join_collectives(&mut self) -> Result<(), String> {
         let Some(side) = self.side.as_mut().filter(|s| !s.held.is_empty()) else {
             return Ok(());
@@ -606,6 +677,12 @@ impl CudaBackend {
         self.copy_into(&y, x).map_err(err)?;
         Ok(y)
     }
+}
+
+/// Whether every dim of `shape` before `axis` is 1, so that slices along
+/// `axis` are contiguous blocks in order.
+fn leads_with_ones(shape: &[usize], axis: usize) -> bool {
+    shape[..axis].iter().all(|&d| d == 1)
 }
 
 /// The device address of an optional state slice (0, a null pointer, when absent).

@@ -210,6 +210,31 @@ impl View {
         View::new(out_dims, &strides)
     }
 
+    /// The same elements seen two ways, for collectives along an axis:
+    /// `parts` tensors of shape `piece` stacked one after another (the
+    /// layout NCCL gathers into and reduce-scatters from), and their
+    /// concatenation along `axis`. Both views walk the same dims (`piece`
+    /// with `axis` split into part and row), so a copy through them
+    /// converts one layout into the other, either way. `None` when `axis`
+    /// is not one of `piece`'s or the extra dim passes [`kernels::MAX_RANK`].
+    pub(crate) fn stacked_and_concatenated(
+        piece: &[usize],
+        axis: usize,
+        parts: usize,
+    ) -> Option<(View, View)> {
+        let mut whole = piece.to_vec();
+        *whole.get_mut(axis)? *= parts;
+        let (own, cat) = (row_major_strides(piece), row_major_strides(&whole));
+        let numel: usize = piece.iter().product();
+        let mut dims = piece.to_vec();
+        dims.insert(axis, parts);
+        let mut stacked = own.clone();
+        stacked.insert(axis, numel as i64);
+        let mut concatenated = cat.clone();
+        concatenated.insert(axis, piece[axis] as i64 * cat[axis]);
+        Some((View::new(&dims, &stacked)?, View::new(&dims, &concatenated)?))
+    }
+
     /// Where element `i` lives: `view_offset` of `common.cuh`, in Rust.
     #[cfg(test)]
     pub(crate) fn offset(&self, mut i: i64) -> i64 {

@@ -1,12 +1,13 @@
 //! NCCL between GPUs. When each rank of a run is its own process on its own
 //! GPU (as a launcher starts them), a plan's all-reduces (data-parallel
 //! gradients, tensor-parallel partial sums, tied weights' gradients) and
-//! ZeRO's gradient reduce-scatters and weight gathers run as NCCL calls on
-//! the rank's stream instead of going through host memory and TCP; the
-//! pipeline transfers (sends and receives, grouped as the program runs them
-//! back to back) too, when the programs finish with NCCL's waiting
-//! transfers (1F1B and GPipe do, the interleaved schedule does not); the
-//! rest (sequence-parallel gathers along an axis) stays host-staged.
+//! ZeRO's gradient reduce-scatters and weight gathers, and the gathers and
+//! reduce-scatters along an axis of sequence, context and expert
+//! parallelism run as NCCL calls instead of going through host memory and
+//! TCP; the pipeline transfers (sends and receives, grouped as the program
+//! runs them back to back) too, when the programs finish with NCCL's
+//! waiting transfers (1F1B and GPipe do; the interleaved schedule does not,
+//! and its transfers stay host-staged).
 //!
 //! NCCL calls block on the GPU until every member joins, so every rank must
 //! route the same collectives to NCCL: the ranks first agree over the
@@ -137,8 +138,8 @@ impl Nccl {
     pub fn describe(&self) -> String {
         let v = self.version;
         let what = match self.carries_transfers() {
-            true => "all-reduces, ZeRO reduce-scatters and gathers, pipeline transfers",
-            false => "all-reduces, ZeRO reduce-scatters and gathers; transfers host-staged",
+            true => "all-reduces, reduce-scatters and gathers, pipeline transfers",
+            false => "all-reduces, reduce-scatters and gathers; transfers host-staged",
         };
         format!("NCCL {}.{}.{} ({what})", v / 10000, v / 100 % 100, v % 100)
     }
@@ -475,7 +476,11 @@ fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
             | Instr::AllGatherParam { group, .. }
             | Instr::GatherParam { group, .. }
             | Instr::Collective {
-                kind: CommKind::AllReduce,
+                kind:
+                    CommKind::AllReduce
+                    | CommKind::AllGather
+                    | CommKind::GatherForCompute
+                    | CommKind::ReduceScatter,
                 group,
                 ..
             } => Some(group),

@@ -114,6 +114,32 @@ pub trait Backend {
         let _ = (w, group, order);
         Ok(false)
     }
+    /// Every member's `x` (equal shapes) concatenated along `axis` in
+    /// group order: the gathers of sequence, context and expert
+    /// parallelism. `None` where the backend has no collectives for
+    /// `group` (every member alike).
+    fn gather_along(
+        &mut self,
+        x: &Self::Tensor,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Self::Tensor>, String> {
+        let _ = (x, group, axis);
+        Ok(None)
+    }
+    /// The sum of every member's `x` (equal shapes), cut along `axis` into
+    /// as many equal slices as `group` has members: this member's slice
+    /// (by its position in `group`). The conjugate of
+    /// [`Backend::gather_along`]; `None` where it has none.
+    fn reduce_scatter_along(
+        &mut self,
+        x: &Self::Tensor,
+        group: &[usize],
+        axis: usize,
+    ) -> Result<Option<Self::Tensor>, String> {
+        let _ = (x, group, axis);
+        Ok(None)
+    }
     /// Orders everything issued after it behind the collectives issued
     /// [`Order::Overlapped`] so far. The interpreter calls it before an
     /// instruction touches a tensor one of them reads or writes, and at

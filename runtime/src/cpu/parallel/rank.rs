@@ -800,18 +800,21 @@ impl<'a, B: Backend> RankRun<'a, B> {
             self.put(Buf::of(&out_name, mb), y);
             return Ok(());
         }
-        if kind == CommKind::AllReduce {
-            // The backend copies the input before summing in place if it is
-            // shared, as it is here: the input buffer stays readable.
-            let mut y = held.clone();
-            if self
-                .dev
-                .all_reduce(&mut y, group, Order::Inline)
-                .map_err(Failure::Other)?
-            {
-                self.put(Buf::of(&out_name, mb), y);
-                return Ok(());
+        let on_device = match kind {
+            CommKind::AllReduce => {
+                // The backend copies the input before summing in place if
+                // it is shared, as it is here: the input stays readable.
+                let mut y = held.clone();
+                let summed = self.dev.all_reduce(&mut y, group, Order::Inline);
+                summed.map(|done| done.then_some(y))
             }
+            CommKind::AllGather | CommKind::GatherForCompute => self.dev.gather_along(&held, group, axis),
+            CommKind::ReduceScatter => self.dev.reduce_scatter_along(&held, group, axis),
+            CommKind::Copy | CommKind::Slice => Ok(None),
+        };
+        if let Some(y) = on_device.map_err(Failure::Other)? {
+            self.put(Buf::of(&out_name, mb), y);
+            return Ok(());
         }
         let x = self.host(&held)?;
         let parts = group.len();

@@ -45,6 +45,41 @@ fn broadcast_repeats_size_one_and_missing_dims_with_stride_zero() {
     assert_eq!(View::broadcast(&[1, 2], &[2]), None, "more dims than the output");
 }
 
+/// Copying stacked pieces through the two views gives their concatenation
+/// along the axis (as `Op::Concat` computes it), for every axis.
+#[test]
+fn stacked_pieces_read_through_the_views_are_their_concatenation() {
+    use autopar_ir::{Op, Value};
+    let piece = [2usize, 3, 4];
+    let parts = 3;
+    let numel: usize = piece.iter().product();
+    let stacked: Vec<f32> = (0..parts * numel).map(|i| i as f32).collect();
+    for axis in 0..piece.len() {
+        let (from, to) = View::stacked_and_concatenated(&piece, axis, parts).unwrap();
+        let mut got = vec![f32::NAN; stacked.len()];
+        for i in 0..stacked.len() as i64 {
+            got[to.offset(i) as usize] = stacked[from.offset(i) as usize];
+        }
+        let pieces: Vec<Value> = stacked
+            .chunks(numel)
+            .map(|c| Value::f32(piece.to_vec(), c.to_vec()).unwrap())
+            .collect();
+        let refs: Vec<Option<&Value>> = pieces.iter().map(Some).collect();
+        let expected = Op::Concat { axis: axis as i64 }.eval(&refs).unwrap().remove(0);
+        assert_eq!(
+            got,
+            expected
+                .to_f64_vec()
+                .iter()
+                .map(|&v| v as f32)
+                .collect::<Vec<_>>(),
+            "axis {axis}"
+        );
+    }
+    assert!(View::stacked_and_concatenated(&[1; kernels::MAX_RANK], 0, 2).is_none());
+    assert!(View::stacked_and_concatenated(&piece, 3, 2).is_none());
+}
+
 #[test]
 fn views_above_max_rank_or_with_mismatched_strides_are_refused() {
     assert!(View::contiguous(&[1; kernels::MAX_RANK]).is_some());
