@@ -566,8 +566,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
             quick,
         } => {
             let options = autopar_runtime::cpu::profile::ProfileOptions { quick };
-            let cal = autopar::profile::run(backend, &output, &options)?;
-            emit(&autopar::profile::render(&cal, &output))?;
+            if let Some(cal) = autopar::profile::run(backend, &output, &options)? {
+                emit(&autopar::profile::render(&cal, &output))?;
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -2,33 +2,69 @@
 //! as a calibration file (`autopar-calibration/1`) for the cost models.
 
 use crate::output;
-use anyhow::Result;
+use crate::run::rendezvous_wait;
+use anyhow::{Context, Result};
 use autopar_cost_models::Calibration;
 use autopar_ir::DType;
+use autopar_runtime::collective::connect;
 use autopar_runtime::cpu::profile::{profile, ProfileOptions};
+use autopar_runtime::cuda;
+use autopar_runtime::launch::LaunchEnv;
 use std::path::Path;
+use std::time::Duration;
+
+/// How long a launched profile's processes wait for each other's messages.
+const PEER_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A backend that can be profiled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Backend {
     /// This host's CPU through the reference interpreter's kernels.
     Cpu,
-    /// GPU 0 through cuBLAS and the CUDA backend's kernels.
+    /// This process's GPU (`LOCAL_RANK`, else 0) through cuBLAS and the
+    /// CUDA backend's kernels; under a launcher with a process per GPU,
+    /// NCCL bandwidth between the job's GPUs too.
     Cuda,
 }
 
 /// Profiles `backend` and writes the calibration to `out` as pretty JSON.
-/// A missing output folder is reported before measuring.
-pub fn run(backend: Backend, out: &Path, options: &ProfileOptions) -> Result<Calibration> {
+/// A missing output folder is reported before measuring. Under a launcher
+/// every process takes part in measuring collectives, and rank 0 alone
+/// measures its GPU and writes the file; the others return `None`.
+pub fn run(backend: Backend, out: &Path, options: &ProfileOptions) -> Result<Option<Calibration>> {
     output::check_folder(out)?;
     let cal = match backend {
         Backend::Cpu => profile(options)?,
-        Backend::Cuda => autopar_runtime::cuda::profile(0, options.quick)
-            .map_err(|e| anyhow::anyhow!("profile --backend cuda: {e}"))?,
+        Backend::Cuda => {
+            let fail = |e: cuda::CudaError| anyhow::anyhow!("profile --backend cuda: {e}");
+            let launch = LaunchEnv::from_env().context("reading the launcher's environment")?;
+            // Fail at once where there is no GPU, before waiting for peers.
+            cuda::probe(launch.local_rank).map_err(fail)?;
+            let network = match launch.world_size > 1 {
+                true => {
+                    let endpoint = connect(&launch, rendezvous_wait()?, PEER_TIMEOUT)
+                        .context("connecting the launched processes")?;
+                    let measured = cuda::profile_network(launch.local_rank, &endpoint, options.quick);
+                    if measured.is_err() {
+                        endpoint.abort("profiling the network failed");
+                    }
+                    let measured = measured.map_err(fail)?;
+                    endpoint
+                        .close(PEER_TIMEOUT)
+                        .context("closing the job's connections")?;
+                    if launch.rank != 0 {
+                        return Ok(None);
+                    }
+                    Some(measured)
+                }
+                false => None,
+            };
+            cuda::profile(launch.local_rank, options.quick, network).map_err(fail)?
+        }
     };
     let text = serde_json::to_string_pretty(&cal)? + "\n";
     output::write_atomic(out, text.as_bytes())?;
-    Ok(cal)
+    Ok(Some(cal))
 }
 
 /// A few lines for people: the range of matmul rates per dtype, then the
@@ -64,6 +100,12 @@ pub fn render(cal: &Calibration, out: &Path) -> String {
     }
     if let Some(bw) = cal.network.measured_intra_node_bytes_per_s {
         s += &format!("ring all-reduce: {:.2} GB/s per rank and direction\n", bw / 1e9);
+    }
+    if let Some(bw) = cal.network.measured_inter_node_bytes_per_s {
+        s += &format!(
+            "ring all-reduce between nodes: {:.2} GB/s per rank and direction\n",
+            bw / 1e9
+        );
     }
     s += &format!("per-op overhead: {:.2} us\n", cal.kernel_overhead_s * 1e6);
     if !cal.ops.is_empty() {
@@ -107,6 +149,7 @@ mod tests {
         cal.matmul.measured = vec![sample(32, 2e9), sample(512, 30e9), sample(128, 10e9)];
         cal.memory.measured_bytes_per_s = Some(12.5e9);
         cal.network.measured_intra_node_bytes_per_s = Some(4e9);
+        cal.network.measured_inter_node_bytes_per_s = Some(2.5e9);
         assert_eq!(
             render(&cal, Path::new("cpu.json")),
             "wrote cpu.json\n\
@@ -114,6 +157,7 @@ mod tests {
              matmul f32: 2.00 GFLOP/s (32x32x64) to 30.00 GFLOP/s (512x512x64) over 3 shapes (m x n x k)\n\
              streaming Add: 12.50 GB/s read + written\n\
              ring all-reduce: 4.00 GB/s per rank and direction\n\
+             ring all-reduce between nodes: 2.50 GB/s per rank and direction\n\
              per-op overhead: 1.50 us\n"
         );
         let rate = |op: &str, dtype, at_bytes| OpRate {

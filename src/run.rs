@@ -31,7 +31,7 @@ const RENDEZVOUS_WAIT: Duration = Duration::from_secs(300);
 const RENDEZVOUS_WAIT_VAR: &str = "AUTOPAR_RENDEZVOUS_TIMEOUT";
 
 /// How long to wait for the other processes: [`RENDEZVOUS_WAIT_VAR`] or the default.
-fn rendezvous_wait() -> Result<Duration> {
+pub(crate) fn rendezvous_wait() -> Result<Duration> {
     match std::env::var(RENDEZVOUS_WAIT_VAR) {
         Err(_) => Ok(RENDEZVOUS_WAIT),
         Ok(v) => match v.trim().parse::<f64>() {

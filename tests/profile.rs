@@ -6,8 +6,13 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn autopar(args: &[&str]) -> (i32, String, String) {
+    autopar_with(args, &[])
+}
+
+fn autopar_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     (
@@ -86,12 +91,29 @@ fn cuda_without_a_gpu_fails_in_one_line_and_writes_nothing() {
     }
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("gpu.json");
-    let (code, _, err) = autopar(&["profile", "--backend", "cuda", "-o", out.to_str().unwrap()]);
-    assert_eq!(code, 2, "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.contains("--backend cuda") && (err.contains("CUDA") || err.contains("GPU")),
-        "{err}"
-    );
-    assert!(!out.exists());
+    // Alone, and as rank 0 of a launched job whose peer never comes: the
+    // missing GPU is reported at once, before any wait for peers.
+    let launched = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "29999"),
+        ("AUTOPAR_RENDEZVOUS_TIMEOUT", "60"),
+    ];
+    for env in [&[][..], &launched[..]] {
+        let began = std::time::Instant::now();
+        let (code, _, err) = autopar_with(
+            &["profile", "--backend", "cuda", "-o", out.to_str().unwrap()],
+            env,
+        );
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(
+            err.contains("--backend cuda") && (err.contains("CUDA") || err.contains("GPU")),
+            "{err}"
+        );
+        assert!(began.elapsed().as_secs() < 30, "waited for peers: {err}");
+        assert!(!out.exists());
+    }
 }

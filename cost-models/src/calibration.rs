@@ -142,6 +142,10 @@ pub struct NetworkEfficiency {
     /// Measured intra-node collective bandwidth per rank and direction,
     /// bytes/s; replaces `intra_node_fraction × link bandwidth`.
     pub measured_intra_node_bytes_per_s: Option<f64>,
+    /// Measured inter-node collective bandwidth per rank and direction
+    /// (one rank per node in each ring, every ring at once), bytes/s;
+    /// replaces `inter_node_fraction × link bandwidth`.
+    pub measured_inter_node_bytes_per_s: Option<f64>,
 }
 
 impl Default for Calibration {
@@ -198,6 +202,7 @@ impl Default for NetworkEfficiency {
             intra_node_fraction: 0.8,
             inter_node_fraction: 0.9,
             measured_intra_node_bytes_per_s: None,
+            measured_inter_node_bytes_per_s: None,
         }
     }
 }
@@ -291,6 +296,11 @@ impl Calibration {
             (
                 "network.measured_intra_node_bytes_per_s",
                 self.network.measured_intra_node_bytes_per_s,
+                false,
+            ),
+            (
+                "network.measured_inter_node_bytes_per_s",
+                self.network.measured_inter_node_bytes_per_s,
                 false,
             ),
         ];
@@ -387,7 +397,9 @@ impl Calibration {
                 .measured_intra_node_bytes_per_s
                 .unwrap_or(link.bandwidth * self.network.intra_node_fraction)
         } else {
-            link.bandwidth * self.network.inter_node_fraction
+            self.network
+                .measured_inter_node_bytes_per_s
+                .unwrap_or(link.bandwidth * self.network.inter_node_fraction)
         };
         crate::Link { bandwidth, ..link }
     }
@@ -413,6 +425,38 @@ mod tests {
         .unwrap();
         assert_eq!(cal.memory.bandwidth_fraction, 0.5);
         assert_eq!(cal.matmul, MatmulEfficiency::default());
+    }
+
+    /// A measured rate replaces fraction × link bandwidth at its own level
+    /// only; latency stays the cluster's.
+    #[test]
+    fn measured_network_rates_replace_the_products() {
+        let link = crate::Link {
+            bandwidth: 100e9,
+            latency: 5e-6,
+        };
+        let mut cal = Calibration::default();
+        assert_eq!(cal.effective_link(link, true).bandwidth, 80e9);
+        assert_eq!(cal.effective_link(link, false).bandwidth, 90e9);
+        cal.network.measured_intra_node_bytes_per_s = Some(150e9);
+        cal.network.measured_inter_node_bytes_per_s = Some(20e9);
+        assert_eq!(cal.effective_link(link, true).bandwidth, 150e9);
+        assert_eq!(
+            cal.effective_link(link, false),
+            crate::Link {
+                bandwidth: 20e9,
+                ..link
+            }
+        );
+        let err = Calibration::from_json(
+            r#"{"format": "autopar-calibration/1", "network": {"measured_inter_node_bytes_per_s": 0}}"#,
+            "c.json",
+        )
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("measured_inter_node_bytes_per_s"),
+            "{err}"
+        );
     }
 
     #[test]

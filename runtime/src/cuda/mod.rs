@@ -16,6 +16,8 @@ pub mod memory;
 #[cfg(feature = "cuda")]
 mod backend;
 #[cfg(feature = "cuda")]
+mod bandwidth;
+#[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 pub(crate) mod module;
@@ -201,16 +203,61 @@ pub fn train_rank(
 }
 
 /// Measures GPU `ordinal` (GEMM rates, streaming bandwidth, launch cost)
-/// as a calibration file for the cost models. `quick` checks the
+/// as a calibration file for the cost models, with `network`'s figures
+/// where the job measured them ([`profile_network`]). `quick` checks the
 /// machinery with small shapes.
-pub fn profile(ordinal: usize, quick: bool) -> Result<autopar_cost_models::Calibration, CudaError> {
+pub fn profile(
+    ordinal: usize,
+    quick: bool,
+    network: Option<NetworkProfile>,
+) -> Result<autopar_cost_models::Calibration, CudaError> {
     #[cfg(feature = "cuda")]
     {
-        profile::profile(ordinal, quick)
+        profile::profile(ordinal, quick, network)
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (ordinal, quick);
+        let _ = (ordinal, quick, network);
+        Err(CudaError::NotBuilt)
+    }
+}
+
+/// NCCL all-reduce bandwidth inside and between the nodes of a launched
+/// job (bytes each rank sends per second), or why it was not measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NetworkProfile {
+    pub intra_node_bytes_per_s: Option<f64>,
+    pub inter_node_bytes_per_s: Option<f64>,
+    /// How it was measured, or why not.
+    pub about: String,
+}
+
+impl NetworkProfile {
+    /// No figures, for `why`.
+    pub fn unmeasured(why: String) -> NetworkProfile {
+        NetworkProfile {
+            intra_node_bytes_per_s: None,
+            inter_node_bytes_per_s: None,
+            about: format!("collective bandwidth not measured ({why})"),
+        }
+    }
+}
+
+/// Measures NCCL bandwidth between the job's GPUs from this process's GPU
+/// `ordinal`; every process of a launched job calls it with its endpoint
+/// at the same point, and all get the same figures.
+pub fn profile_network(
+    ordinal: usize,
+    endpoint: &crate::collective::Endpoint,
+    quick: bool,
+) -> Result<NetworkProfile, CudaError> {
+    #[cfg(feature = "cuda")]
+    {
+        bandwidth::profile_network(ordinal, endpoint, quick)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (ordinal, endpoint, quick);
         Err(CudaError::NotBuilt)
     }
 }
@@ -238,7 +285,7 @@ mod tests {
             "without CUDA"
         };
         assert!(why.to_string().contains(expected), "{why}");
-        assert!(profile(0, true).unwrap_err().to_string().contains(expected));
+        assert!(profile(0, true, None).unwrap_err().to_string().contains(expected));
         let g = autopar_ir::zoo::build("gpt:layers=1,hidden=16,heads=2,vocab=32,seq=4").unwrap();
         let s = Strategy::new(1, 1, 1, 1, 1);
         let t = for_strategy(&g, &s, 4).unwrap();

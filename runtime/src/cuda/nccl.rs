@@ -136,12 +136,17 @@ impl Drop for Comms {
 impl Nccl {
     /// "NCCL 2.21.5 (…)", for the run's report: the version and what runs on it.
     pub fn describe(&self) -> String {
-        let v = self.version;
         let what = match self.carries_transfers() {
             true => "all-reduces, reduce-scatters and gathers, pipeline transfers",
             false => "all-reduces, reduce-scatters and gathers; transfers host-staged",
         };
-        format!("NCCL {}.{}.{} ({what})", v / 10000, v / 100 % 100, v % 100)
+        format!("{} ({what})", self.version())
+    }
+
+    /// "NCCL 2.21.5".
+    pub fn version(&self) -> String {
+        let v = self.version;
+        format!("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100)
     }
 
     /// Whether `group` has a communicator (every member gets the same answer).
@@ -308,7 +313,7 @@ impl Nccl {
 /// host-staged. Every rank of the run calls it at the same point; they all
 /// reach the same decision.
 pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext>) -> Result<Link, String> {
-    let (rank, world) = (ep.rank(), ep.world());
+    let world = ep.world();
     if world == 1 {
         return Ok(Link::Alone);
     }
@@ -326,6 +331,30 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
             }
         },
     };
+    let world_group: Vec<usize> = (0..world).collect();
+    let transfers = transfers
+        && programs
+            .iter()
+            .flat_map(|p| &p.instructions)
+            .any(Instr::is_transfer);
+    let mut groups = collective_groups(programs);
+    if transfers {
+        groups.insert(world_group.clone());
+    }
+    open(ep, &groups, transfers.then_some(world_group), ctx)
+}
+
+/// Opens this rank's communicators among `groups` (one per group it is
+/// in), transfers going to `world_group`'s when given, once every rank of the
+/// job has said it can use NCCL on a GPU of its own; otherwise says why
+/// not. Every rank calls it with the same groups at the same point.
+pub(crate) fn open(
+    ep: &Endpoint,
+    groups: &BTreeSet<Vec<usize>>,
+    world_group: Option<Vec<usize>>,
+    ctx: &Arc<CudaContext>,
+) -> Result<Link, String> {
+    let (rank, world) = (ep.rank(), ep.world());
     let (readiness, version) = local_readiness();
     let uuid = ctx
         .uuid()
@@ -345,18 +374,8 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     }
     ctx.bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
-    let mut groups = collective_groups(programs);
-    let world_group: Vec<usize> = (0..world).collect();
-    let transfers = transfers
-        && programs
-            .iter()
-            .flat_map(|p| &p.instructions)
-            .any(Instr::is_transfer);
-    if transfers {
-        groups.insert(world_group.clone());
-    }
     let mut by_group = BTreeMap::new();
-    for group in groups {
+    for group in groups.iter().filter(|g| g.len() > 1).cloned() {
         let Some(position) = group.iter().position(|&r| r == rank) else {
             continue;
         };
@@ -390,7 +409,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
             stopped: Mutex::new(None),
             aborted: AtomicBool::new(false),
         }),
-        world: transfers.then_some(world_group),
+        world: world_group,
         version,
         sent: Cell::new(0),
     }))
@@ -492,7 +511,7 @@ fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
 }
 
 /// Bytes as little-endian 32-bit words, each exact in an f64.
-fn encode_bytes(bytes: &[u8]) -> Vec<f64> {
+pub(super) fn encode_bytes(bytes: &[u8]) -> Vec<f64> {
     bytes
         .chunks(4)
         .map(|c| {
@@ -504,7 +523,7 @@ fn encode_bytes(bytes: &[u8]) -> Vec<f64> {
 }
 
 /// The `len` bytes [`encode_bytes`] made.
-fn decode_bytes(words: &[f64], len: usize) -> Result<Vec<u8>, String> {
+pub(super) fn decode_bytes(words: &[f64], len: usize) -> Result<Vec<u8>, String> {
     if words.len() != len.div_ceil(4)
         || words
             .iter()

@@ -2,13 +2,13 @@
 //! calibration format the cost models read — cuBLAS GEMM rates over a
 //! shape grid in bf16 and f32, the streaming bandwidth of an element-wise
 //! kernel, and the fixed cost of a kernel launch. Collective bandwidth
-//! needs NCCL across several GPUs, which profiling does not drive yet (runs
-//! do, for all-reduces), so the network stays at the documented defaults
-//! (and `about` says so).
+//! needs NCCL across several GPUs: a launched job measures it first
+//! (`bandwidth.rs`) and hands it in; without one the network stays at the
+//! documented defaults (and `about` says so).
 
 use super::module::Kernels;
 use super::ops::{grid, launch, linalg, Gpu};
-use super::{device, CudaError, GpuPrecision};
+use super::{device, CudaError, GpuPrecision, NetworkProfile};
 use autopar_cost_models::calibration::{MatmulSample, FORMAT};
 use autopar_cost_models::Calibration;
 use autopar_ir::DType;
@@ -91,7 +91,16 @@ fn stream_rate(gpu: &Gpu, elems: usize, calls: usize) -> Result<f64, CudaError> 
 
 /// Measures device `ordinal`. `quick` uses small shapes and few calls
 /// (checks the machinery; the numbers are not meaningful).
-pub(crate) fn profile(ordinal: usize, quick: bool) -> Result<Calibration, CudaError> {
+pub(crate) fn profile(
+    ordinal: usize,
+    quick: bool,
+    network: Option<NetworkProfile>,
+) -> Result<Calibration, CudaError> {
+    let network = network.unwrap_or_else(|| {
+        NetworkProfile::unmeasured(
+            "one process; under a launcher with a process per GPU, NCCL all-reduces are measured".into(),
+        )
+    });
     let info = device::probe(ordinal)?;
     let ctx = device::context(ordinal)?;
     let kernels = Arc::new(Kernels::load(&ctx, info.compute_capability)?);
@@ -106,13 +115,13 @@ pub(crate) fn profile(ordinal: usize, quick: bool) -> Result<Calibration, CudaEr
             format: FORMAT.into(),
             about: format!(
             "autopar profile --backend cuda on {} (compute capability {}.{}, {:.0} GiB){}: cuBLAS GEMMs, \
-             a streaming copy kernel and launch overhead measured; collective bandwidth not measured \
-             (profiling NCCL across GPUs is not built yet), so network fractions are the defaults",
+             a streaming copy kernel and launch overhead measured; {}",
             info.name,
             info.compute_capability.0,
             info.compute_capability.1,
             info.memory_bytes as f64 / (1u64 << 30) as f64,
-            if quick { ", quick mode (numbers not meaningful)" } else { "" }
+            if quick { ", quick mode (numbers not meaningful)" } else { "" },
+            network.about,
         ),
             ..Calibration::default()
         };
@@ -142,6 +151,8 @@ pub(crate) fn profile(ordinal: usize, quick: bool) -> Result<Calibration, CudaEr
     let launches = if quick { 100 } else { 2000 };
     let tiny = stream_rate(&gpu, 1, launches)?;
     cal.kernel_overhead_s = four_digits(8.0 / tiny);
+    cal.network.measured_intra_node_bytes_per_s = network.intra_node_bytes_per_s.map(four_digits);
+    cal.network.measured_inter_node_bytes_per_s = network.inter_node_bytes_per_s.map(four_digits);
     Ok(cal)
 }
 
