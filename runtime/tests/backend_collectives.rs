@@ -19,6 +19,7 @@ use autopar_runtime::cpu::parallel::{
     train, train_on, Backend, CpuBackend, Order, TrainOptions, TrainReport,
 };
 use autopar_runtime::cpu::Precision;
+use autopar_runtime::lower::blocking::{check_blocking, Transfers};
 use autopar_runtime::lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
 use autopar_runtime::train::{initialize, Optimizer, State, TokenSource};
 use std::collections::BTreeMap;
@@ -39,6 +40,10 @@ struct Summing {
     log: Arc<Mutex<BTreeMap<Kind, usize>>>,
     /// Sends of the open group, waiting for their receivers: (rank, tag).
     unconfirmed: Vec<(usize, String)>,
+    /// Whether sends wait for their receivers at the end of their group
+    /// (NCCL's grouped transfers) or not at all (per-pair transfers on
+    /// streams of their own); chosen as the CUDA backend chooses.
+    grouped: bool,
     /// What overlapped collectives read or wrote since the last join.
     in_flight: Vec<Arc<Value>>,
 }
@@ -224,7 +229,9 @@ impl Backend for Summing {
         self.endpoint
             .send(to, &tag, flat(x, x.numel())?, "a device send")
             .map_err(|e| e.to_string())?;
-        self.unconfirmed.push((to, format!("{tag}/posted")));
+        if self.grouped {
+            self.unconfirmed.push((to, format!("{tag}/posted")));
+        }
         Ok(true)
     }
 
@@ -234,13 +241,15 @@ impl Backend for Summing {
         let got = ep
             .recv(from, &tag, "a device receive")
             .map_err(|e| e.to_string())?;
-        ep.send(
-            from,
-            &format!("{tag}/posted"),
-            Buffer::F32(Vec::new()),
-            "a receipt",
-        )
-        .map_err(|e| e.to_string())?;
+        if self.grouped {
+            ep.send(
+                from,
+                &format!("{tag}/posted"),
+                Buffer::F32(Vec::new()),
+                "a receipt",
+            )
+            .map_err(|e| e.to_string())?;
+        }
         Ok(Some(Arc::new(shaped(got, dtype, shape))))
     }
 
@@ -398,6 +407,7 @@ fn on_device(
             calls: BTreeMap::new(),
             log: log.clone(),
             unconfirmed: Vec::new(),
+            grouped: check_blocking(programs, Transfers::Grouped).is_ok(),
             in_flight: Vec::new(),
         })
     })
@@ -510,6 +520,17 @@ fn pipelines() {
     }
     let planned = check(Strategy::new(1, 4, LAYERS, 1, 8));
     assert!(planned.contains_key(&Kind::Recv), "{planned:?}");
+    // The interleaved schedule's groups would wait in a cycle: its sends
+    // go per pair and never wait.
+    for (pp, micro_batches) in [(2, 4), (2, 8), (4, 8)] {
+        let mut s = Strategy::new(1, pp, LAYERS, 1, micro_batches);
+        s.schedule = Schedule::Interleaved;
+        s.chunks = 2;
+        let (_, programs) = lowered(&s);
+        assert!(check_blocking(&programs, Transfers::Grouped).is_err());
+        let planned = check(s);
+        assert!(planned.contains_key(&Kind::Send), "{planned:?}");
+    }
 }
 
 /// Sequence parallelism's gathers and reduce-scatters along an axis go to

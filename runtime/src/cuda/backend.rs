@@ -8,7 +8,7 @@
 //! counted, so a run can say what did not run on the GPU.
 
 use super::module::{Kernels, View};
-use super::nccl::{DataType, Nccl, Posted};
+use super::nccl::{DataType, Nccl, Posted, TransferRoute};
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
@@ -17,8 +17,8 @@ use crate::cpu::parallel::{Backend, Order};
 use crate::train::Optimizer;
 use autopar_ir::{DType, Op, Value};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
-use std::collections::BTreeMap;
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream};
+use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
@@ -38,6 +38,17 @@ pub struct CudaBackend {
     posted: Vec<(Posted, Arc<GpuTensor>)>,
     /// Where collectives issued [`Order::Overlapped`] run (made on first use).
     side: Option<SideStream>,
+    /// Sends by receiver, under [`TransferRoute::Pairs`].
+    sending: BTreeMap<usize, Sending>,
+}
+
+/// Sends to one receiver under [`TransferRoute::Pairs`]: a stream of their
+/// own, so a send waiting for its receiver never holds the compute stream,
+/// and the tensors of the sends in flight, each with an event that marks
+/// its end (their stream-ordered frees must not come before it).
+struct Sending {
+    stream: Arc<CudaStream>,
+    in_flight: VecDeque<(CudaEvent, Arc<GpuTensor>)>,
 }
 
 /// A rank's communication stream: NCCL gradient reductions and weight
@@ -92,6 +103,7 @@ impl CudaBackend {
             nccl: None,
             posted: Vec::new(),
             side: None,
+            sending: BTreeMap::new(),
         })
     }
 
@@ -378,6 +390,11 @@ impl Backend for CudaBackend {
 
     fn synchronize(&mut self) -> Result<(), String> {
         self.join_collectives()?;
+        // Every send of the step reaches its receiver before the step ends.
+        for sending in self.sending.values_mut() {
+            self.gpu.stream.join(&sending.stream).map_err(err)?;
+            sending.in_flight.clear();
+        }
         self.gpu.stream.synchronize().map_err(|e| {
             // A failure after the watchdog aborted NCCL names the failed rank.
             match self.nccl.as_ref().and_then(|n| n.comms().stopped()) {
@@ -560,8 +577,13 @@ impl Backend for CudaBackend {
         let Some(dtype) = self.transfer_type(x.storage) else {
             return Ok(false);
         };
-        let ptr = self.gpu.ptr(x);
-        self.post(true, to, ptr, dtype, x.clone());
+        match self.nccl.as_ref().and_then(Nccl::route) {
+            Some(TransferRoute::Pairs(_)) => self.send_now(x, to, dtype)?,
+            _ => {
+                let ptr = self.gpu.ptr(x);
+                self.post(true, to, ptr, dtype, x.clone())
+            }
+        }
         Ok(true)
     }
 
@@ -573,7 +595,15 @@ impl Backend for CudaBackend {
         let x =
             Arc::new(tensor::allocate(&self.gpu.stream, dtype, storage, shape.to_vec(), false).map_err(err)?);
         let ptr = self.gpu.ptr(&x);
-        self.post(false, from, ptr, nccl_type, x.clone());
+        match self.nccl.as_ref().and_then(Nccl::route) {
+            // The compute stream waits here for the data, as a receive from
+            // the fabric waits for its message.
+            Some(TransferRoute::Pairs(_)) => {
+                self.nccl()?
+                    .recv_from(from, ptr, x.numel(), nccl_type, &self.gpu.stream)?
+            }
+            _ => self.post(false, from, ptr, nccl_type, x.clone()),
+        }
         Ok(Some(x))
     }
 
@@ -643,12 +673,44 @@ impl CudaBackend {
     /// NCCL's type for a transfer of `storage`, where transfers run on NCCL:
     /// floats only (every rank routes a transfer alike, knowing its dtype).
     fn transfer_type(&self, storage: Storage) -> Option<DataType> {
-        self.nccl.as_ref().filter(|n| n.carries_transfers())?;
+        self.nccl.as_ref().and_then(Nccl::route)?;
         match storage {
             Storage::F32 => Some(DataType::ncclFloat32),
             Storage::Bf16 => Some(DataType::ncclBfloat16),
             Storage::I64 | Storage::Bool => None,
         }
+    }
+
+    /// Queues a send of `x` to `to` on the receiver's own stream, after the
+    /// compute stream's work so far (which wrote `x`), and lets go of the
+    /// tensors of earlier sends that have ended.
+    fn send_now(&mut self, x: &Arc<GpuTensor>, to: usize, dtype: DataType) -> Result<(), String> {
+        let compute = &self.gpu.stream;
+        let sending = match self.sending.entry(to) {
+            std::collections::btree_map::Entry::Occupied(e) => {
+                let sending = e.into_mut();
+                sending.stream.join(compute).map_err(err)?;
+                sending
+            }
+            // A fork starts behind the compute stream's queued work.
+            std::collections::btree_map::Entry::Vacant(e) => e.insert(Sending {
+                stream: compute.fork().map_err(err)?,
+                in_flight: VecDeque::new(),
+            }),
+        };
+        let nccl = self.nccl.as_ref().ok_or("no NCCL communicators")?;
+        let ptr = x.ptr(compute);
+        nccl.send_to(to, ptr, x.numel(), dtype, &sending.stream)?;
+        let ended = sending.stream.record_event(None).map_err(err)?;
+        sending.in_flight.push_back((ended, x.clone()));
+        while sending
+            .in_flight
+            .front()
+            .is_some_and(|(ended, _)| ended.try_is_complete().unwrap_or(false))
+        {
+            sending.in_flight.pop_front();
+        }
+        Ok(())
     }
 
     /// Adds a transfer of `x` (at `ptr`) to the open group.

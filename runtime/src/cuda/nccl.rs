@@ -4,10 +4,11 @@
 //! ZeRO's gradient reduce-scatters and weight gathers, and the gathers and
 //! reduce-scatters along an axis of sequence, context and expert
 //! parallelism run as NCCL calls instead of going through host memory and
-//! TCP; the pipeline transfers (sends and receives, grouped as the program
-//! runs them back to back) too, when the programs finish with NCCL's
-//! waiting transfers (1F1B and GPipe do; the interleaved schedule does not,
-//! and its transfers stay host-staged).
+//! TCP. Pipeline transfers do too, in one of two ways ([`TransferRoute`]):
+//! grouped as the program runs them back to back, where the programs
+//! finish with NCCL's waiting groups (1F1B, GPipe), or per pair of ranks
+//! with sends on streams of their own (the interleaved schedule, whose
+//! groups would wait in a cycle).
 //!
 //! NCCL calls block on the GPU until every member joins, so every rank must
 //! route the same collectives to NCCL: the ranks first agree over the
@@ -25,10 +26,14 @@
 //! each rank submits every call from one thread in program order, the
 //! order that replay proves finishes, so even a GPU that ran NCCL kernels
 //! one at a time in submission order (NCCL does not promise concurrent
-//! progress across communicators) finishes them.
+//! progress across communicators) finishes them. Per-pair transfers are
+//! the one exception: they finish as the fabric's buffered sends do, which
+//! needs a send waiting for its receiver to run beside the receiver's
+//! other kernels, as NCCL does when the GPU has room (PyTorch's pipelines
+//! rely on the same).
 
 use crate::collective::{Algorithm, Buffer, Collective, Endpoint};
-use crate::lower::blocking::{check_blocking, Transfers};
+use crate::lower::blocking::{check_blocking, check_transfer_order, Transfers};
 use crate::lower::{Instr, Program};
 use autopar_cost_models::comm::bytes_sent;
 use autopar_ir::CommKind;
@@ -47,12 +52,12 @@ pub const DISABLE_VAR: &str = "AUTOPAR_NCCL";
 const MIN_VERSION: i32 = 21000;
 
 /// One rank's NCCL communicators, one per group it meets in a collective,
-/// and one over every rank for transfers when they go to NCCL too.
+/// and those its pipeline transfers run on when they go to NCCL too.
 pub(crate) struct Nccl {
     rank: usize,
     comms: Arc<Comms>,
-    /// The communicator of all ranks, where transfers run on NCCL.
-    world: Option<Vec<usize>>,
+    /// How transfers run on NCCL, where they do.
+    route: Option<TransferRoute>,
     version: i32,
     /// Bytes this rank has sent, counted per ring algorithm as the fabric
     /// counts its collectives (NCCL's own choice of ring or tree aside).
@@ -68,6 +73,26 @@ pub(crate) struct Posted {
     pub ptr: u64,
     pub count: usize,
     pub dtype: DataType,
+}
+
+/// How pipeline transfers run on NCCL. Both need every pair of ranks to
+/// send and receive its transfers in one order
+/// ([`check_transfer_order`]): NCCL matches them by order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TransferRoute {
+    /// Each run of transfers is one group on the communicator of all ranks
+    /// (these), queued on the compute stream; it completes when every
+    /// counterpart is posted. Where the programs finish that way (1F1B,
+    /// GPipe), as Megatron's batched exchanges do.
+    Grouped(Vec<usize>),
+    /// Each of these ordered pairs (sender, receiver) has a communicator
+    /// of its own. A send is queued on a stream of its own per receiver
+    /// and never holds the compute stream; a receive holds it until its
+    /// data is there: the fabric's buffered sends, for schedules whose
+    /// groups would wait in a cycle (interleaved). It relies on NCCL
+    /// kernels of different communicators progressing side by side, as
+    /// PyTorch's pipelines (a communicator and stream per pair) do.
+    Pairs(BTreeSet<(usize, usize)>),
 }
 
 /// NCCL's element types.
@@ -91,6 +116,8 @@ struct Comm(sys::ncclComm_t);
 /// which fails the calls in flight instead of leaving them waiting.
 pub(crate) struct Comms {
     by_group: BTreeMap<Vec<usize>, Comm>,
+    /// Communicators of [`TransferRoute::Pairs`], by (sender, receiver).
+    by_pair: BTreeMap<(usize, usize), Comm>,
     /// Why the communicators were aborted early, once they were.
     stopped: Mutex<Option<String>>,
     aborted: AtomicBool,
@@ -114,7 +141,7 @@ impl Comms {
     /// Aborts every communicator, the first time it is called.
     fn abort_once(&self) {
         if !self.aborted.swap(true, Ordering::SeqCst) {
-            for comm in self.by_group.values() {
+            for comm in self.by_group.values().chain(self.by_pair.values()) {
                 // SAFETY: initialised, and not used once `aborted` is set.
                 let _ = unsafe { result::comm_abort(comm.0) };
             }
@@ -136,9 +163,14 @@ impl Drop for Comms {
 impl Nccl {
     /// "NCCL 2.21.5 (…)", for the run's report: the version and what runs on it.
     pub fn describe(&self) -> String {
-        let what = match self.carries_transfers() {
-            true => "all-reduces, reduce-scatters and gathers, pipeline transfers",
-            false => "all-reduces, reduce-scatters and gathers; transfers host-staged",
+        let what = match self.route {
+            Some(TransferRoute::Grouped(_)) => {
+                "all-reduces, reduce-scatters and gathers, pipeline transfers grouped"
+            }
+            Some(TransferRoute::Pairs(_)) => {
+                "all-reduces, reduce-scatters and gathers, pipeline transfers per pair of ranks"
+            }
+            None => "all-reduces, reduce-scatters and gathers; transfers host-staged",
         };
         format!("{} ({what})", self.version())
     }
@@ -171,15 +203,17 @@ impl Nccl {
         self.comms.clone()
     }
 
-    /// Whether transfers between ranks run on NCCL (all ranks agree).
-    pub fn carries_transfers(&self) -> bool {
-        self.world.is_some()
+    /// How transfers between ranks run on NCCL, if they do (all ranks agree).
+    pub fn route(&self) -> Option<&TransferRoute> {
+        self.route.as_ref()
     }
 
     /// Runs `posted` as one NCCL group on the communicator of all ranks,
     /// queued on `stream`: it completes when every peer has posted its side.
     pub fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
-        let world = self.world.as_deref().ok_or("transfers do not run on NCCL here")?;
+        let Some(TransferRoute::Grouped(world)) = &self.route else {
+            return Err("transfers are not grouped on NCCL here".into());
+        };
         for p in posted.iter().filter(|p| p.send) {
             self.count(Collective::SendRecv, &[self.rank, p.peer], p.count, p.dtype);
         }
@@ -282,6 +316,52 @@ impl Nccl {
         })
     }
 
+    /// Sends `count` elements of `dtype` at `ptr` to rank `to` on the
+    /// pair's own communicator ([`TransferRoute::Pairs`]), queued on
+    /// `stream`; it completes when `to` receives it.
+    pub fn send_to(
+        &self,
+        to: usize,
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.count(Collective::SendRecv, &[self.rank, to], count, dtype);
+        let comm = self.pair(self.rank, to)?;
+        self.call_on(comm, &format!("send to rank {to}"), stream, |comm, s| {
+            // SAFETY: `ptr` holds `count` elements of `dtype` on this
+            // device, kept alive by the caller until the send completes.
+            // The receiver is position 1 of the pair's communicator.
+            unsafe { result::send(ptr as *const _, count, dtype, 1, comm, s) }
+        })
+    }
+
+    /// Receives `count` elements of `dtype` from rank `from` into `ptr`
+    /// ([`TransferRoute::Pairs`]), queued on `stream`.
+    pub fn recv_from(
+        &self,
+        from: usize,
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        let comm = self.pair(from, self.rank)?;
+        self.call_on(comm, &format!("receive from rank {from}"), stream, |comm, s| {
+            // SAFETY: `ptr` has room for `count` elements of `dtype` on this
+            // device, used in stream order. The sender is position 0.
+            unsafe { result::recv(ptr as *mut _, count, dtype, 0, comm, s) }
+        })
+    }
+
+    fn pair(&self, from: usize, to: usize) -> Result<&Comm, String> {
+        self.comms
+            .by_pair
+            .get(&(from, to))
+            .ok_or_else(|| format!("no NCCL communicator for transfers from rank {from} to rank {to}"))
+    }
+
     /// Queues `call` on `group`'s communicator and `stream`.
     fn enqueue(
         &self,
@@ -290,14 +370,25 @@ impl Nccl {
         stream: &Stream,
         call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
     ) -> Result<(), String> {
-        if let Some(why) = self.comms.stopped() {
-            return Err(why);
-        }
         let comm = self
             .comms
             .by_group
             .get(group)
             .ok_or_else(|| format!("no NCCL communicator for ranks {group:?}"))?;
+        self.call_on(comm, &format!("{name} over ranks {group:?}"), stream, call)
+    }
+
+    /// Queues `call` on `comm` and `stream`; `what` names it in errors.
+    fn call_on(
+        &self,
+        comm: &Comm,
+        what: &str,
+        stream: &Stream,
+        call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
+    ) -> Result<(), String> {
+        if let Some(why) = self.comms.stopped() {
+            return Err(why);
+        }
         // NCCL enqueues on the calling thread's current device.
         stream
             .context()
@@ -305,7 +396,7 @@ impl Nccl {
             .map_err(|e| format!("binding the CUDA context: {e}"))?;
         call(comm.0, stream.cu_stream() as _)
             .map(drop)
-            .map_err(|e| format!("NCCL {name} over ranks {group:?}: {:?}", e.0))
+            .map_err(|e| format!("NCCL {what}: {:?}", e.0))
     }
 }
 
@@ -317,41 +408,53 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
     if world == 1 {
         return Ok(Link::Alone);
     }
-    // Every rank reaches the same verdicts from the same programs: transfers
-    // go to NCCL if the programs finish with them grouped and waiting;
-    // otherwise collectives do if they finish with transfers buffered.
-    let transfers = match check_blocking(programs, Transfers::Grouped) {
-        Ok(()) => true,
-        Err(_) => match check_blocking(programs, Transfers::Buffered) {
-            Ok(()) => false,
-            Err(deadlock) => {
-                return Ok(Link::Staged(format!(
-                    "under NCCL's blocking collectives {deadlock}"
-                )))
-            }
-        },
+    // Every rank reaches the same verdicts from the same programs: the
+    // collectives go to NCCL if the programs finish with them blocking;
+    // transfers too, grouped where the programs finish with groups that
+    // wait for their counterparts, else per pair (buffered sends), as long
+    // as each pair meets its transfers in one order.
+    let grouped = check_blocking(programs, Transfers::Grouped).is_ok();
+    if !grouped {
+        if let Err(deadlock) = check_blocking(programs, Transfers::Buffered) {
+            return Ok(Link::Staged(format!(
+                "under NCCL's blocking collectives {deadlock}"
+            )));
+        }
+    }
+    let pairs = transfer_pairs(programs);
+    let route = match (pairs.is_empty(), check_transfer_order(programs)) {
+        (true, _) | (_, Err(_)) => None,
+        (false, Ok(())) if grouped => Some(TransferRoute::Grouped((0..world).collect())),
+        (false, Ok(())) => Some(TransferRoute::Pairs(pairs)),
     };
-    let world_group: Vec<usize> = (0..world).collect();
-    let transfers = transfers
-        && programs
-            .iter()
-            .flat_map(|p| &p.instructions)
-            .any(Instr::is_transfer);
     let mut groups = collective_groups(programs);
-    if transfers {
+    if let Some(TransferRoute::Grouped(world_group)) = &route {
         groups.insert(world_group.clone());
     }
-    open(ep, &groups, transfers.then_some(world_group), ctx)
+    open(ep, &groups, route, ctx)
+}
+
+/// Every (sender, receiver) pair of the programs' transfers.
+fn transfer_pairs(programs: &[Program]) -> BTreeSet<(usize, usize)> {
+    programs
+        .iter()
+        .flat_map(|p| {
+            p.instructions.iter().filter_map(move |instr| match instr {
+                Instr::Send { to, .. } | Instr::SendParam { to, .. } => Some((p.rank, *to)),
+                _ => None,
+            })
+        })
+        .collect()
 }
 
 /// Opens this rank's communicators among `groups` (one per group it is
-/// in), transfers going to `world_group`'s when given, once every rank of the
-/// job has said it can use NCCL on a GPU of its own; otherwise says why
-/// not. Every rank calls it with the same groups at the same point.
+/// in) and `route`'s pairs, once every rank of the job has said it can use
+/// NCCL on a GPU of its own; otherwise says why not. Every rank calls it
+/// with the same groups and route at the same point.
 pub(crate) fn open(
     ep: &Endpoint,
     groups: &BTreeSet<Vec<usize>>,
-    world_group: Option<Vec<usize>>,
+    route: Option<TransferRoute>,
     ctx: &Arc<CudaContext>,
 ) -> Result<Link, String> {
     let (rank, world) = (ep.rank(), ep.world());
@@ -374,45 +477,64 @@ pub(crate) fn open(
     }
     ctx.bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    // Every member initialises the same communicators in the same (sorted)
+    // order, so the blocking initialisations cannot wait in a cycle.
     let mut by_group = BTreeMap::new();
-    for group in groups.iter().filter(|g| g.len() > 1).cloned() {
-        let Some(position) = group.iter().position(|&r| r == rank) else {
-            continue;
-        };
-        let tag = format!("nccl/id/{group:?}");
-        let what = format!("sharing the NCCL id of ranks {group:?}");
-        let id = if position == 0 {
-            let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
-            for &member in &group[1..] {
-                ep.send(member, &tag, Buffer::F64(encode_bytes(&id_bytes(&id))), &what)
-                    .map_err(|e| e.to_string())?;
+    for group in groups.iter().filter(|g| g.len() > 1) {
+        if let Some(comm) = join(ep, group, &format!("{group:?}"))? {
+            by_group.insert(group.clone(), comm);
+        }
+    }
+    let mut by_pair = BTreeMap::new();
+    if let Some(TransferRoute::Pairs(pairs)) = &route {
+        for &(from, to) in pairs {
+            if let Some(comm) = join(ep, &[from, to], &format!("{from}->{to}"))? {
+                by_pair.insert((from, to), comm);
             }
-            id
-        } else {
-            match ep.recv(group[0], &tag, &what).map_err(|e| e.to_string())? {
-                Buffer::F64(words) => id_from(&decode_bytes(&words, 128)?),
-                Buffer::F32(_) => return Err(format!("{what}: the id arrived as f32")),
-            }
-        };
-        let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` is written by NCCL; every member calls this for the
-        // same groups in the same (sorted) order, so the blocking
-        // initialisations cannot wait on each other in a cycle.
-        unsafe { result::comm_init_rank(&mut comm, group.len() as i32, id, position as i32) }
-            .map_err(|e| format!("ncclCommInitRank for ranks {group:?}: {:?}", e.0))?;
-        by_group.insert(group, Comm(comm));
+        }
     }
     Ok(Link::Nccl(Nccl {
         rank,
         comms: Arc::new(Comms {
             by_group,
+            by_pair,
             stopped: Mutex::new(None),
             aborted: AtomicBool::new(false),
         }),
-        world: world_group,
+        route,
         version,
         sent: Cell::new(0),
     }))
+}
+
+/// This rank's communicator among `members` (ranks in the order of their
+/// places in it), or `None` where it is not one of them. The first member
+/// makes the id and sends it to the others over the fabric; `key` names
+/// the communicator in messages.
+fn join(ep: &Endpoint, members: &[usize], key: &str) -> Result<Option<Comm>, String> {
+    let Some(position) = members.iter().position(|&r| r == ep.rank()) else {
+        return Ok(None);
+    };
+    let tag = format!("nccl/id/{key}");
+    let what = format!("sharing the NCCL id of ranks {key}");
+    let id = if position == 0 {
+        let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+        for &member in &members[1..] {
+            ep.send(member, &tag, Buffer::F64(encode_bytes(&id_bytes(&id))), &what)
+                .map_err(|e| e.to_string())?;
+        }
+        id
+    } else {
+        match ep.recv(members[0], &tag, &what).map_err(|e| e.to_string())? {
+            Buffer::F64(words) => id_from(&decode_bytes(&words, 128)?),
+            Buffer::F32(_) => return Err(format!("{what}: the id arrived as f32")),
+        }
+    };
+    let mut comm = std::ptr::null_mut();
+    // SAFETY: `comm` is written by NCCL.
+    unsafe { result::comm_init_rank(&mut comm, members.len() as i32, id, position as i32) }
+        .map_err(|e| format!("ncclCommInitRank for ranks {key}: {:?}", e.0))?;
+    Ok(Some(Comm(comm)))
 }
 
 /// Bytes per element of an NCCL type this backend uses.
@@ -564,6 +686,28 @@ mod tests {
         assert!(decode_bytes(&[0.5; 33], 130).is_err());
     }
 
+    /// A pipeline's pairs are its neighbours in both directions (and the
+    /// first and last stages, which exchange the tied embedding).
+    #[test]
+    fn pairs_of_a_pipeline() {
+        let g = autopar_ir::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+        let s = Strategy::new(1, 4, 4, 1, 4);
+        let t = for_strategy(&g, &s, 8).unwrap();
+        let pairs = transfer_pairs(&lower(&t, &s).unwrap());
+        for stage in 0..3 {
+            assert!(
+                pairs.contains(&(stage, stage + 1)) && pairs.contains(&(stage + 1, stage)),
+                "{pairs:?}"
+            );
+        }
+        assert!(
+            pairs
+                .iter()
+                .all(|&(a, b)| a.abs_diff(b) == 1 || a.abs_diff(b) == 3),
+            "{pairs:?}"
+        );
+    }
+
     /// NCCL traffic is counted as the fabric counts its ring collectives.
     #[test]
     fn bytes_are_counted_per_ring_algorithm() {
@@ -571,10 +715,11 @@ mod tests {
             rank: 1,
             comms: Arc::new(Comms {
                 by_group: BTreeMap::new(),
+                by_pair: BTreeMap::new(),
                 stopped: Mutex::new(None),
                 aborted: AtomicBool::new(false),
             }),
-            world: None,
+            route: None,
             version: 0,
             sent: Cell::new(0),
         };

@@ -13,7 +13,7 @@
 //! posted by its peer.
 
 use super::{Instr, Program};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// How transfers run, for [`check_blocking`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +133,43 @@ fn replay<'p>(meets: &'p [Vec<Meet>], transfers: Transfers) -> Result<(), Deadlo
     } else {
         Err(Deadlock { waiting })
     }
+}
+
+/// Whether every ordered pair of ranks meets its transfers in one order:
+/// the k-th transfer a rank sends a peer is the k-th the peer receives
+/// from it. NCCL matches a pair's sends and receives by order (the fabric
+/// by tag), so runtimes route transfers to NCCL only when this holds;
+/// `Err` names the first pair and place where the orders differ.
+pub fn check_transfer_order(programs: &[Program]) -> Result<(), String> {
+    type Sequences = BTreeMap<(usize, usize), Vec<String>>;
+    let (mut sent, mut received): (Sequences, Sequences) = Default::default();
+    for p in programs {
+        for t in p.instructions.iter().filter_map(transfer) {
+            match t.send {
+                true => sent.entry((p.rank, t.peer)).or_default().push(t.what),
+                false => received.entry((t.peer, p.rank)).or_default().push(t.what),
+            }
+        }
+    }
+    let pairs: std::collections::BTreeSet<&(usize, usize)> = sent.keys().chain(received.keys()).collect();
+    for &(from, to) in pairs {
+        let none = Vec::new();
+        let (s, r) = (
+            sent.get(&(from, to)).unwrap_or(&none),
+            received.get(&(from, to)).unwrap_or(&none),
+        );
+        let k = s.iter().zip(r).take_while(|(a, b)| a == b).count();
+        if k < s.len().max(r.len()) {
+            let name = |v: &[String]| v.get(k).map_or("nothing".to_string(), Clone::clone);
+            return Err(format!(
+                "rank {from}'s transfer {} to rank {to} sends {}, where rank {to} receives {}",
+                k + 1,
+                name(s),
+                name(r)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `program`'s communication in order.
@@ -263,6 +300,37 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "ranks wait on each other: rank 0 at send a@mb0 to rank 1, rank 1 at send b@mb0 to rank 0 + recv a@mb0 from rank 0"
+        );
+    }
+
+    /// The lowering's pipelines send and receive each pair's transfers in
+    /// one order; a swapped pair of receives is named.
+    #[test]
+    fn transfers_pair_up_in_order() {
+        for schedule in [Schedule::OneFOneB, Schedule::Gpipe, Schedule::Interleaved] {
+            let mut s = Strategy::new(2, 2, 4, 1, 4).with_tp(2, false);
+            s.schedule = schedule;
+            if schedule == Schedule::Interleaved {
+                s.chunks = 2;
+            }
+            assert_eq!(check_transfer_order(&programs(&s)), Ok(()), "{schedule:?}");
+        }
+        let buf = |t: &str| crate::lower::Buf::of(t, 0);
+        let send = |t: &str, to| Instr::Send { buf: buf(t), to };
+        let recv = |t: &str, from| Instr::Recv { buf: buf(t), from };
+        let ps = [
+            program(0, vec![send("a", 1), send("b", 1)]),
+            program(1, vec![recv("b", 0), recv("a", 0)]),
+        ];
+        assert_eq!(check_blocking(&ps, Transfers::Buffered), Ok(()));
+        assert_eq!(
+            check_transfer_order(&ps),
+            Err("rank 0's transfer 1 to rank 1 sends a@mb0, where rank 1 receives b@mb0".into())
+        );
+        let ps = [program(0, vec![send("a", 1)]), program(1, vec![])];
+        assert_eq!(
+            check_transfer_order(&ps),
+            Err("rank 0's transfer 1 to rank 1 sends a@mb0, where rank 1 receives nothing".into())
         );
     }
 
