@@ -13,7 +13,10 @@
 #   5. one process per rank: a 2-rank plan launched as two processes (both on
 #      the one GPU, so they must agree not to use NCCL and talk over TCP)
 #      against the same plan in one process;
-#   6. MFU of a 1.3B-parameter GPT step in bf16 on one GPU, with its measured
+#   6. `autopar profile --backend cuda --quick` launched as two processes on
+#      the one GPU: rank 0 writes a loadable calibration whose GEMM and
+#      bandwidth figures are measured, and says NCCL could not be measured;
+#   7. MFU of a 1.3B-parameter GPT step in bf16 on one GPU, with its measured
 #      peak device memory next to the planned;
 # and writes a JSON summary to $OUT/gpu-check.json (or ./gpu-check.json).
 # Tolerances: f32 losses within 1e-3 relative of the CPU backend; bf16 within
@@ -161,6 +164,31 @@ PY
   fi
 else
   record launched-processes fail "planning the 2-rank plan failed (see gpu-check.log)"
+fi
+
+echo "== profile, two processes" | tee -a "$LOG"
+PROFILE="$OUT_DIR/gpu-quick.json"
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+for rank in 1 0; do
+  RANK=$rank WORLD_SIZE=2 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+    timeout 180 "$BIN" profile --backend cuda --quick -o "$PROFILE" >>"$LOG" 2>&1 &
+done
+wait
+line=$(python3 - "$PROFILE" <<'PY' 2>>"$LOG"
+import json, sys
+cal = json.load(open(sys.argv[1]))
+gemms = [m["flops_per_s"] for m in cal["matmul"]["measured"]]
+about = cal["about"]
+# Two processes on one GPU: NCCL refuses, so the network stays unmeasured.
+ok = (len(gemms) > 0 and min(gemms) > 0 and cal["memory"]["measured_bytes_per_s"] > 0
+      and "not measured" in about and "share a GPU" in about)
+print(json.dumps({"ok": ok, "gemm_samples": len(gemms), "about": about}))
+PY
+)
+if [ -n "$line" ] && python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["ok"] else 1)' "$line"; then
+  record profile ok "$line"
+else
+  record profile fail "${line:-see gpu-check.log}"
 fi
 
 echo "== MFU, 1.3B GPT, bf16, one GPU" | tee -a "$LOG"

@@ -168,6 +168,11 @@ struct RunArgs {
     /// with it and print the predicted step next to the measured one.
     #[arg(long)]
     calibration: Option<PathBuf>,
+    /// Run gradient reductions and weight refreshes where they are issued
+    /// instead of beside the backward pass (to measure what overlap gains,
+    /// or to rule it out).
+    #[arg(long)]
+    no_overlap: bool,
     #[arg(long)]
     json: bool,
 }
@@ -378,6 +383,7 @@ fn run_command(a: RunArgs) -> Result<()> {
         save_plan: a.save_plan,
         trace: a.trace,
         calibration: a.calibration,
+        overlap: !a.no_overlap,
     };
     let json = a.json;
     let bar = step_bar(a.steps);

@@ -68,6 +68,9 @@ pub struct Request {
     /// Also predict the step by simulating the plan priced with this
     /// calibration (from `autopar profile`), to set next to the measurement.
     pub calibration: Option<PathBuf>,
+    /// Gradient reductions and weight refreshes beside the backward pass
+    /// (a communication thread on the CPU, a stream on the GPU).
+    pub overlap: bool,
 }
 
 /// The arithmetic of a run: f32 or f64 on the CPU; f32 or bf16 mixed
@@ -345,6 +348,7 @@ pub fn run(
     };
     let mut opts = TrainOptions::new(r.host_precision(), optimizer, r.steps);
     opts.trace = r.trace.is_some();
+    opts.overlap_comm = r.overlap;
     let par = &p.parallel;
     let summary = PlanSummary {
         dp: par.dp,

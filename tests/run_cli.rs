@@ -111,7 +111,11 @@ fn a_run_writes_its_timeline() {
 
 /// The losses of two steps on `ranks` ranks at `precision`, same seed and batch.
 fn losses(ranks: &str, precision: &str) -> Vec<f64> {
-    let v = run_json(&[
+    losses_with(ranks, precision, &[])
+}
+
+fn losses_with(ranks: &str, precision: &str, extra: &[&str]) -> Vec<f64> {
+    let mut args = vec![
         GPT2_TINY,
         "--plan",
         "auto",
@@ -125,8 +129,18 @@ fn losses(ranks: &str, precision: &str) -> Vec<f64> {
         "11",
         "--precision",
         precision,
-    ]);
-    numbers(&v, "losses")
+    ];
+    args.extend_from_slice(extra);
+    numbers(&run_json(&args), "losses")
+}
+
+/// Gradient reductions run where they are issued under `--no-overlap`,
+/// with the same algorithms: the losses are bit for bit the same.
+#[test]
+fn no_overlap_changes_when_not_what() {
+    let (beside, inline) = (losses("2", "f32"), losses_with("2", "f32", &["--no-overlap"]));
+    assert_eq!(beside.len(), 2);
+    assert_eq!(beside, inline);
 }
 
 #[test]

@@ -221,12 +221,25 @@ mod tests {
         assert_eq!(inter, vec![vec![0, 3]]);
     }
 
-    /// Host names survive the exchange's encoding, padding dropped.
+    /// Every rank gets every rank's host name, padding dropped.
     #[test]
-    fn host_names_round_trip() {
-        let ep = crate::collective::fabric(1, std::time::Duration::from_secs(5)).remove(0);
-        let names = job_hosts(&ep).unwrap();
-        assert_eq!(names.len(), 1);
-        assert!(!names[0].is_empty() && !names[0].contains('\0'), "{names:?}");
+    fn host_names_are_exchanged() {
+        let endpoints = crate::collective::fabric(3, std::time::Duration::from_secs(5));
+        let names: Vec<Vec<String>> = std::thread::scope(|s| {
+            let ranks: Vec<_> = endpoints
+                .iter()
+                .map(|ep| s.spawn(|| job_hosts(ep).unwrap()))
+                .collect();
+            ranks.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let here = &names[0];
+        assert_eq!(here.len(), 3);
+        assert!(
+            here.iter()
+                .all(|n| n == &here[0] && !n.is_empty() && !n.contains('\0')),
+            "{here:?}"
+        );
+        assert!(names.iter().all(|n| n == here));
+        assert_eq!(rings(here), (vec![vec![0, 1, 2]], Vec::<Vec<usize>>::new()));
     }
 }
