@@ -498,18 +498,13 @@ impl Backend for CudaBackend {
         group: &[usize],
         axis: usize,
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some(dtype) = self.nccl_type(x, group) else {
-            return Ok(None);
-        };
         let parts = group.len();
         let Some((stacked, concatenated)) = View::stacked_and_concatenated(&x.shape, axis, parts) else {
             return Ok(None);
         };
-        let count = x.numel();
-        let all = self.allocate_like(x, vec![count * parts])?;
-        let ptrs = (self.gpu.ptr(x), self.gpu.ptr(&all));
-        self.nccl()?
-            .all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
+        let Some(all) = self.all_gather(x, group, &[x.numel() * parts])? else {
+            return Ok(None);
+        };
         let mut shape = x.shape.clone();
         shape[axis] *= parts;
         if leads_with_ones(&x.shape, axis) {
@@ -529,9 +524,9 @@ impl Backend for CudaBackend {
         group: &[usize],
         axis: usize,
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some(dtype) = self.nccl_type(x, group) else {
+        if self.nccl_type(x, group).is_none() {
             return Ok(None);
-        };
+        }
         let parts = group.len();
         let mut piece = x.shape.clone();
         match piece.get_mut(axis) {
@@ -556,11 +551,9 @@ impl Backend for CudaBackend {
                 staged
             }
         };
-        let mine = self.allocate_like(x, piece)?;
-        let ptrs = (self.gpu.ptr(&send), self.gpu.ptr(&mine));
-        self.nccl()?
-            .reduce_scatter(group, ptrs, mine.numel(), dtype, &self.gpu.stream)?;
-        Ok(Some(Arc::new(mine)))
+        // Equal slices: ZeRO's flat reduce-scatter pads nothing.
+        let mine = self.reduce_scatter(&send, group, Order::Inline)?;
+        Ok(mine.map(|m| Arc::new(m.alias(x.dtype, piece))))
     }
 
     fn join_collectives(&mut self) -> Result<(), String> {
