@@ -7,9 +7,11 @@
 #   3. GPT-2-tiny and a zoo GPT (4 layers, hidden 512): a few steps on the CPU
 #      and on CUDA, f32 and bf16, losses compared (gradients are compared by
 #      the test suite in step 2);
-#   4. hybrid plans on the one GPU (same-device path): dp2 x pp2 on 4 ranks and
-#      dp2 x tp2 x pp2 on 8, against one rank (the parallel suite's CUDA copies),
-#      and a 4-rank plan from `--plan auto` through the CLI, against the CPU;
+#   4. hybrid plans on the one GPU (the same-device exchange: the ranks' streams
+#      read each other's buffers, through the backend's device-collective code
+#      that NCCL runs between GPUs): dp2 x pp2 on 4 ranks and dp2 x tp2 x pp2
+#      on 8, against one rank (the parallel suite's CUDA copies), and a 4-rank
+#      plan from `--plan auto` through the CLI, against the CPU;
 #   5. one process per rank: a 2-rank plan launched as two processes (both on
 #      the one GPU, so they must agree not to use NCCL and talk over TCP)
 #      against the same plan in one process;
@@ -117,6 +119,7 @@ print(json.dumps({"check": name, "ok": ok, "f32_rel": e32, "bf16_rel": e16,
                   "cpu_losses": cpu["losses"], "cuda_f32_losses": f32["losses"],
                   "cuda_bf16_losses": bf16["losses"],
                   "cuda_f32_step_s": f32["median_step_time_s"],
+                  "collectives": f32.get("gpu", {}).get("collectives", ""),
                   "host_nodes": f32.get("gpu", {}).get("host_nodes", {})}))
 PY
   local line

@@ -1,14 +1,16 @@
 //! The CUDA [`Backend`]: a rank's tensors live in GPU memory (stream-ordered
 //! allocations from the driver's pool, so freed buffers are reused), nodes
 //! run as cuBLAS GEMMs and NVRTC kernels on the rank's stream, and the
-//! optimizer steps flat f32 master slices on the device; collectives
-//! between GPUs run on NCCL when there is one, gradient reductions on a
-//! communication stream of their own. Nodes without a
+//! optimizer steps flat f32 master slices on the device; collectives run
+//! on the device where it can ([`DeviceComms`]: NCCL between GPUs, the
+//! same-device exchange between ranks on one GPU), gradient reductions on
+//! a communication stream of their own. Nodes without a
 //! device kernel run on the host through the reference kernels and are
 //! counted, so a run can say what did not run on the GPU.
 
+use super::device_comms::DeviceComms;
 use super::module::{Kernels, View};
-use super::nccl::{DataType, Nccl, Posted, TransferRoute};
+use super::nccl::{DataType, Posted, TransferRoute};
 use super::ops::{self, grid, launch, Gpu};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
@@ -32,7 +34,7 @@ pub struct CudaBackend {
     /// them), shared by every rank of the run.
     host_nodes: HostNodes,
     /// All-reduces between GPUs, when this rank's peers have GPUs of their own.
-    nccl: Option<Nccl>,
+    comms: Option<Box<dyn DeviceComms>>,
     /// Transfers posted for the next NCCL group, with the tensors they
     /// read or fill (held until the group is queued).
     posted: Vec<(Posted, Arc<GpuTensor>)>,
@@ -100,17 +102,17 @@ impl CudaBackend {
                 precision,
             },
             host_nodes,
-            nccl: None,
+            comms: None,
             posted: Vec::new(),
             side: None,
             sending: BTreeMap::new(),
         })
     }
 
-    /// The backend with its all-reduces on `nccl`.
-    pub(crate) fn with_nccl(self, nccl: Nccl) -> CudaBackend {
+    /// The backend with its collectives (and maybe transfers) on `comms`.
+    pub(crate) fn with_comms(self, comms: Box<dyn DeviceComms>) -> CudaBackend {
         CudaBackend {
-            nccl: Some(nccl),
+            comms: Some(comms),
             ..self
         }
     }
@@ -397,7 +399,7 @@ impl Backend for CudaBackend {
         }
         self.gpu.stream.synchronize().map_err(|e| {
             // A failure after the watchdog aborted NCCL names the failed rank.
-            match self.nccl.as_ref().and_then(|n| n.comms().stopped()) {
+            match self.comms.as_ref().and_then(|c| c.stopped()) {
                 Some(why) => format!("{e} ({why})"),
                 None => e.to_string(),
             }
@@ -411,7 +413,7 @@ impl Backend for CudaBackend {
         let target = self.owned(x)?;
         let (ptr, count) = (self.gpu.ptr(target), target.numel());
         let stream = self.stream_for(order)?;
-        self.nccl()?.all_reduce(group, ptr, count, dtype, &stream)?;
+        self.comms()?.all_reduce(group, ptr, count, dtype, &stream)?;
         self.hold(order, [x.clone()]);
         Ok(true)
     }
@@ -434,7 +436,7 @@ impl Backend for CudaBackend {
         let mine = Arc::new(self.allocate_like(x, vec![part])?);
         let ptrs = (self.gpu.ptr(&whole), self.gpu.ptr(&mine));
         let stream = self.stream_for(order)?;
-        self.nccl()?.reduce_scatter(group, ptrs, part, dtype, &stream)?;
+        self.comms()?.reduce_scatter(group, ptrs, part, dtype, &stream)?;
         self.hold(order, [whole, mine.clone()]);
         Ok(Some(mine))
     }
@@ -457,7 +459,7 @@ impl Backend for CudaBackend {
         }
         let all = self.allocate_like(part, vec![count * group.len()])?;
         let ptrs = (self.gpu.ptr(part), self.gpu.ptr(&all));
-        self.nccl()?
+        self.comms()?
             .all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
         Ok(Some(Arc::new(all.alias(part.dtype, shape.to_vec()))))
     }
@@ -472,7 +474,7 @@ impl Backend for CudaBackend {
             return Ok(false);
         };
         let position = self
-            .nccl()?
+            .comms()?
             .position(group)
             .ok_or_else(|| format!("this rank is not in the group {group:?} it gathers over"))?;
         let part = w.numel().div_ceil(group.len());
@@ -487,7 +489,8 @@ impl Backend for CudaBackend {
         let at = self.gpu.ptr(target);
         let mine = at + (position * part * target.storage.size()) as u64;
         let stream = self.stream_for(order)?;
-        self.nccl()?.all_gather(group, (mine, at), part, dtype, &stream)?;
+        self.comms()?
+            .all_gather(group, (mine, at), part, dtype, &stream)?;
         self.hold(order, [w.clone()]);
         Ok(true)
     }
@@ -570,7 +573,7 @@ impl Backend for CudaBackend {
         let Some(dtype) = self.transfer_type(x.storage) else {
             return Ok(false);
         };
-        match self.nccl.as_ref().and_then(Nccl::route) {
+        match self.comms.as_ref().and_then(|c| c.route()) {
             Some(TransferRoute::Pairs(_)) => self.send_now(x, to, dtype)?,
             _ => {
                 let ptr = self.gpu.ptr(x);
@@ -588,11 +591,11 @@ impl Backend for CudaBackend {
         let x =
             Arc::new(tensor::allocate(&self.gpu.stream, dtype, storage, shape.to_vec(), false).map_err(err)?);
         let ptr = self.gpu.ptr(&x);
-        match self.nccl.as_ref().and_then(Nccl::route) {
+        match self.comms.as_ref().and_then(|c| c.route()) {
             // The compute stream waits here for the data, as a receive from
             // the fabric waits for its message.
             Some(TransferRoute::Pairs(_)) => {
-                self.nccl()?
+                self.comms()?
                     .recv_from(from, ptr, x.numel(), nccl_type, &self.gpu.stream)?
             }
             _ => self.post(false, from, ptr, nccl_type, x.clone()),
@@ -601,7 +604,7 @@ impl Backend for CudaBackend {
     }
 
     fn bytes_sent(&self) -> u64 {
-        self.nccl.as_ref().map_or(0, Nccl::bytes_sent)
+        self.comms.as_ref().map_or(0, |c| c.bytes_sent())
     }
 
     fn flush_transfers(&mut self) -> Result<(), String> {
@@ -610,17 +613,16 @@ impl Backend for CudaBackend {
         }
         let held = std::mem::take(&mut self.posted);
         let posted: Vec<Posted> = held.iter().map(|(p, _)| *p).collect();
-        let nccl = self.nccl.as_ref().ok_or("transfers posted without NCCL")?;
         // Stream-ordered frees of `held` come after the queued group.
-        nccl.transfer(&posted, &self.gpu.stream)
+        self.comms()?.transfer(&posted, &self.gpu.stream)
     }
 }
 
 impl CudaBackend {
-    /// NCCL's element type for a collective of `x` over `group`, or `None`
-    /// where it is staged through the host (every member alike).
+    /// The element type of a device collective of `x` over `group`, or
+    /// `None` where it is staged through the host (every member alike).
     fn nccl_type(&self, x: &GpuTensor, group: &[usize]) -> Option<DataType> {
-        self.nccl.as_ref().filter(|n| n.connects(group))?;
+        self.comms.as_ref().filter(|c| c.connects(group))?;
         match x.storage {
             Storage::F32 => Some(DataType::ncclFloat32),
             Storage::Bf16 => Some(DataType::ncclBfloat16),
@@ -628,10 +630,10 @@ impl CudaBackend {
         }
     }
 
-    fn nccl(&self) -> Result<&Nccl, String> {
-        self.nccl
-            .as_ref()
-            .ok_or_else(|| "no NCCL communicators".to_string())
+    fn comms(&self) -> Result<&dyn DeviceComms, String> {
+        self.comms
+            .as_deref()
+            .ok_or_else(|| "no device collectives".to_string())
     }
 
     /// The stream a collective issued with `order` is queued on. An
@@ -666,7 +668,7 @@ impl CudaBackend {
     /// NCCL's type for a transfer of `storage`, where transfers run on NCCL:
     /// floats only (every rank routes a transfer alike, knowing its dtype).
     fn transfer_type(&self, storage: Storage) -> Option<DataType> {
-        self.nccl.as_ref().and_then(Nccl::route)?;
+        self.comms.as_ref().and_then(|c| c.route())?;
         match storage {
             Storage::F32 => Some(DataType::ncclFloat32),
             Storage::Bf16 => Some(DataType::ncclBfloat16),
@@ -691,9 +693,9 @@ impl CudaBackend {
                 in_flight: VecDeque::new(),
             }),
         };
-        let nccl = self.nccl.as_ref().ok_or("no NCCL communicators")?;
+        let comms = self.comms.as_deref().ok_or("no device collectives")?;
         let ptr = x.ptr(compute);
-        nccl.send_to(to, ptr, x.numel(), dtype, &sending.stream)?;
+        comms.send_to(to, ptr, x.numel(), dtype, &sending.stream)?;
         let ended = sending.stream.record_event(None).map_err(err)?;
         sending.in_flight.push_back((ended, x.clone()));
         while sending

@@ -7,6 +7,7 @@
 //! model's `2 (p - 1) / p × size / time` of a ring, and a level's figure is
 //! its slowest ring's.
 
+use super::device_comms::DeviceComms;
 use super::nccl::{self, decode_bytes, encode_bytes, DataType, Link, Nccl};
 use super::{device, CudaError, NetworkProfile};
 use crate::collective::{Algorithm, Buffer, Endpoint, Watchdog};

@@ -20,6 +20,10 @@ mod bandwidth;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod device_comms;
+#[cfg(feature = "cuda")]
+mod meetings;
+#[cfg(feature = "cuda")]
 pub(crate) mod module;
 #[cfg(feature = "cuda")]
 mod nccl;
@@ -31,6 +35,8 @@ mod ops;
 mod profile;
 #[cfg(feature = "cuda")]
 mod run;
+#[cfg(feature = "cuda")]
+mod same_device;
 #[cfg(feature = "cuda")]
 mod tensor;
 

@@ -32,12 +32,12 @@
 //! other kernels, as NCCL does when the GPU has room (PyTorch's pipelines
 //! rely on the same).
 
-use crate::collective::{Algorithm, Buffer, Collective, Endpoint};
+use super::device_comms::{ring_bytes, DeviceComms, Stream};
+use crate::collective::{Buffer, Collective, Endpoint};
 use crate::lower::blocking::{check_blocking, check_transfer_order, Transfers};
 use crate::lower::{Instr, Program};
-use autopar_cost_models::comm::bytes_sent;
 use autopar_ir::CommKind;
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
@@ -97,7 +97,6 @@ pub(crate) enum TransferRoute {
 
 /// NCCL's element types.
 pub(crate) type DataType = sys::ncclDataType_t;
-type Stream = Arc<CudaStream>;
 
 /// How this process's rank talks to its peers' GPUs.
 pub(crate) enum Link {
@@ -181,178 +180,15 @@ impl Nccl {
         format!("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100)
     }
 
-    /// Whether `group` has a communicator (every member gets the same answer).
-    pub fn connects(&self, group: &[usize]) -> bool {
-        self.comms.by_group.contains_key(group)
-    }
-
-    /// Bytes this rank has sent through NCCL (see the field).
-    pub fn bytes_sent(&self) -> u64 {
-        self.sent.get()
-    }
-
     /// Counts a `collective` of `count` elements of `dtype` over `group`.
     fn count(&self, collective: Collective, group: &[usize], count: usize, dtype: DataType) {
-        let bytes = (count * element_size(dtype)) as f64;
-        let sent = bytes_sent(collective, Algorithm::Ring, group.len(), bytes).map_or(0.0, |v| v[0]);
-        self.sent.set(self.sent.get() + sent as u64);
+        self.sent
+            .set(self.sent.get() + ring_bytes(collective, group.len(), count, dtype));
     }
 
     /// The communicators, for a watchdog to abort.
     pub fn comms(&self) -> Arc<Comms> {
         self.comms.clone()
-    }
-
-    /// How transfers between ranks run on NCCL, if they do (all ranks agree).
-    pub fn route(&self) -> Option<&TransferRoute> {
-        self.route.as_ref()
-    }
-
-    /// Runs `posted` as one NCCL group on the communicator of all ranks,
-    /// queued on `stream`: it completes when every peer has posted its side.
-    pub fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
-        let Some(TransferRoute::Grouped(world)) = &self.route else {
-            return Err("transfers are not grouped on NCCL here".into());
-        };
-        for p in posted.iter().filter(|p| p.send) {
-            self.count(Collective::SendRecv, &[self.rank, p.peer], p.count, p.dtype);
-        }
-        self.enqueue("send/receive group", world, stream, |comm, s| {
-            result::group_start()?;
-            let issued = posted.iter().try_for_each(|p| {
-                // SAFETY: `ptr` holds `count` elements of `dtype` on this
-                // device, kept alive by the caller until the group is queued.
-                unsafe {
-                    match p.send {
-                        true => result::send(p.ptr as *const _, p.count, p.dtype, p.peer as i32, comm, s),
-                        false => result::recv(p.ptr as *mut _, p.count, p.dtype, p.peer as i32, comm, s),
-                    }
-                }
-                .map(drop)
-            });
-            // The group is closed even when a call failed.
-            let ended = result::group_end();
-            issued.and(ended)
-        })
-    }
-
-    /// This rank's position in `group` (its rank in the group's communicator).
-    pub fn position(&self, group: &[usize]) -> Option<usize> {
-        group.iter().position(|&r| r == self.rank)
-    }
-
-    /// Sums `count` elements of `dtype` at device address `ptr` in place
-    /// over `group`, queued on `stream`.
-    pub fn all_reduce(
-        &self,
-        group: &[usize],
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::AllReduce, group, count, dtype);
-        self.enqueue("all-reduce", group, stream, |comm, s| {
-            // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
-            // device, used in stream order.
-            unsafe {
-                result::all_reduce(
-                    ptr as *const _,
-                    ptr as *mut _,
-                    count,
-                    dtype,
-                    sys::ncclRedOp_t::ncclSum,
-                    comm,
-                    s,
-                )
-            }
-        })
-    }
-
-    /// Sums the `count × group size` elements at `send` over `group` and
-    /// writes part `position` of the sum (`count` elements) to `recv`.
-    pub fn reduce_scatter(
-        &self,
-        group: &[usize],
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::ReduceScatter, group, count * group.len(), dtype);
-        self.enqueue("reduce-scatter", group, stream, |comm, s| {
-            // SAFETY: `send` holds count × group size elements and `recv`
-            // count, both on this device, used in stream order.
-            unsafe {
-                result::reduce_scatter(
-                    send as *const _,
-                    recv as *mut _,
-                    count,
-                    dtype,
-                    sys::ncclRedOp_t::ncclSum,
-                    comm,
-                    s,
-                )
-            }
-        })
-    }
-
-    /// Concatenates every member's `count` elements at `send` into `recv`
-    /// (`count × group size` elements, parts in group order). In place
-    /// when `send` is this member's part of `recv`.
-    pub fn all_gather(
-        &self,
-        group: &[usize],
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::AllGather, group, count * group.len(), dtype);
-        self.enqueue("all-gather", group, stream, |comm, s| {
-            // SAFETY: `send` holds `count` elements and `recv` count × group
-            // size, both on this device, used in stream order.
-            unsafe { result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s) }
-        })
-    }
-
-    /// Sends `count` elements of `dtype` at `ptr` to rank `to` on the
-    /// pair's own communicator ([`TransferRoute::Pairs`]), queued on
-    /// `stream`; it completes when `to` receives it.
-    pub fn send_to(
-        &self,
-        to: usize,
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::SendRecv, &[self.rank, to], count, dtype);
-        let comm = self.pair(self.rank, to)?;
-        self.call_on(comm, &format!("send to rank {to}"), stream, |comm, s| {
-            // SAFETY: `ptr` holds `count` elements of `dtype` on this
-            // device, kept alive by the caller until the send completes.
-            // The receiver is position 1 of the pair's communicator.
-            unsafe { result::send(ptr as *const _, count, dtype, 1, comm, s) }
-        })
-    }
-
-    /// Receives `count` elements of `dtype` from rank `from` into `ptr`
-    /// ([`TransferRoute::Pairs`]), queued on `stream`.
-    pub fn recv_from(
-        &self,
-        from: usize,
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        let comm = self.pair(from, self.rank)?;
-        self.call_on(comm, &format!("receive from rank {from}"), stream, |comm, s| {
-            // SAFETY: `ptr` has room for `count` elements of `dtype` on this
-            // device, used in stream order. The sender is position 0.
-            unsafe { result::recv(ptr as *mut _, count, dtype, 0, comm, s) }
-        })
     }
 
     fn pair(&self, from: usize, to: usize) -> Result<&Comm, String> {
@@ -397,6 +233,174 @@ impl Nccl {
         call(comm.0, stream.cu_stream() as _)
             .map(drop)
             .map_err(|e| format!("NCCL {what}: {:?}", e.0))
+    }
+}
+
+impl DeviceComms for Nccl {
+    /// Whether `group` has a communicator (every member gets the same answer).
+    fn connects(&self, group: &[usize]) -> bool {
+        self.comms.by_group.contains_key(group)
+    }
+
+    /// Bytes this rank has sent through NCCL (see the field).
+    fn bytes_sent(&self) -> u64 {
+        self.sent.get()
+    }
+
+    /// How transfers between ranks run on NCCL, if they do (all ranks agree).
+    fn route(&self) -> Option<&TransferRoute> {
+        self.route.as_ref()
+    }
+
+    /// Runs `posted` as one NCCL group on the communicator of all ranks,
+    /// queued on `stream`: it completes when every peer has posted its side.
+    fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
+        let Some(TransferRoute::Grouped(world)) = &self.route else {
+            return Err("transfers are not grouped on NCCL here".into());
+        };
+        for p in posted.iter().filter(|p| p.send) {
+            self.count(Collective::SendRecv, &[self.rank, p.peer], p.count, p.dtype);
+        }
+        self.enqueue("send/receive group", world, stream, |comm, s| {
+            result::group_start()?;
+            let issued = posted.iter().try_for_each(|p| {
+                // SAFETY: `ptr` holds `count` elements of `dtype` on this
+                // device, kept alive by the caller until the group is queued.
+                unsafe {
+                    match p.send {
+                        true => result::send(p.ptr as *const _, p.count, p.dtype, p.peer as i32, comm, s),
+                        false => result::recv(p.ptr as *mut _, p.count, p.dtype, p.peer as i32, comm, s),
+                    }
+                }
+                .map(drop)
+            });
+            // The group is closed even when a call failed.
+            let ended = result::group_end();
+            issued.and(ended)
+        })
+    }
+
+    /// This rank's position in `group` (its rank in the group's communicator).
+    fn position(&self, group: &[usize]) -> Option<usize> {
+        group.iter().position(|&r| r == self.rank)
+    }
+
+    /// Sums `count` elements of `dtype` at device address `ptr` in place
+    /// over `group`, queued on `stream`.
+    fn all_reduce(
+        &self,
+        group: &[usize],
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.count(Collective::AllReduce, group, count, dtype);
+        self.enqueue("all-reduce", group, stream, |comm, s| {
+            // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
+            // device, used in stream order.
+            unsafe {
+                result::all_reduce(
+                    ptr as *const _,
+                    ptr as *mut _,
+                    count,
+                    dtype,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    s,
+                )
+            }
+        })
+    }
+
+    /// Sums the `count × group size` elements at `send` over `group` and
+    /// writes part `position` of the sum (`count` elements) to `recv`.
+    fn reduce_scatter(
+        &self,
+        group: &[usize],
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.count(Collective::ReduceScatter, group, count * group.len(), dtype);
+        self.enqueue("reduce-scatter", group, stream, |comm, s| {
+            // SAFETY: `send` holds count × group size elements and `recv`
+            // count, both on this device, used in stream order.
+            unsafe {
+                result::reduce_scatter(
+                    send as *const _,
+                    recv as *mut _,
+                    count,
+                    dtype,
+                    sys::ncclRedOp_t::ncclSum,
+                    comm,
+                    s,
+                )
+            }
+        })
+    }
+
+    /// Concatenates every member's `count` elements at `send` into `recv`
+    /// (`count × group size` elements, parts in group order). In place
+    /// when `send` is this member's part of `recv`.
+    fn all_gather(
+        &self,
+        group: &[usize],
+        (send, recv): (u64, u64),
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.count(Collective::AllGather, group, count * group.len(), dtype);
+        self.enqueue("all-gather", group, stream, |comm, s| {
+            // SAFETY: `send` holds `count` elements and `recv` count × group
+            // size, both on this device, used in stream order.
+            unsafe { result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s) }
+        })
+    }
+
+    /// Sends `count` elements of `dtype` at `ptr` to rank `to` on the
+    /// pair's own communicator ([`TransferRoute::Pairs`]), queued on
+    /// `stream`; it completes when `to` receives it.
+    fn send_to(
+        &self,
+        to: usize,
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        self.count(Collective::SendRecv, &[self.rank, to], count, dtype);
+        let comm = self.pair(self.rank, to)?;
+        self.call_on(comm, &format!("send to rank {to}"), stream, |comm, s| {
+            // SAFETY: `ptr` holds `count` elements of `dtype` on this
+            // device, kept alive by the caller until the send completes.
+            // The receiver is position 1 of the pair's communicator.
+            unsafe { result::send(ptr as *const _, count, dtype, 1, comm, s) }
+        })
+    }
+
+    /// Receives `count` elements of `dtype` from rank `from` into `ptr`
+    /// ([`TransferRoute::Pairs`]), queued on `stream`.
+    fn recv_from(
+        &self,
+        from: usize,
+        ptr: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Stream,
+    ) -> Result<(), String> {
+        let comm = self.pair(from, self.rank)?;
+        self.call_on(comm, &format!("receive from rank {from}"), stream, |comm, s| {
+            // SAFETY: `ptr` has room for `count` elements of `dtype` on this
+            // device, used in stream order. The sender is position 0.
+            unsafe { result::recv(ptr as *mut _, count, dtype, 0, comm, s) }
+        })
+    }
+
+    fn stopped(&self) -> Option<String> {
+        self.comms.stopped()
     }
 }
 
@@ -537,16 +541,6 @@ fn join(ep: &Endpoint, members: &[usize], key: &str) -> Result<Option<Comm>, Str
     Ok(Some(Comm(comm)))
 }
 
-/// Bytes per element of an NCCL type this backend uses.
-fn element_size(dtype: DataType) -> usize {
-    match dtype {
-        DataType::ncclBfloat16 | DataType::ncclFloat16 => 2,
-        DataType::ncclFloat64 | DataType::ncclInt64 | DataType::ncclUint64 => 8,
-        DataType::ncclInt8 | DataType::ncclUint8 => 1,
-        _ => 4,
-    }
-}
-
 /// Whether this process can use NCCL: 0 if so, else a reason code, with
 /// the library's version (0 when absent).
 fn local_readiness() -> (u32, i32) {
@@ -606,7 +600,7 @@ fn agree(rows: &[f64], world: usize) -> Result<(), String> {
 
 /// The groups of every collective that goes to NCCL, over all ranks'
 /// programs, in one order every rank computes alike.
-fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
+pub(crate) fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
     programs
         .iter()
         .flat_map(|p| &p.instructions)

@@ -2,15 +2,18 @@
 //! every rank of a plan on one GPU, or this process's one rank on its GPU.
 
 use super::backend::{CudaBackend, HostNodes};
+use super::meetings::Meetings;
 use super::memory::{self, ElementSize, MemoryPlan};
 use super::module::Kernels;
 use super::nccl::{self, Link};
+use super::same_device::SameDevice;
 use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
 use crate::collective::{Endpoint, Watchdog};
 use crate::cpu::parallel::{
     train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport,
 };
 use crate::cpu::Precision;
+use crate::lower::blocking::{check_blocking, Transfers};
 use crate::lower::{Program, TrainingGraph};
 use crate::train::TokenSource;
 use autopar_ir::DType;
@@ -19,6 +22,11 @@ use std::sync::Arc;
 
 /// The report's collectives of a run without peers.
 const ONE_RANK: &str = "none (one rank)";
+
+/// Set to 0 to stage the collectives of ranks that share one GPU through
+/// host memory instead of the same-device exchange (to compare, or to rule
+/// it out while debugging).
+pub const SAME_DEVICE_VAR: &str = "AUTOPAR_SAME_DEVICE";
 
 /// What every rank on this process's GPU shares.
 struct Setup {
@@ -110,13 +118,47 @@ pub(super) fn train(
     progress: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<CudaReport, ExecError> {
     let setup = Setup::new(t, programs, opts, cuda)?;
-    let report = train_on(t, programs, data, opts, progress, &|_| setup.backend(cuda))?;
-    let collectives = match programs.len() {
-        1 => ONE_RANK,
-        _ => "host-staged (the ranks share one GPU)",
+    let exchange = same_device(programs);
+    let meetings = exchange
+        .as_ref()
+        .ok()
+        .map(|()| Arc::new(Meetings::new(opts.timeout)));
+    let groups = nccl::collective_groups(programs);
+    let report = train_on(t, programs, data, opts, progress, &|rank| {
+        let backend = setup.backend(cuda)?;
+        Ok(match &meetings {
+            Some(meetings) => backend.with_comms(Box::new(SameDevice::new(
+                rank,
+                meetings.clone(),
+                setup.kernels.clone(),
+                groups.clone(),
+            ))),
+            None => backend,
+        })
+    })?;
+    let collectives = match (programs.len(), exchange) {
+        (1, _) => ONE_RANK.to_string(),
+        (_, Ok(())) => "same-device exchange between the ranks' streams (all-reduces, reduce-scatters and \
+                        gathers; transfers host-staged)"
+            .to_string(),
+        (_, Err(why)) => format!("host-staged (the ranks share one GPU; {why})"),
     };
     let ranks: Vec<usize> = (0..programs.len()).collect();
-    Ok(setup.report(report, collectives.into(), &ranks))
+    Ok(setup.report(report, collectives, &ranks))
+}
+
+/// Whether the ranks of `programs`, sharing this process's GPU, run their
+/// collectives through the same-device exchange, or why not.
+fn same_device(programs: &[Program]) -> Result<(), String> {
+    if programs.len() == 1 {
+        return Err("one rank".into());
+    }
+    if std::env::var(SAME_DEVICE_VAR).is_ok_and(|v| v.trim() == "0") {
+        return Err(format!("{SAME_DEVICE_VAR}=0"));
+    }
+    // Each member's thread waits at every meeting, in program order.
+    check_blocking(programs, Transfers::Buffered)
+        .map_err(|deadlock| format!("under blocking collectives {deadlock}"))
 }
 
 pub(super) fn train_rank(
@@ -148,7 +190,7 @@ pub(super) fn train_rank(
             watchdog = Some(Watchdog::spawn(endpoint.clone(), move |by, why| {
                 comms.abort(by, &why)
             }));
-            (backend.with_nccl(nccl), name)
+            (backend.with_comms(Box::new(nccl)), name)
         }
         Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),
         Ok(Link::Alone) => (backend, ONE_RANK.to_string()),
