@@ -11,7 +11,7 @@
 use super::device_comms::DeviceComms;
 use super::module::{Kernels, View};
 use super::nccl::{DataType, Posted, TransferRoute};
-use super::ops::{self, grid, launch, Gpu};
+use super::ops::{self, grid, launch, Gpu, IndexCheck};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
@@ -42,6 +42,9 @@ pub struct CudaBackend {
     side: Option<SideStream>,
     /// Sends by receiver, under [`TransferRoute::Pairs`].
     sending: BTreeMap<usize, Sending>,
+    /// The gathers run since the step began, by the code they report an
+    /// index out of range with (code k is entry k - 1).
+    gathers: Vec<String>,
 }
 
 /// Sends to one receiver under [`TransferRoute::Pairs`]: a stream of their
@@ -96,6 +99,7 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Driver(format!("cuBLAS: {e}")))?;
         Ok(CudaBackend {
             gpu: Gpu {
+                indices: IndexCheck::new(&stream)?,
                 stream,
                 blas,
                 kernels,
@@ -106,6 +110,7 @@ impl CudaBackend {
             posted: Vec::new(),
             side: None,
             sending: BTreeMap::new(),
+            gathers: Vec::new(),
         })
     }
 
@@ -222,6 +227,10 @@ impl Backend for CudaBackend {
         op: &Op,
         args: &[Option<&Arc<GpuTensor>>],
     ) -> Result<Vec<Arc<GpuTensor>>, String> {
+        if ops::gathers(op) {
+            self.gathers.push(node.to_string());
+            self.gpu.indices.code.set(self.gathers.len() as i32);
+        }
         let plain: Vec<Option<&GpuTensor>> = args.iter().map(|a| a.map(|x| &**x)).collect();
         match ops::eval(&self.gpu, op, &plain).map_err(|e| format!("node '{node}': {e}"))? {
             Some(outs) => Ok(outs.into_iter().map(Arc::new).collect()),
@@ -403,7 +412,16 @@ impl Backend for CudaBackend {
                 Some(why) => format!("{e} ({why})"),
                 None => e.to_string(),
             }
-        })
+        })?;
+        let fault = self.gpu.indices.take(&self.gpu.stream).map_err(err)?;
+        let gathers = std::mem::take(&mut self.gathers);
+        match usize::try_from(fault - 1).ok().and_then(|k| gathers.get(k)) {
+            Some(node) => Err(format!(
+                "node '{node}': an index is out of range (the GPU read 0 for it; the CPU backend names the value)"
+            )),
+            None if fault != 0 => Err(format!("a gather reported an index out of range with an unknown code {fault}")),
+            None => Ok(()),
+        }
     }
 
     fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize], order: Order) -> Result<bool, String> {

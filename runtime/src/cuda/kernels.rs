@@ -93,8 +93,6 @@ fn contract(source: &str) -> Option<(&'static [Family], &'static [&'static str])
                 ("gather_grad", NONE),
                 ("gather_elements", NONE),
                 ("gather_elements_grad", NONE),
-                ("embedding_fwd", NONE),
-                ("embedding_bwd", NONE),
             ],
             NONE,
         ),

@@ -7,7 +7,7 @@
 //! documented defaults (and `about` says so).
 
 use super::module::Kernels;
-use super::ops::{grid, launch, linalg, Gpu};
+use super::ops::{grid, launch, linalg, Gpu, IndexCheck};
 use super::{device, CudaError, GpuPrecision, NetworkProfile};
 use autopar_cost_models::calibration::{MatmulSample, FORMAT};
 use autopar_cost_models::Calibration;
@@ -50,6 +50,7 @@ fn gpu_for(
     let stream = ctx.new_stream().map_err(|e| CudaError::Driver(e.to_string()))?;
     let blas = CudaBlas::new(stream.clone()).map_err(|e| CudaError::Driver(format!("cuBLAS: {e}")))?;
     Ok(Gpu {
+        indices: IndexCheck::new(&stream)?,
         stream,
         blas,
         kernels,

@@ -1,7 +1,8 @@
 // Gathers and their gradients (grid-stride). Tensors are viewed as
 // [outer, axis, inner] (contiguous). An index below zero wraps once by
-// +axis_len (ONNX); one still outside [0, axis_len) reads 0 and its gradient
-// is dropped (the executor validates indices; kernels cannot fail).
+// +axis_len (ONNX); one still outside [0, axis_len) reads 0, its gradient is
+// dropped, and the first such index sets *fault to `code` (the node's
+// number), which the executor reads back and reports: kernels cannot fail.
 // Gradients accumulate in float with atomicAdd into a buffer the executor zeroes.
 
 // Element i of an [outer, mid, inner] tensor, split into its coordinates.
@@ -11,6 +12,11 @@ struct Coord3 {
 __device__ __forceinline__ Coord3 split3(long long i, long long mid, long long inner) {
     const long long t = i / inner;
     return Coord3{t / mid, t - (t / mid) * mid, i - t * inner};
+}
+
+// Records an index out of range (the first one wins).
+__device__ __forceinline__ void report_fault(int* fault, int code) {
+    if (fault) atomicCAS(fault, 0, code);
 }
 
 // Offset into [outer, axis_len, inner] data for index value `ix`, or -1.
@@ -24,67 +30,47 @@ __device__ __forceinline__ long long axis_offset(Coord3 c, long long ix, long lo
 // element (gather_elements).
 template <bool PerElement, typename T>
 __device__ __forceinline__ void gather(T* out, const T* data, const long long* idx, long long outer, long long mid,
-                                       long long axis_len, long long inner) {
+                                       long long axis_len, long long inner, int* fault, int code) {
     GRID_STRIDE(i, outer * mid * inner) {
         const Coord3 c = split3(i, mid, inner);
         const long long at = axis_offset(c, idx[PerElement ? i : c.j], axis_len, inner);
+        if (at < 0) report_fault(fault, code);
         out[i] = at < 0 ? from_float<T>(0.0f) : data[at];
     }
 }
 
 template <bool PerElement, typename T>
 __device__ __forceinline__ void gather_grad(float* acc, const T* grad, const long long* idx, long long outer,
-                                            long long mid, long long axis_len, long long inner) {
+                                            long long mid, long long axis_len, long long inner, int* fault,
+                                            int code) {
     GRID_STRIDE(i, outer * mid * inner) {
         const Coord3 c = split3(i, mid, inner);
         const long long at = axis_offset(c, idx[PerElement ? i : c.j], axis_len, inner);
-        if (at >= 0) atomicAdd(acc + at, to_float(grad[i]));
-    }
-}
-
-// Embedding: a gather of rows with outer = 1; ids below zero give zero rows
-// (the table's row count is not passed, so larger ids are not checked).
-template <typename T>
-__device__ __forceinline__ void embedding_fwd(T* out, const T* table, const long long* ids, long long n_ids,
-                                              long long hidden) {
-    GRID_STRIDE(i, n_ids * hidden) {
-        const long long n = i / hidden, id = ids[n];
-        out[i] = id < 0 ? from_float<T>(0.0f) : table[id * hidden + (i - n * hidden)];
-    }
-}
-
-template <typename T>
-__device__ __forceinline__ void embedding_bwd(float* dtable, const T* dout, const long long* ids, long long n_ids,
-                                              long long hidden) {
-    GRID_STRIDE(i, n_ids * hidden) {
-        const long long n = i / hidden, id = ids[n];
-        if (id >= 0) atomicAdd(dtable + id * hidden + (i - n * hidden), to_float(dout[i]));
+        if (at >= 0) {
+            atomicAdd(acc + at, to_float(grad[i]));
+        } else {
+            report_fault(fault, code);
+        }
     }
 }
 
 #define GATHER_KERNELS(T, S)                                                                            \
     KERNEL gather_##S(T* out, const T* data, const long long* idx, long long outer, long long n_idx,     \
-                      long long axis_len, long long inner) {                                            \
-        gather<false>(out, data, idx, outer, n_idx, axis_len, inner);                                   \
+                      long long axis_len, long long inner, int* fault, int code) {                      \
+        gather<false>(out, data, idx, outer, n_idx, axis_len, inner, fault, code);                      \
     }                                                                                                   \
     KERNEL gather_grad_##S(float* acc, const T* grad, const long long* idx, long long outer,             \
-                           long long n_idx, long long axis_len, long long inner) {                      \
-        gather_grad<false>(acc, grad, idx, outer, n_idx, axis_len, inner);                              \
+                           long long n_idx, long long axis_len, long long inner, int* fault, int code) { \
+        gather_grad<false>(acc, grad, idx, outer, n_idx, axis_len, inner, fault, code);                 \
     }                                                                                                   \
     KERNEL gather_elements_##S(T* out, const T* data, const long long* idx, long long outer,             \
-                               long long j_len, long long axis_len, long long inner) {                  \
-        gather<true>(out, data, idx, outer, j_len, axis_len, inner);                                    \
+                               long long j_len, long long axis_len, long long inner, int* fault,        \
+                               int code) {                                                              \
+        gather<true>(out, data, idx, outer, j_len, axis_len, inner, fault, code);                       \
     }                                                                                                   \
     KERNEL gather_elements_grad_##S(float* acc, const T* grad, const long long* idx, long long outer,    \
-                                    long long j_len, long long axis_len, long long inner) {             \
-        gather_grad<true>(acc, grad, idx, outer, j_len, axis_len, inner);                               \
-    }                                                                                                   \
-    KERNEL embedding_fwd_##S(T* out, const T* table, const long long* ids, long long n_ids,              \
-                             long long hidden) {                                                        \
-        embedding_fwd(out, table, ids, n_ids, hidden);                                                  \
-    }                                                                                                   \
-    KERNEL embedding_bwd_##S(float* dtable, const T* dout, const long long* ids, long long n_ids,        \
-                             long long hidden) {                                                        \
-        embedding_bwd(dtable, dout, ids, n_ids, hidden);                                                \
+                                    long long j_len, long long axis_len, long long inner, int* fault,   \
+                                    int code) {                                                         \
+        gather_grad<true>(acc, grad, idx, outer, j_len, axis_len, inner, fault, code);                  \
     }
 FOR_EACH_TYPE(GATHER_KERNELS)

@@ -28,8 +28,22 @@ fn index_kernel(
     threads: usize,
 ) -> Result<(), CudaError> {
     let (po, ps, pi) = (gpu.ptr(out), gpu.ptr(src), gpu.ptr(idx));
+    let (fault, code) = gpu.indices.args(&gpu.stream);
     let k = format!("{name}_{}", suffix(src));
-    launch!(gpu, k, grid(threads), po, ps, pi, outer, indexed, len, inner)
+    launch!(
+        gpu,
+        k,
+        grid(threads),
+        po,
+        ps,
+        pi,
+        outer,
+        indexed,
+        len,
+        inner,
+        fault,
+        code
+    )
 }
 
 /// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.

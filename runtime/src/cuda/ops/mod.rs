@@ -13,7 +13,8 @@ use super::CudaError;
 use super::GpuPrecision;
 use autopar_ir::{InferInput, Op, Shape, TensorType};
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, LaunchConfig};
+use std::cell::Cell;
 use std::sync::Arc;
 
 /// What kernels need: the rank's stream, its cuBLAS handle, the compiled
@@ -23,6 +24,57 @@ pub(crate) struct Gpu {
     pub blas: CudaBlas,
     pub kernels: Arc<Kernels>,
     pub precision: GpuPrecision,
+    pub indices: IndexCheck,
+}
+
+/// Where gathers report an index out of range, which they read as 0 (a
+/// kernel cannot fail): a device word that the first such index sets to
+/// the code of the node that read it, for the backend to read back.
+pub(crate) struct IndexCheck {
+    word: CudaSlice<i32>,
+    /// The code the next gather reports (its node's, set by the backend).
+    pub code: Cell<i32>,
+}
+
+/// Whether `op` runs as a gather that reports indices out of range.
+pub(crate) fn gathers(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Embedding
+            | Op::Gather { .. }
+            | Op::GatherGrad { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherElementsGrad { .. }
+    )
+}
+
+impl IndexCheck {
+    pub fn new(stream: &Arc<CudaStream>) -> Result<IndexCheck, CudaError> {
+        let word = stream
+            .alloc_zeros::<i32>(1)
+            .map_err(|e| CudaError::Driver(e.to_string()))?;
+        Ok(IndexCheck {
+            word,
+            code: Cell::new(0),
+        })
+    }
+
+    /// The word's address and the code to report, as gathers take them.
+    fn args(&self, stream: &Arc<CudaStream>) -> (u64, i32) {
+        (self.word.device_ptr(stream).0, self.code.get())
+    }
+
+    /// The code the first index out of range since the last call reported
+    /// (0: none), clearing it. Waits for `stream`.
+    pub fn take(&mut self, stream: &Arc<CudaStream>) -> Result<i32, CudaError> {
+        let driver = |e: cudarc::driver::DriverError| CudaError::Driver(e.to_string());
+        let got = stream.clone_dtoh(&self.word).map_err(driver)?;
+        stream.synchronize().map_err(driver)?;
+        if got[0] != 0 {
+            stream.memset_zeros(&mut self.word).map_err(driver)?;
+        }
+        Ok(got[0])
+    }
 }
 
 /// Launches kernel `$name` with `$cfg` and the given (already bound) arguments.
