@@ -33,7 +33,8 @@ pub struct CudaBackend {
     /// Op name → nodes of that op run on the host (no device kernel for
     /// them), shared by every rank of the run.
     host_nodes: HostNodes,
-    /// All-reduces between GPUs, when this rank's peers have GPUs of their own.
+    /// Collectives on the device: NCCL when this rank's peers have GPUs of
+    /// their own, the same-device exchange when they share this one.
     comms: Option<Box<dyn DeviceComms>>,
     /// Transfers posted for the next NCCL group, with the tensors they
     /// read or fill (held until the group is queued).
@@ -425,7 +426,7 @@ impl Backend for CudaBackend {
     }
 
     fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize], order: Order) -> Result<bool, String> {
-        let Some(dtype) = self.nccl_type(x, group) else {
+        let Some(dtype) = self.device_type(x, group) else {
             return Ok(false);
         };
         let target = self.owned(x)?;
@@ -442,7 +443,7 @@ impl Backend for CudaBackend {
         group: &[usize],
         order: Order,
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some(dtype) = self.nccl_type(x, group) else {
+        let Some(dtype) = self.device_type(x, group) else {
             return Ok(None);
         };
         let part = x.numel().div_ceil(group.len());
@@ -465,7 +466,7 @@ impl Backend for CudaBackend {
         group: &[usize],
         shape: &[usize],
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        let Some(dtype) = self.nccl_type(part, group) else {
+        let Some(dtype) = self.device_type(part, group) else {
             return Ok(None);
         };
         let count = part.numel();
@@ -488,7 +489,7 @@ impl Backend for CudaBackend {
         group: &[usize],
         order: Order,
     ) -> Result<bool, String> {
-        let Some(dtype) = self.nccl_type(w, group) else {
+        let Some(dtype) = self.device_type(w, group) else {
             return Ok(false);
         };
         let position = self
@@ -545,7 +546,7 @@ impl Backend for CudaBackend {
         group: &[usize],
         axis: usize,
     ) -> Result<Option<Arc<GpuTensor>>, String> {
-        if self.nccl_type(x, group).is_none() {
+        if self.device_type(x, group).is_none() {
             return Ok(None);
         }
         let parts = group.len();
@@ -639,7 +640,7 @@ impl Backend for CudaBackend {
 impl CudaBackend {
     /// The element type of a device collective of `x` over `group`, or
     /// `None` where it is staged through the host (every member alike).
-    fn nccl_type(&self, x: &GpuTensor, group: &[usize]) -> Option<DataType> {
+    fn device_type(&self, x: &GpuTensor, group: &[usize]) -> Option<DataType> {
         self.comms.as_ref().filter(|c| c.connects(group))?;
         match x.storage {
             Storage::F32 => Some(DataType::ncclFloat32),
