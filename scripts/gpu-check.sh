@@ -209,7 +209,8 @@ gpu = run.get("gpu", {})
 print(json.dumps({"step_s": step, "model_flops_per_step": flops, "mfu": mfu,
                   "target": 0.5, "host_nodes": gpu.get("host_nodes", {}),
                   "measured_peak_bytes": gpu.get("measured_peak_bytes"),
-                  "planned_bytes": gpu.get("planned_here_bytes")}))
+                  "planned_bytes": gpu.get("planned_here_bytes"),
+                  "memory_model_bytes": gpu.get("predicted_here_bytes")}))
 PY
 )
   if python3 -c 'import json,sys; sys.exit(0 if json.loads(sys.argv[1])["mfu"] >= 0.5 else 1)' "$line"; then

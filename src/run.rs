@@ -176,6 +176,9 @@ pub struct GpuSummary {
     pub measured_peak_bytes: Option<u64>,
     /// Planned bytes (buffers and model state) of the ranks on this process's GPU.
     pub planned_here_bytes: u64,
+    /// What the cost model's memory model predicts for the ranks on this
+    /// process's GPU: the plan's per-GPU peak times those ranks.
+    pub predicted_here_bytes: u64,
 }
 
 /// The plan's degrees and knobs, in short.
@@ -389,6 +392,8 @@ pub fn run(
         collectives: c.collectives.clone(),
         measured_peak_bytes: c.measured_peak_bytes,
         planned_here_bytes: c.planned_here_bytes,
+        predicted_here_bytes: (p.predicted.memory_per_gpu_bytes * if launched { 1.0 } else { world as f64 })
+            as u64,
     };
     // Under a launcher each rank writes its own timeline next to `--trace`.
     let rank_trace = |events: &[TraceEvent]| -> Result<()> {
@@ -581,9 +586,11 @@ pub fn render_summary(r: &Report) -> String {
         if let Some(peak) = g.measured_peak_bytes {
             let _ = writeln!(
                 out,
-                "  device memory at peak: {} measured (tensors, this GPU's ranks) against {} planned",
+                "  device memory at peak: {} measured (tensors, this GPU's ranks) against {} planned \
+                 and {} predicted by the memory model",
                 binary(peak as f64),
-                binary(g.planned_here_bytes as f64)
+                binary(g.planned_here_bytes as f64),
+                binary(g.predicted_here_bytes as f64)
             );
         }
         if !g.host_nodes.is_empty() {
@@ -602,4 +609,65 @@ pub fn render_summary(r: &Report) -> String {
         );
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CUDA run's summary sets the measured device-memory peak next to
+    /// the runtime's plan and the cost model's prediction.
+    #[test]
+    fn a_gpu_summary_compares_measured_planned_and_predicted_memory() {
+        let plan = PlanSummary {
+            dp: 2,
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+            sp: false,
+            schedule: "1f1b".into(),
+            virtual_stages: 1,
+            zero: 0,
+            micro_batch: 1,
+            micro_batches: 1,
+            global_batch: 2,
+            recompute: "none".into(),
+            grad_reduce: "ring".into(),
+            predicted_step_time_s: 0.1,
+        };
+        let gib = 1u64 << 30;
+        let report = Report {
+            model: "m".into(),
+            ranks: 2,
+            processes: 1,
+            plan,
+            losses: vec![2.0, 1.5],
+            step_times_s: vec![0.2, 0.1],
+            tokens_per_step: 8,
+            tokens_per_s: vec![40.0, 80.0],
+            per_rank: Vec::new(),
+            median_step_time_s: 0.1,
+            simulated_step_time_s: None,
+            gpu: Some(GpuSummary {
+                device: "H200".into(),
+                precision: "bf16".into(),
+                host_nodes: BTreeMap::new(),
+                planned_arena_bytes: vec![gib, gib],
+                planned_model_state_bytes: vec![2 * gib, 2 * gib],
+                collectives: "same-device exchange".into(),
+                measured_peak_bytes: Some(7 * gib),
+                planned_here_bytes: 6 * gib,
+                predicted_here_bytes: 8 * gib,
+            }),
+        };
+        let text = render_summary(&report);
+        assert!(
+            text.contains(
+                "device memory at peak: 7.0 GiB measured (tensors, this GPU's ranks) against 6.0 GiB planned \
+                 and 8.0 GiB predicted by the memory model"
+            ),
+            "{text}"
+        );
+    }
 }
