@@ -127,6 +127,23 @@ impl SameDevice {
             .map_err(|e: CudaError| e.to_string())
     }
 
+    /// `dst` = the sum over `inputs` (in group order, so every member gets
+    /// the same bits) of `count` elements each, `offset` bytes into each.
+    fn sum_into(
+        &self,
+        stream: &Stream,
+        dst: u64,
+        inputs: &[Deposit],
+        offset: u64,
+        count: usize,
+        dtype: DataType,
+    ) -> Result<(), String> {
+        self.copy(stream, dst, inputs[0].ptr + offset, count * element_size(dtype))?;
+        inputs[1..]
+            .iter()
+            .try_for_each(|input| self.add(stream, dst, input.ptr + offset, count, dtype))
+    }
+
     fn count(&self, collective: Collective, group: &[usize], count: usize, dtype: DataType) {
         self.sent
             .set(self.sent.get() + ring_bytes(collective, group.len(), count, dtype));
@@ -158,10 +175,7 @@ impl DeviceComms for SameDevice {
             .alloc_zeros::<u8>(bytes.max(1))
             .map_err(|e| e.to_string())?;
         let at = sum.device_ptr(stream).0;
-        self.copy(stream, at, inputs[0].ptr, bytes)?;
-        for input in &inputs[1..] {
-            self.add(stream, at, input.ptr, count, dtype)?;
-        }
+        self.sum_into(stream, at, &inputs, 0, count, dtype)?;
         // Every member has read every input before any is overwritten.
         self.meet(group, 1, 0, stream, what)?;
         self.copy(stream, ptr, at, bytes)
@@ -179,14 +193,10 @@ impl DeviceComms for SameDevice {
         let position = self
             .position(group)
             .ok_or_else(|| format!("rank {} is not in {group:?}", self.rank))?;
-        let bytes = count * element_size(dtype);
-        let part = (position * bytes) as u64;
+        let part = (position * count * element_size(dtype)) as u64;
         let what = "a same-device reduce-scatter";
         let inputs = self.meet(group, 0, send, stream, what)?;
-        self.copy(stream, recv, inputs[0].ptr + part, bytes)?;
-        for input in &inputs[1..] {
-            self.add(stream, recv, input.ptr + part, count, dtype)?;
-        }
+        self.sum_into(stream, recv, &inputs, part, count, dtype)?;
         // Every input stays as it is until every member has read it.
         self.meet(group, 1, 0, stream, what).map(drop)
     }
