@@ -207,3 +207,33 @@ pub(super) fn train_rank(
         trace: result.trace,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lower::{for_strategy, lower, Strategy};
+
+    fn programs(s: &Strategy) -> Vec<Program> {
+        let g = autopar_ir::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+        let t = for_strategy(&g, s, 8).unwrap();
+        lower(&t, s).unwrap()
+    }
+
+    /// Ranks on one GPU use the exchange when there are several and their
+    /// programs finish under blocking collectives (interleaved pipelines too:
+    /// their transfers stay on the fabric, whose sends never wait).
+    #[test]
+    fn ranks_on_one_gpu_exchange_on_the_device_when_their_programs_finish() {
+        assert_eq!(
+            same_device(&programs(&Strategy::new(1, 1, 2, 1, 1))),
+            Err("one rank".into())
+        );
+        let mut hybrid = Strategy::new(2, 2, 2, 1, 4).with_tp(2, true);
+        hybrid.zero = 2;
+        assert_eq!(same_device(&programs(&hybrid)), Ok(()));
+        let mut interleaved = Strategy::new(1, 2, 2, 1, 4);
+        interleaved.schedule = autopar_cost_models::Schedule::Interleaved;
+        interleaved.chunks = 2;
+        assert_eq!(same_device(&programs(&interleaved)), Ok(()));
+    }
+}
