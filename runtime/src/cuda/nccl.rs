@@ -48,6 +48,12 @@ use std::sync::{Arc, Mutex};
 /// to rule NCCL out while debugging).
 pub const DISABLE_VAR: &str = "AUTOPAR_NCCL";
 
+/// Set to 0 to keep pipeline transfers host-staged while collectives use
+/// NCCL (say a pipeline's transfers hang where the GPU cannot run a
+/// waiting send beside other kernels). Every rank must agree, so the ranks
+/// exchange it with their readiness.
+pub const TRANSFERS_VAR: &str = "AUTOPAR_NCCL_TRANSFERS";
+
 /// NCCL 2.10 added bf16 reductions.
 const MIN_VERSION: i32 = 21000;
 
@@ -431,11 +437,7 @@ pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext
         (false, Ok(())) if grouped => Some(TransferRoute::Grouped((0..world).collect())),
         (false, Ok(())) => Some(TransferRoute::Pairs(pairs)),
     };
-    let mut groups = collective_groups(programs);
-    if let Some(TransferRoute::Grouped(world_group)) = &route {
-        groups.insert(world_group.clone());
-    }
-    open(ep, &groups, route, ctx)
+    open(ep, &collective_groups(programs), route, ctx)
 }
 
 /// Every (sender, receiver) pair of the programs' transfers.
@@ -452,9 +454,10 @@ fn transfer_pairs(programs: &[Program]) -> BTreeSet<(usize, usize)> {
 }
 
 /// Opens this rank's communicators among `groups` (one per group it is
-/// in) and `route`'s pairs, once every rank of the job has said it can use
-/// NCCL on a GPU of its own; otherwise says why not. Every rank calls it
-/// with the same groups and route at the same point.
+/// in) and those of `route`'s transfers, once every rank of the job has
+/// said it can use NCCL on a GPU of its own; otherwise says why not. The
+/// transfers stay host-staged if any rank has [`TRANSFERS_VAR`] at 0.
+/// Every rank calls it with the same groups and route at the same point.
 pub(crate) fn open(
     ep: &Endpoint,
     groups: &BTreeSet<Vec<usize>>,
@@ -468,7 +471,8 @@ pub(crate) fn open(
         .map_err(|e| format!("reading the GPU's UUID: {e}"))?
         .bytes
         .map(|b| b as u8);
-    let mine = Buffer::F64(encode_row(readiness, &uuid));
+    let transfers = !std::env::var(TRANSFERS_VAR).is_ok_and(|v| v.trim() == "0");
+    let mine = Buffer::F64(encode_row(readiness, transfers, &uuid));
     let everyone: Vec<usize> = (0..world).collect();
     let rows = ep
         .all_gather(&everyone, &mine, "nccl/readiness", "agreeing on NCCL")
@@ -476,11 +480,16 @@ pub(crate) fn open(
     let Buffer::F64(rows) = rows else {
         return Err("the NCCL readiness rows arrived as f32".into());
     };
-    if let Err(why) = agree(&rows, world) {
-        return Ok(Link::Staged(why));
-    }
+    let route = match agree(&rows, world) {
+        Ok(transfers) => route.filter(|_| transfers),
+        Err(why) => return Ok(Link::Staged(why)),
+    };
     ctx.bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e}"))?;
+    let mut groups = groups.clone();
+    if let Some(TransferRoute::Grouped(world_group)) = &route {
+        groups.insert(world_group.clone());
+    }
     // Every member initialises the same communicators in the same (sorted)
     // order, so the blocking initialisations cannot wait in a cycle.
     let mut by_group = BTreeMap::new();
@@ -571,17 +580,19 @@ fn reason(code: u32) -> &'static str {
 
 /// One rank's readiness row: its reason code, then its GPU's UUID as four
 /// 32-bit words (exact in f64, so the row survives any fabric).
-fn encode_row(readiness: u32, uuid: &[u8; 16]) -> Vec<f64> {
-    std::iter::once(f64::from(readiness))
+fn encode_row(readiness: u32, transfers: bool, uuid: &[u8; 16]) -> Vec<f64> {
+    [f64::from(readiness), f64::from(u8::from(transfers))]
+        .into_iter()
         .chain(encode_bytes(uuid))
         .collect()
 }
 
-const ROW: usize = 5;
+const ROW: usize = 6;
 
 /// Collectives go to NCCL only if every rank can use it and no two ranks
 /// share a GPU (NCCL refuses duplicate devices); otherwise says why not.
-fn agree(rows: &[f64], world: usize) -> Result<(), String> {
+/// Transfers may go too (`Ok(true)`) unless a rank keeps them staged.
+fn agree(rows: &[f64], world: usize) -> Result<bool, String> {
     if rows.len() != world * ROW {
         return Err(format!("{} readiness values from {world} ranks", rows.len()));
     }
@@ -590,12 +601,12 @@ fn agree(rows: &[f64], world: usize) -> Result<(), String> {
         if row[0] != 0.0 {
             return Err(format!("rank {rank}: {}", reason(row[0] as u32)));
         }
-        let uuid: Vec<u64> = row[1..].iter().map(|&w| w as u64).collect();
+        let uuid: Vec<u64> = row[2..].iter().map(|&w| w as u64).collect();
         if let Some(first) = seen.insert(uuid, rank) {
             return Err(format!("ranks {first} and {rank} share a GPU"));
         }
     }
-    Ok(())
+    Ok(rows.chunks(ROW).all(|row| row[1] == 1.0))
 }
 
 /// The groups of every collective that goes to NCCL, over all ranks'
@@ -744,9 +755,12 @@ mod tests {
 
     #[test]
     fn ranks_agree_only_when_all_can_on_distinct_gpus() {
-        let row = |code, gpu: u8| encode_row(code, &[gpu; 16]);
+        let row = |code, gpu: u8| encode_row(code, true, &[gpu; 16]);
         let rows = |rs: Vec<Vec<f64>>| rs.concat();
-        assert_eq!(agree(&rows(vec![row(0, 1), row(0, 2), row(0, 3)]), 3), Ok(()));
+        assert_eq!(agree(&rows(vec![row(0, 1), row(0, 2), row(0, 3)]), 3), Ok(true));
+        // One rank keeping its transfers staged keeps everyone's staged.
+        let staged = encode_row(0, false, &[4; 16]);
+        assert_eq!(agree(&rows(vec![row(0, 1), staged]), 2), Ok(false));
         assert_eq!(
             agree(&rows(vec![row(0, 1), row(0, 2), row(0, 1)]), 3),
             Err("ranks 0 and 2 share a GPU".into())
