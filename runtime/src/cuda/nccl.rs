@@ -678,7 +678,7 @@ fn id_from(bytes: &[u8]) -> sys::ncclUniqueId {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::{for_strategy, lower, Strategy};
+    use crate::lower::{tiny_gpt_programs, Strategy};
 
     #[test]
     fn bytes_round_trip_through_words() {
@@ -695,10 +695,7 @@ mod tests {
     /// first and last stages, which exchange the tied embedding).
     #[test]
     fn pairs_of_a_pipeline() {
-        let g = autopar_ir::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-        let s = Strategy::new(1, 4, 4, 1, 4);
-        let t = for_strategy(&g, &s, 8).unwrap();
-        let pairs = transfer_pairs(&lower(&t, &s).unwrap());
+        let pairs = transfer_pairs(&tiny_gpt_programs(4, &Strategy::new(1, 4, 4, 1, 4)));
         for stage in 0..3 {
             assert!(
                 pairs.contains(&(stage, stage + 1)) && pairs.contains(&(stage + 1, stage)),
@@ -778,24 +775,19 @@ mod tests {
     /// data- and tensor-parallel all-reduces of a hybrid plan.
     #[test]
     fn groups_of_a_hybrid_plan() {
-        let g = autopar_ir::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
         let s = Strategy::new(2, 1, 2, 1, 2).with_tp(2, false);
-        let t = for_strategy(&g, &s, 8).unwrap();
-        let programs = lower(&t, &s).unwrap();
-        let groups = collective_groups(&programs);
+        let groups = collective_groups(&tiny_gpt_programs(2, &s));
         // Ranks are laid out tp-inner: tp groups {0,1}, {2,3}; dp {0,2}, {1,3}.
         let expected: BTreeSet<Vec<usize>> = [vec![0, 1], vec![0, 2], vec![1, 3], vec![2, 3]].into();
         assert_eq!(groups, expected);
         // A pipeline sends activations; its one all-reduce sums the tied
         // embedding's gradients of the first and last stages.
         let s = Strategy::new(1, 2, 2, 1, 2);
-        let t = for_strategy(&g, &s, 8).unwrap();
-        assert_eq!(collective_groups(&lower(&t, &s).unwrap()), [vec![0, 1]].into());
+        assert_eq!(collective_groups(&tiny_gpt_programs(2, &s)), [vec![0, 1]].into());
         // ZeRO-3 meets over the data-parallel group in reduce-scatters and gathers only.
         let mut s = Strategy::new(2, 1, 2, 1, 2);
         s.zero = 3;
-        let t = for_strategy(&g, &s, 8).unwrap();
-        let programs = lower(&t, &s).unwrap();
+        let programs = tiny_gpt_programs(2, &s);
         assert!(programs[0]
             .instructions
             .iter()

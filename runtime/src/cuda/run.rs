@@ -211,12 +211,10 @@ pub(super) fn train_rank(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::{for_strategy, lower, Strategy};
+    use crate::lower::{tiny_gpt_programs, Strategy};
 
     fn programs(s: &Strategy) -> Vec<Program> {
-        let g = autopar_ir::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-        let t = for_strategy(&g, s, 8).unwrap();
-        lower(&t, s).unwrap()
+        tiny_gpt_programs(2, s)
     }
 
     /// Ranks on one GPU use the exchange when there are several and their

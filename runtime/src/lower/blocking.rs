@@ -235,13 +235,11 @@ fn describe(m: &Meet) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::{for_strategy, lower, Coord, Reduction, Strategy};
+    use crate::lower::{Coord, Reduction, Strategy};
     use autopar_cost_models::Schedule;
 
     fn programs(s: &Strategy) -> Vec<Program> {
-        let g = autopar_ir::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-        let t = for_strategy(&g, s, 8).unwrap();
-        lower(&t, s).unwrap()
+        crate::lower::tiny_gpt_programs(4, s)
     }
 
     /// The lowering's plans, across data, tensor and pipeline parallelism,

@@ -63,3 +63,13 @@ pub fn lower_ranks<R: Send>(
         .map(|&rank| layout.program(rank).map(&f))
         .collect()
 }
+
+/// The programs of a tiny zoo GPT (`layers` layers, hidden 32, sequence 8)
+/// under `s`, for tests of what reads programs.
+#[cfg(test)]
+pub(crate) fn tiny_gpt_programs(layers: usize, s: &Strategy) -> Vec<Program> {
+    let spec = format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8");
+    let g = autopar_ir::zoo::build(&spec).unwrap();
+    let t = for_strategy(&g, s, 8).unwrap();
+    lower(&t, s).unwrap()
+}
