@@ -29,7 +29,7 @@ if [[ ! -e "$lib/libnvrtc.so.12" || ! -e "$include/cuda_bf16.h" ]]; then
         exit 1
     fi
     echo "installing $NVRTC_WHEEL and $RUNTIME_WHEEL into $dir" >&2
-    "$pip" install --quiet --disable-pip-version-check --no-deps --upgrade --target "$dir" \
+    "$pip" install --quiet --disable-pip-version-check --no-cache-dir --no-deps --upgrade --target "$dir" \
         "$NVRTC_WHEEL" "$RUNTIME_WHEEL" >&2
 fi
 if [[ ! -e "$lib/libnvrtc.so.12" || ! -e "$include/cuda_bf16.h" ]]; then
