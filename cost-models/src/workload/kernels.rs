@@ -138,7 +138,8 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
     let div = ctx.work_div;
     let flops = (ir.forward_flops / div, ir.backward_flops / div);
     match ctx.op {
-        Op::Linear | Op::MatMul | Op::Gemm { .. } => vec![product(ctx, flops)],
+        Op::Linear | Op::MatMul => vec![product(ctx, flops, false)],
+        Op::Gemm { trans_a, .. } => vec![product(ctx, flops, *trans_a)],
         Op::MoeExperts { .. } => vec![experts(ctx, flops)],
         Op::Attention { causal, .. } => attention(ctx, *causal),
         // Views: the next kernel reads through them.
@@ -155,7 +156,41 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
             let out = ctx.output_types.first().map_or(0.0, nbytes) / div;
             vec![ctx.work(Kernel::Streaming, flops, (2.0 * out, 2.0 * out), false)]
         }
-        _ => {
+        // Streaming passes: each reads its inputs and writes its outputs once.
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Clip
+        | Op::Silu
+        | Op::Gelu { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::RotaryEmbedding { .. }
+        | Op::MoeRouter { .. }
+        | Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Concat { .. }
+        | Op::Trilu { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::ConstantOfShape { .. }
+        | Op::Range => {
             let mut fwd = (ir.bytes_read + ir.bytes_written) / div;
             let mut bwd = fwd * BACKWARD_TRAFFIC;
             if ctx.residual_add {
@@ -171,14 +206,11 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
     }
 }
 
-/// A GEMM (linear layer or product of two activations) on one rank.
-fn product(ctx: &Context, flops: (f64, f64)) -> OpWork {
+/// A GEMM (linear layer or product of two activations) on one rank;
+/// `trans_a` says the first operand is read transposed (`Gemm`'s attribute).
+fn product(ctx: &Context, flops: (f64, f64), trans_a: bool) -> OpWork {
     let out = ctx.output_types.first().map(dims).unwrap_or_default();
-    let (trans_a, a) = match ctx.op {
-        Op::Gemm { trans_a, .. } => (*trans_a, ctx.input(0)),
-        _ => (false, ctx.input(0)),
-    };
-    let a = a.map(dims).unwrap_or_default();
+    let a = ctx.input(0).map(dims).unwrap_or_default();
     let k_full = if trans_a { a.first() } else { a.last() }.copied().unwrap_or(1.0);
     let n_full = out.last().copied().unwrap_or(1.0);
     let rows: f64 = out.iter().product::<f64>() / n_full.max(1.0);
@@ -327,7 +359,44 @@ pub fn saved_tensors(
             outputs.first().copied().into_iter().collect()
         }
         Op::Attention { .. } => (0..3).filter_map(input).collect(),
-        _ => vec![],
+        // Linear in their inputs, index-only, or not differentiated (the
+        // adjoints, shape queries and generators): nothing to keep.
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::RotaryEmbedding { .. }
+        | Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Trilu { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Embedding
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::ConstantOfShape { .. }
+        | Op::Range => vec![],
     };
     candidates.into_iter().filter(|&t| keeps(t)).collect()
 }
@@ -369,6 +438,53 @@ pub fn saved_extra_bytes(ctx: &Context) -> (f64, f64) {
             let per_token = hidden + ffn / ctx.tp * if gated { 3.0 } else { 2.0 };
             (tokens * top_k * per_token * e, 0.0)
         }
-        _ => (0.0, 0.0),
+        // Everything else keeps only named tensors (or nothing).
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Clip
+        | Op::Silu
+        | Op::Gelu { .. }
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Linear
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::RotaryEmbedding { .. }
+        | Op::MoeRouter { .. }
+        | Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Trilu { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Embedding
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::ConstantOfShape { .. }
+        | Op::Range => (0.0, 0.0),
     }
 }

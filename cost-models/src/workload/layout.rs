@@ -77,8 +77,15 @@ pub fn decide(op: &Op, inputs: &[Option<Layout>]) -> Decision {
         }
     };
     let any_split = activations.iter().any(|(_, l)| after_reduce(*l) == Layout::Split);
-    match op {
-        Op::Linear | Op::MatMul | Op::Gemm { .. } if has_weight_operand(op, inputs) => {
+    let is_weight = |i: usize| inputs.get(i).copied().flatten() == Some(Layout::Weight);
+    let rule = rule(op);
+    let layer = match rule {
+        Rule::Layer => true,
+        Rule::Product => is_weight(1) && !is_weight(0),
+        Rule::Embedding | Rule::Experts | Rule::Linear | Rule::Rows | Rule::Pointwise => false,
+    };
+    match rule {
+        Rule::Layer | Rule::Product if layer => {
             let x = activations[0];
             if x.1 == Layout::Split {
                 d.output = Layout::Partial;
@@ -91,12 +98,12 @@ pub fn decide(op: &Op, inputs: &[Option<Layout>]) -> Decision {
             }
             d.weight_sharded = true;
         }
-        Op::Embedding => {
+        Rule::Embedding => {
             // Vocabulary-parallel: each rank looks up its rows, zeros elsewhere.
             d.output = Layout::Partial;
             d.weight_sharded = true;
         }
-        Op::MoeExperts { .. } => {
+        Rule::Experts => {
             // Each expert's MLP is split like a dense one: column then row.
             gather_split(&mut d, &activations[..1]);
             reduce_all(&mut d);
@@ -105,21 +112,15 @@ pub fn decide(op: &Op, inputs: &[Option<Layout>]) -> Decision {
             d.weight_sharded = true;
         }
         // Linear in every input: reshaping or summing pending sums keeps them pending.
-        op if keeps_partial(op) && activations.iter().all(|(_, l)| *l == Layout::Partial) => {
+        Rule::Linear if activations.iter().all(|(_, l)| *l == Layout::Partial) => {
             d.output = Layout::Partial;
         }
-        Op::LayerNorm { .. }
-        | Op::RmsNorm { .. }
-        | Op::Reduce { .. }
-        | Op::ArgMax { .. }
-        | Op::TopK { .. }
-        | Op::CumSum { .. }
-        | Op::MoeRouter { .. } => {
+        Rule::Rows => {
             reduce_all(&mut d);
             gather_split(&mut d, &activations);
             d.output = Layout::Replicated;
         }
-        _ => {
+        Rule::Layer | Rule::Product | Rule::Linear | Rule::Pointwise => {
             reduce_all(&mut d);
             d.output = if any_split {
                 Layout::Split
@@ -140,32 +141,84 @@ fn gather_split(d: &mut Decision, activations: &[(usize, Layout)]) {
     );
 }
 
-/// A product whose second operand is a weight: a linear layer.
-fn has_weight_operand(op: &Op, inputs: &[Option<Layout>]) -> bool {
-    let is_weight = |i: usize| inputs.get(i).copied().flatten() == Some(Layout::Weight);
-    match op {
-        Op::Linear => true,
-        Op::MatMul | Op::Gemm { .. } => is_weight(1) && !is_weight(0),
-        _ => false,
-    }
+/// How the layout propagates through an op, by op family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rule {
+    /// A linear layer (`Linear`: its second operand is always the weight).
+    Layer,
+    /// A product: a linear layer when its second operand is a weight and its
+    /// first is not, else element-wise over the split it reads.
+    Product,
+    /// A row lookup in a vocabulary-parallel table.
+    Embedding,
+    /// Fused MoE experts: each expert's MLP split column then row.
+    Experts,
+    /// Linear in its activation inputs, so pending sums pass through.
+    Linear,
+    /// Needs whole rows (normalisations, reductions, routing): split inputs
+    /// are gathered.
+    Rows,
+    /// Runs on whatever split its inputs carry (heads, columns); pending sums
+    /// are reduced first.
+    Pointwise,
 }
 
-/// Ops that are linear in their activation inputs, so pending sums pass through.
-fn keeps_partial(op: &Op) -> bool {
-    matches!(
-        op,
+/// The rule of `op`. Exhaustive on purpose: a new op must choose its rule
+/// here, or it would silently be priced as point-wise.
+fn rule(op: &Op) -> Rule {
+    match op {
+        Op::Linear => Rule::Layer,
+        Op::MatMul | Op::Gemm { .. } => Rule::Product,
+        Op::Embedding => Rule::Embedding,
+        Op::MoeExperts { .. } => Rule::Experts,
         Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Flatten { .. }
-            | Op::Split { .. }
-            | Op::Slice
-            | Op::Concat { .. }
-            | Op::Binary {
-                func: BinaryOp::Add | BinaryOp::Sub
-            }
-    )
+        | Op::Transpose { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Concat { .. }
+        | Op::Binary {
+            func: BinaryOp::Add | BinaryOp::Sub,
+        } => Rule::Linear,
+        Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::MoeRouter { .. } => Rule::Rows,
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Clip
+        | Op::Silu
+        | Op::Gelu { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Attention { .. }
+        | Op::RotaryEmbedding { .. }
+        | Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::Expand
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Trilu { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::ConstantOfShape { .. }
+        | Op::Range => Rule::Pointwise,
+    }
 }
 
 #[cfg(test)]

@@ -195,13 +195,13 @@ pub fn strategies(op: &Op, v: &NodeView) -> Vec<Strategy> {
         return all;
     }
     let more = match op {
-        Op::Unary { .. }
-        | Op::Binary { .. }
-        | Op::Where
-        | Op::Cast { .. }
-        | Op::Clip
-        | Op::Silu
-        | Op::Gelu { .. } => elementwise(op, v),
+        Op::Binary { func } => elementwise(v, linear_operands(*func)),
+        // Linear in their one operand: a partial sum passes through.
+        Op::Unary {
+            func: UnaryOp::Neg | UnaryOp::Identity,
+        }
+        | Op::Cast { .. } => elementwise(v, &[&[0]]),
+        Op::Unary { .. } | Op::Where | Op::Clip | Op::Silu | Op::Gelu { .. } => elementwise(v, &[]),
         Op::Linear => products::linear(v),
         Op::MatMul => products::matmul(v),
         Op::Gemm { trans_a, trans_b, .. } => products::gemm(v, *trans_a, *trans_b),
@@ -231,7 +231,35 @@ pub fn strategies(op: &Op, v: &NodeView) -> Vec<Strategy> {
         Op::MoeRouter { .. } => keep_dims(v, |j, r| j + 1 < r),
         Op::MoeExperts { .. } => products::experts(v),
         Op::Embedding => products::embedding(v),
-        _ => views::strategies(op, v),
+        Op::Reshape { .. }
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Split { .. }
+        | Op::Concat { .. }
+        | Op::Slice
+        | Op::Trilu { .. }
+        | Op::Gather { .. }
+        | Op::GatherNd { .. } => views::strategies(op, v),
+        // Replicated only: adjoints (they run where their forward op ran),
+        // lowered communication, index-data gathers and scatters, shape
+        // queries and generators.
+        Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::ConstantOfShape { .. }
+        | Op::Range => vec![],
     };
     for s in more {
         let duplicate = all
@@ -246,8 +274,9 @@ pub fn strategies(op: &Op, v: &NodeView) -> Vec<Strategy> {
 
 /// Element-wise ops: every output dim `tp` divides, operands sharded where
 /// they have the dim at full size and replicated where they broadcast; and
-/// partial sums through the ops linear in an operand.
-fn elementwise(op: &Op, v: &NodeView) -> Vec<Strategy> {
+/// partial sums through each set of operands in `linear_in` (the op is
+/// linear in each set together).
+fn elementwise(v: &NodeView, linear_in: &[&[usize]]) -> Vec<Strategy> {
     let Some(out) = v.out() else { return vec![] };
     let mut all: Vec<Strategy> = (0..out.len())
         .filter(|&j| v.splits(out[j]))
@@ -256,20 +285,6 @@ fn elementwise(op: &Op, v: &NodeView) -> Vec<Strategy> {
             Strategy::new(format!("dim{j}"), inputs, v.all_out(Layout::Shard(j)), v.tp)
         })
         .collect();
-    let linear_in: &[&[usize]] = match op {
-        Op::Binary {
-            func: BinaryOp::Add | BinaryOp::Sub,
-        } => &[&[0, 1]],
-        // A partial times a replicated factor: the factor's gradient pairs
-        // the replicated output gradient with the partial operand.
-        Op::Binary { func: BinaryOp::Mul } => &[&[0], &[1]],
-        Op::Binary { func: BinaryOp::Div } => &[&[0]],
-        Op::Unary {
-            func: UnaryOp::Neg | UnaryOp::Identity,
-        }
-        | Op::Cast { .. } => &[&[0]],
-        _ => &[],
-    };
     for (n, partial) in linear_in.iter().enumerate() {
         if let Some(mut s) = v.partial_through(partial) {
             if partial.len() == 1 && v.inputs.len() == 2 {
@@ -283,6 +298,28 @@ fn elementwise(op: &Op, v: &NodeView) -> Vec<Strategy> {
         }
     }
     all
+}
+
+/// The operand sets a binary function is linear in.
+fn linear_operands(func: BinaryOp) -> &'static [&'static [usize]] {
+    match func {
+        BinaryOp::Add | BinaryOp::Sub => &[&[0, 1]],
+        // A partial times a replicated factor: the factor's gradient pairs
+        // the replicated output gradient with the partial operand.
+        BinaryOp::Mul => &[&[0], &[1]],
+        BinaryOp::Div => &[&[0]],
+        BinaryOp::Pow
+        | BinaryOp::Max
+        | BinaryOp::Min
+        | BinaryOp::And
+        | BinaryOp::Or
+        | BinaryOp::Xor
+        | BinaryOp::Equal
+        | BinaryOp::Less
+        | BinaryOp::LessOrEqual
+        | BinaryOp::Greater
+        | BinaryOp::GreaterOrEqual => &[],
+    }
 }
 
 /// Ops that need whole rows along some dims: shard any dim `keep(j, rank)`

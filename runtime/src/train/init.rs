@@ -32,7 +32,7 @@ pub fn initialize(graph: &mut Graph, seed: u64) -> Result<usize, InitError> {
     let scales: HashSet<TensorId> = graph
         .node_indices()
         .map(|n| graph.node(n))
-        .filter(|node| matches!(node.op, Op::LayerNorm { .. } | Op::RmsNorm { .. }))
+        .filter(|node| special_inputs(&node.op) == Special::NormScale)
         .filter_map(|node| node.inputs.get(1).copied().flatten())
         .collect();
     let todo = graph
@@ -60,6 +60,72 @@ pub fn initialize(graph: &mut Graph, seed: u64) -> Result<usize, InitError> {
     Ok(todo.len() + fill_rotary_caches(graph))
 }
 
+/// Parameter inputs of an op that start neither random nor zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Special {
+    /// Nothing special: weights N(0, σ), biases zero.
+    Plain,
+    /// Input 1 is a normalisation's scale: ones.
+    NormScale,
+    /// Inputs 1 and 2 are the rotary cos/sin caches: RoPE's tables.
+    RotaryCaches,
+}
+
+/// Which of `op`'s parameter inputs start specially. Exhaustive on purpose:
+/// an op whose parameters must not start random or zero has to say so here.
+fn special_inputs(op: &Op) -> Special {
+    match op {
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => Special::NormScale,
+        Op::RotaryEmbedding { .. } => Special::RotaryCaches,
+        Op::Unary { .. }
+        | Op::Binary { .. }
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::Clip
+        | Op::Silu
+        | Op::Gelu { .. }
+        | Op::MatMul
+        | Op::Gemm { .. }
+        | Op::Linear
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::Attention { .. }
+        | Op::MoeRouter { .. }
+        | Op::MoeExperts { .. }
+        | Op::AttentionGrad { .. }
+        | Op::MoeExpertsGrad { .. }
+        | Op::NormGrad { .. }
+        | Op::ActivationGrad { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::Comm { .. }
+        | Op::Reduce { .. }
+        | Op::ArgMax { .. }
+        | Op::TopK { .. }
+        | Op::CumSum { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. }
+        | Op::Concat { .. }
+        | Op::Split { .. }
+        | Op::Slice
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::Trilu { .. }
+        | Op::Gather { .. }
+        | Op::GatherElements { .. }
+        | Op::GatherNd { .. }
+        | Op::Embedding
+        | Op::GatherGrad { .. }
+        | Op::GatherElementsGrad { .. }
+        | Op::GatherNdGrad { .. }
+        | Op::ConstantOfShape { .. }
+        | Op::Range => Special::Plain,
+    }
+}
+
 /// Base of the rotary frequencies (RoPE's θ, Llama's default).
 pub const ROPE_THETA: f64 = 10_000.0;
 
@@ -70,7 +136,7 @@ fn fill_rotary_caches(graph: &mut Graph) -> usize {
     let caches: Vec<(TensorId, bool)> = graph
         .node_indices()
         .map(|n| graph.node(n))
-        .filter(|node| matches!(node.op, Op::RotaryEmbedding { .. }))
+        .filter(|node| special_inputs(&node.op) == Special::RotaryCaches)
         .flat_map(|node| [(node.inputs.get(1), false), (node.inputs.get(2), true)])
         .filter_map(|(t, sin)| t.copied().flatten().map(|t| (t, sin)))
         .collect::<HashSet<_>>()

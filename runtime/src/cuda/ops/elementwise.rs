@@ -182,7 +182,9 @@ pub(super) fn eval(
             }
             Some(outs)
         }
-        _ => None,
+        // Operands the kernels above do not take, and the other modules' ops.
+        Op::Unary { .. } | Op::Binary { .. } | Op::Cast { .. } => None,
+        linalg_ops!() | fused_ops!() | host_ops!() => None,
     })
 }
 

@@ -354,7 +354,20 @@ pub(super) fn eval(
             )?;
             Some(vec![finish(gpu, acc, ty)?])
         }
-        _ => None,
+        // Operands the kernels above do not take (integer inputs, a mask
+        // gradient), and the other modules' ops.
+        Op::Reduce { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::NormGrad { .. }
+        | Op::Gelu { .. }
+        | Op::Silu
+        | Op::ActivationGrad { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::AttentionGrad { .. } => None,
+        elementwise_ops!() | linalg_ops!() | host_ops!() => None,
     })
 }
 

@@ -2,6 +2,83 @@
 //! inference, then cuBLAS or an NVRTC kernel. Ops without a device kernel
 //! return `None`, and the backend runs them on the host with the reference
 //! kernels (correct, slower, and reported), so every graph runs.
+//!
+//! Every op is named once below: in the pattern of the module that has its
+//! kernels, or in [`host_ops`] when it has none yet. The dispatch and each
+//! module's own match are exhaustive over these patterns, so a new op fails
+//! to compile until someone decides where it runs.
+
+/// The ops `elementwise.rs` runs: element-wise functions and data movement.
+macro_rules! elementwise_ops {
+    () => {
+        Op::Unary { .. }
+            | Op::Binary { .. }
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Reshape { .. }
+            | Op::Squeeze { .. }
+            | Op::Unsqueeze { .. }
+            | Op::Flatten { .. }
+            | Op::Transpose { .. }
+            | Op::Expand
+            | Op::Concat { .. }
+            | Op::Split { .. }
+    };
+}
+
+/// The ops `linalg.rs` runs through cuBLAS.
+macro_rules! linalg_ops {
+    () => {
+        Op::MatMul | Op::Gemm { .. } | Op::Linear
+    };
+}
+
+/// The ops `fused.rs` runs: reductions, norms, activations, softmax,
+/// attention and gathers, with their adjoints.
+macro_rules! fused_ops {
+    () => {
+        Op::Reduce { .. }
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::NormGrad { .. }
+            | Op::Gelu { .. }
+            | Op::Silu
+            | Op::ActivationGrad { .. }
+            | Op::Softmax { .. }
+            | Op::LogSoftmax { .. }
+            | Op::SoftmaxGrad { .. }
+            | Op::Attention { .. }
+            | Op::AttentionGrad { .. }
+            | Op::Embedding
+            | Op::Gather { .. }
+            | Op::GatherGrad { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherElementsGrad { .. }
+    };
+}
+
+/// The ops with no device kernel yet: the host's reference kernels run them.
+macro_rules! host_ops {
+    () => {
+        Op::Clip
+            | Op::RotaryEmbedding { .. }
+            | Op::MoeRouter { .. }
+            | Op::MoeExperts { .. }
+            | Op::MoeExpertsGrad { .. }
+            | Op::Comm { .. }
+            | Op::ArgMax { .. }
+            | Op::TopK { .. }
+            | Op::CumSum { .. }
+            | Op::Slice
+            | Op::Shape { .. }
+            | Op::Size
+            | Op::Trilu { .. }
+            | Op::GatherNd { .. }
+            | Op::GatherNdGrad { .. }
+            | Op::ConstantOfShape { .. }
+            | Op::Range
+    };
+}
 
 mod elementwise;
 mod fused;
@@ -209,13 +286,12 @@ pub(crate) fn eval(
     let Ok(out) = infer(op, args) else {
         return Ok(None);
     };
-    if let Some(y) = elementwise::eval(gpu, op, args, &out)? {
-        return Ok(Some(y));
+    match op {
+        elementwise_ops!() => elementwise::eval(gpu, op, args, &out),
+        linalg_ops!() => linalg::eval(gpu, op, args, &out),
+        fused_ops!() => fused::eval(gpu, op, args, &out),
+        host_ops!() => Ok(None),
     }
-    if let Some(y) = linalg::eval(gpu, op, args, &out)? {
-        return Ok(Some(y));
-    }
-    fused::eval(gpu, op, args, &out)
 }
 
 /// The float operand `i`, if present and stored as a float.
