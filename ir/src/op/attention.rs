@@ -7,10 +7,11 @@
 //! offset), and a query row whose bias masks every key outputs zeros.
 
 use super::broadcast::{broadcast_shapes, broadcast_strides};
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     dim, finish, float_kernel, gemm, invalid, numel, tensor, EvalCtx, InferCtx, Mat, Real,
 };
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{DType, Data, Dim, Shape, Value};
 
 /// FLOPs per attention score for the masked softmax.
@@ -407,6 +408,41 @@ pub(super) fn eval_rotary(
 pub(super) fn rotary_flops(x: Option<&TensorType>) -> (f64, f64) {
     let f = x.map_or(0.0, numel) * ROTARY_FLOPS;
     (f, f)
+}
+
+/// Shape inference of the attention ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Attention { .. } => infer_attention(cx),
+        Op::RotaryEmbedding {
+            rotary_dim,
+            num_heads,
+            ..
+        } => infer_rotary(cx, *rotary_dim, *num_heads),
+        other => Err(not_in_family(cx.op, other, "attention")),
+    }
+}
+
+/// Forward and backward FLOPs of the attention ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        Op::Attention { .. } => attention_flops(inputs),
+        Op::RotaryEmbedding { .. } => rotary_flops(inputs.first().copied().flatten()),
+        other => misrouted(other, "attention"),
+    }
+}
+
+/// Reference kernels of the attention ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Attention { scale, causal } => eval_attention(cx, *scale, *causal),
+        Op::RotaryEmbedding {
+            interleaved,
+            rotary_dim,
+            num_heads,
+        } => eval_rotary(cx, *interleaved, *rotary_dim, *num_heads),
+        other => Err(not_in_family(cx.op, other, "attention")),
+    }
 }
 
 #[cfg(test)]

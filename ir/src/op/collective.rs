@@ -6,8 +6,9 @@
 //! operators, generalised). Only a backend that knows the rank's group can
 //! run them; the reference interpreter refuses.
 
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{invalid, norm_axis, unsupported, EvalCtx, InferCtx};
-use super::{CommKind, OpError, TensorType};
+use super::{CommKind, Op, OpError, TensorType};
 use crate::{Dim, Value};
 
 /// Output type: the input's, with `axis` multiplied (gathers) or divided
@@ -47,4 +48,31 @@ pub(super) fn eval(cx: &EvalCtx, _kind: CommKind) -> Result<Vec<Value>, OpError>
         cx.op,
         "tensor-parallel communication runs only on a parallel backend (autopar run)",
     ))
+}
+
+/// Shape inference of the communication ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Comm {
+            kind, axis, parts, ..
+        } => infer(cx, *kind, *axis, *parts),
+        other => Err(not_in_family(cx.op, other, "communication")),
+    }
+}
+
+/// Forward and backward FLOPs of the communication ops.
+pub(super) fn flops_op(op: &Op, _inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // Communication is priced by the cost model's collectives, not as FLOPs.
+        Op::Comm { .. } => (0.0, 0.0),
+        other => misrouted(other, "communication"),
+    }
+}
+
+/// Reference kernels of the communication ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Comm { kind, .. } => eval(cx, *kind),
+        other => Err(not_in_family(cx.op, other, "communication")),
+    }
 }

@@ -4,10 +4,11 @@
 //! logical type, `u64` compared and divided as unsigned.
 
 use super::broadcast::{broadcast_shapes, source_index, zip_broadcast};
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     finish, float_kernel, int_cmp, invalid, numel, unsupported, zip_data, EvalCtx, InferCtx, Real,
 };
-use super::{Activation, BinaryOp, GeluApprox, OpError, TensorType, UnaryOp};
+use super::{Activation, BinaryOp, GeluApprox, Op, OpError, TensorType, UnaryOp};
 use crate::{lowp, DType, Data, RoundMode, Shape, Value};
 use std::cmp::Ordering;
 
@@ -541,6 +542,54 @@ pub(super) enum ElementwiseKind {
     Plain,
     Gelu,
     Silu,
+}
+
+/// Shape inference of the element-wise ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Unary { func } => infer_unary(cx, *func),
+        Op::Binary { func } => infer_binary(cx, *func),
+        Op::Where => infer_where(cx),
+        Op::Cast { to, .. } => infer_cast(cx, *to),
+        Op::Clip => infer_clip(cx),
+        Op::Silu | Op::Gelu { .. } => infer_activation(cx),
+        other => Err(not_in_family(cx.op, other, "element-wise")),
+    }
+}
+
+/// Forward and backward FLOPs of the element-wise ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], outputs: &[&TensorType]) -> (f64, f64) {
+    let priced = |kind| {
+        outputs
+            .first()
+            .map_or((0.0, 0.0), |o| flops(kind, inputs.len(), o))
+    };
+    match op {
+        Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
+            priced(ElementwiseKind::Plain)
+        }
+        Op::Silu => priced(ElementwiseKind::Silu),
+        Op::Gelu { .. } => priced(ElementwiseKind::Gelu),
+        other => misrouted(other, "element-wise"),
+    }
+}
+
+/// Reference kernels of the element-wise ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Unary { func } => eval_unary(cx, *func),
+        Op::Binary { func } => eval_binary(cx, *func),
+        Op::Where => eval_where(cx),
+        Op::Cast {
+            to,
+            saturate,
+            round_mode,
+        } => eval_cast(cx, *to, *saturate, *round_mode),
+        Op::Clip => eval_clip(cx),
+        Op::Silu => eval_activation(cx, activation_of(None)),
+        Op::Gelu { approximate } => eval_activation(cx, activation_of(Some(*approximate))),
+        other => Err(not_in_family(cx.op, other, "element-wise")),
+    }
 }
 
 #[cfg(test)]

@@ -1,9 +1,10 @@
 //! Generators: `Shape`, `Size`, `ConstantOfShape`, `Range`. Their outputs
 //! depend on input shapes or constant values, never on input data.
 
+use super::define::{misrouted, not_in_family};
 use super::elementwise::cast_value;
 use super::kernel_util::{finish, int_values, invalid, map_data, tensor, EvalCtx, InferCtx};
-use super::{OpError, ScalarValue, TensorType};
+use super::{Op, OpError, ScalarValue, TensorType};
 use crate::{DType, Data, Dim, Value};
 
 /// `start..end` of `Shape`, clamped to `0..=rank` after negative wrap-around.
@@ -163,6 +164,37 @@ pub(super) fn eval_range(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
         cast_value(cx.op, &v, dtype)?.data
     };
     Ok(vec![finish(dtype, vec![n], data)])
+}
+
+/// Shape inference of the generator ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Shape { start, end } => infer_shape(cx, *start, *end),
+        Op::Size => infer_size(cx),
+        Op::ConstantOfShape { value } => infer_constant_of_shape(cx, *value),
+        Op::Range => infer_range(cx),
+        other => Err(not_in_family(cx.op, other, "generator")),
+    }
+}
+
+/// Forward and backward FLOPs of the generator ops.
+pub(super) fn flops_op(op: &Op, _inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // Metadata and fills: bytes only.
+        Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => (0.0, 0.0),
+        other => misrouted(other, "generator"),
+    }
+}
+
+/// Reference kernels of the generator ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Shape { start, end } => eval_shape(cx, *start, *end),
+        Op::Size => eval_size(cx),
+        Op::ConstantOfShape { value } => eval_constant_of_shape(cx, *value),
+        Op::Range => eval_range(cx),
+        other => Err(not_in_family(cx.op, other, "generator")),
+    }
 }
 
 #[cfg(test)]

@@ -16,24 +16,25 @@ mod moe;
 mod norm;
 mod softmax;
 
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{finish, invalid, EvalCtx, InferCtx};
 use super::{Op, OpError, TensorType};
 use crate::{Data, Dim, Value};
 
 /// Output types of an adjoint op.
-pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
     match op {
         Op::AttentionGrad { mask_grad, .. } => attention::infer(cx, *mask_grad),
         Op::MoeExpertsGrad { gated, .. } => moe::infer(cx, *gated),
         Op::NormGrad { axis, .. } => norm::infer(cx, *axis),
         Op::ActivationGrad { .. } => activation::infer(cx),
         Op::SoftmaxGrad { axis, .. } => softmax::infer(cx, *axis),
-        _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
+        other => Err(not_in_family(cx.op, other, "adjoint")),
     }
 }
 
 /// Reference kernel of an adjoint op.
-pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
     match op {
         Op::AttentionGrad {
             scale,
@@ -68,19 +69,19 @@ pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
             || softmax::kernel::<f32>(cx, *axis, *log),
             || softmax::kernel::<f64>(cx, *axis, *log),
         ),
-        _ => Err(invalid(cx.op, "internal error: not an adjoint op")),
+        other => Err(not_in_family(cx.op, other, "adjoint")),
     }
 }
 
 /// FLOPs of an adjoint op (its forward; it has no backward).
-pub(super) fn flops(op: &Op, inputs: &[Option<&TensorType>]) -> (f64, f64) {
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
     match op {
         Op::AttentionGrad { .. } => (attention::flops(inputs), 0.0),
         Op::MoeExpertsGrad { .. } => (moe::flops(inputs), 0.0),
         Op::NormGrad { .. } => (norm::flops(inputs.first().copied().flatten()), 0.0),
         Op::ActivationGrad { .. } => (activation::flops(inputs.first().copied().flatten()), 0.0),
         Op::SoftmaxGrad { .. } => (softmax::flops(inputs.first().copied().flatten()), 0.0),
-        _ => (0.0, 0.0),
+        other => misrouted(other, "adjoint"),
     }
 }
 

@@ -3,8 +3,9 @@
 //! (a row lookup, evaluated as `Gather` on axis 0).
 
 use super::broadcast::strided_index;
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{invalid, map_data, norm_axis, prod, strides, take, tensor, EvalCtx, InferCtx};
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{Dim, Value};
 
 /// An index into an axis of length `n`, negative counting from the end.
@@ -179,6 +180,37 @@ pub(super) fn infer_embedding(cx: &InferCtx) -> Result<Vec<TensorType>, OpError>
     let mut dims = ids.shape.0.clone();
     dims.push(table[1].clone());
     Ok(vec![tensor(cx.ty(0)?.dtype, dims)])
+}
+
+/// Shape inference of the indexing ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Gather { axis } => infer_gather(cx, *axis),
+        Op::GatherElements { axis } => infer_gather_elements(cx, *axis),
+        Op::GatherNd { batch_dims } => infer_gather_nd(cx, *batch_dims),
+        Op::Embedding => infer_embedding(cx),
+        other => Err(not_in_family(cx.op, other, "indexing")),
+    }
+}
+
+/// Forward and backward FLOPs of the indexing ops.
+pub(super) fn flops_op(op: &Op, _inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // Lookups: bytes only.
+        Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } | Op::Embedding => (0.0, 0.0),
+        other => misrouted(other, "indexing"),
+    }
+}
+
+/// Reference kernels of the indexing ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Gather { axis } => eval_gather(cx, *axis),
+        Op::GatherElements { axis } => eval_gather_elements(cx, *axis),
+        Op::GatherNd { batch_dims } => eval_gather_nd(cx, *batch_dims),
+        Op::Embedding => eval_gather(cx, 0),
+        other => Err(not_in_family(cx.op, other, "indexing")),
+    }
 }
 
 #[cfg(test)]

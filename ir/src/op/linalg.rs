@@ -3,10 +3,11 @@
 //! uses a plain wrapping loop.
 
 use super::broadcast::{broadcast_shapes, source_index};
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     dim, finish, float_kernel, gemm, invalid, numel, prod, tensor, EvalCtx, InferCtx, Mat, Real,
 };
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{DType, Data, Dim, Shape, Value};
 
 /// True unless two contraction dims are provably different.
@@ -280,6 +281,51 @@ pub(super) fn contraction(a: Option<&TensorType>, trans_a: bool) -> f64 {
         Some(t) if trans_a => dim(t, 0),
         Some(t) => dim(t, t.shape.rank().saturating_sub(1)),
         None => 0.0,
+    }
+}
+
+/// Shape inference of the linear-algebra ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::MatMul => infer_matmul(cx),
+        Op::Gemm { trans_a, trans_b, .. } => infer_gemm(cx, *trans_a, *trans_b),
+        Op::Linear => infer_linear(cx),
+        other => Err(not_in_family(cx.op, other, "linear-algebra")),
+    }
+}
+
+/// Forward and backward FLOPs of the linear-algebra ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], outputs: &[&TensorType]) -> (f64, f64) {
+    let input = |i: usize| inputs.get(i).copied().flatten();
+    let Some(out) = outputs.first().copied() else {
+        return (0.0, 0.0);
+    };
+    match op {
+        Op::MatMul => product_flops(out, contraction(input(0), false), 0.0),
+        Op::Linear => {
+            let bias = if input(2).is_some() { 1.0 } else { 0.0 };
+            product_flops(out, contraction(input(0), false), bias)
+        }
+        Op::Gemm { trans_a, .. } => {
+            let extra = if input(2).is_some() { 2.0 } else { 1.0 };
+            product_flops(out, contraction(input(0), *trans_a), extra)
+        }
+        other => misrouted(other, "linear-algebra"),
+    }
+}
+
+/// Reference kernels of the linear-algebra ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::MatMul => eval_matmul(cx),
+        Op::Gemm {
+            alpha,
+            beta,
+            trans_a,
+            trans_b,
+        } => eval_gemm(cx, *alpha, *beta, *trans_a, *trans_b),
+        Op::Linear => eval_linear(cx),
+        other => Err(not_in_family(cx.op, other, "linear-algebra")),
     }
 }
 

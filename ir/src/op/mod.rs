@@ -6,11 +6,13 @@
 //! `LayerNorm`, `RmsNorm`, `Gelu`, `Silu`, `Attention`, `MoeRouter`) are what rewrites
 //! and the model zoo produce and what the planner shards.
 //!
-//! Each op family lives in one file beside this one, holding that family's
-//! shape inference, cost and reference kernel together:
-//! `elementwise`, `linalg`, `norm`, `reduce`, `movement`, `indexing`,
-//! `generate`, `attention`. Later facets (sharding rules, backward rules) go in
-//! the same files.
+//! The op list is declared once, in the `define_ops!` table below: one line
+//! per op naming its family module, class, output count and byte traffic;
+//! the macro (`define.rs`) generates the enum and every per-variant table
+//! from it. Each family module beside this one holds that family's shape
+//! inference, cost and reference kernel together: `elementwise`, `linalg`,
+//! `norm`, `attention`, `moe`, `grad` (fused adjoints), `collective`,
+//! `reduce`, `movement`, `slicing`, `indexing`, `scatter`, `generate`.
 //!
 //! Inputs are positional and may be absent (ONNX's empty input name), hence
 //! `Option` in every signature.
@@ -18,6 +20,7 @@
 mod attention;
 mod broadcast;
 mod collective;
+mod define;
 mod dispatch;
 mod elementwise;
 mod generate;
@@ -35,6 +38,8 @@ mod slicing;
 mod testing;
 
 use crate::{DType, Value};
+use define::define_ops;
+use kernel_util::{EvalCtx, InferCtx};
 use serde::{Deserialize, Serialize};
 
 /// Element-wise functions of one input.
@@ -106,6 +111,9 @@ pub enum Activation {
     Relu,
 }
 
+// Each line ends with the op's family module, `OpClass`, output count and
+// byte traffic (`io`, or `meta` for views and shape queries); see `define.rs`.
+define_ops! {
 /// One operation. Attributes are fields; tensor operands are the node's inputs.
 ///
 /// Input lists (`?` = optional) are given per variant.
@@ -114,11 +122,11 @@ pub enum Activation {
 pub enum Op {
     // ---- element-wise -------------------------------------------------------
     /// `(x)`.
-    Unary { func: UnaryOp },
+    Unary { func: UnaryOp } => elementwise, Elementwise, 1, io;
     /// `(a, b)`, broadcast.
-    Binary { func: BinaryOp },
+    Binary { func: BinaryOp } => elementwise, Elementwise, 1, io;
     /// `(cond, x, y)`, broadcast.
-    Where,
+    Where => elementwise, Elementwise, 1, io;
     /// `(x)` converted to `to` (ONNX Cast). `saturate` clamps out-of-range
     /// values to the largest finite float8 value instead of inf/NaN;
     /// `round_mode` applies to `f8e8m0` targets. Both are omitted from JSON
@@ -129,64 +137,55 @@ pub enum Op {
         saturate: bool,
         #[serde(default, skip_serializing_if = "is_default")]
         round_mode: crate::RoundMode,
-    },
+    } => elementwise, Elementwise, 1, io;
     /// `(x, min?, max?)`.
-    Clip,
+    Clip => elementwise, Elementwise, 1, io;
     /// `(x)`: `x · sigmoid(x)`.
-    Silu,
+    Silu => elementwise, Activation, 1, io;
     /// `(x)`.
-    Gelu { approximate: GeluApprox },
+    Gelu { approximate: GeluApprox } => elementwise, Activation, 1, io;
 
     // ---- linear algebra ------------------------------------------------------
     /// `(a, b)`: numpy matmul with batch broadcasting, 1-D promotion.
-    MatMul,
+    MatMul => linalg, MatMul, 1, io;
     /// `(a, b, c?)`: `alpha · op(a) · op(b) + beta · c`.
-    Gemm {
-        alpha: f64,
-        beta: f64,
-        trans_a: bool,
-        trans_b: bool,
-    },
+    Gemm { alpha: f64, beta: f64, trans_a: bool, trans_b: bool } => linalg, Linear, 1, io;
     /// `(x, weight[in, out], bias[out]?)`: `x · weight + bias` over the last dim.
-    Linear,
+    Linear => linalg, Linear, 1, io;
 
     // ---- normalisation and softmax ------------------------------------------
     /// `(x)`: softmax over `axis` (opset 13 semantics: one axis).
-    Softmax { axis: i64 },
+    Softmax { axis: i64 } => norm, Softmax, 1, io;
     /// `(x)`.
-    LogSoftmax { axis: i64 },
+    LogSoftmax { axis: i64 } => norm, Softmax, 1, io;
     /// `(x, scale, bias?)`: normalise over dims `axis..` (ONNX LayerNormalization).
-    LayerNorm { axis: i64, epsilon: f64 },
+    LayerNorm { axis: i64, epsilon: f64 } => norm, Norm, 1, io;
     /// `(x, scale)`: `x / sqrt(mean(x², dims axis..) + epsilon) · scale`.
-    RmsNorm { axis: i64, epsilon: f64 },
+    RmsNorm { axis: i64, epsilon: f64 } => norm, Norm, 1, io;
 
     // ---- attention -----------------------------------------------------------
     /// `(q[b, hq, sq, d], k[b, hk, sk, d], v[b, hk, sk, dv], mask?)`:
     /// `softmax(q·kᵀ·scale + mask) · v`, grouped-query when `hk < hq`.
     /// A boolean mask keeps `true` positions; a float mask is added.
     /// `scale` defaults to `1/sqrt(d)`. Follows ONNX Attention-23 for 4-D inputs.
-    Attention { scale: Option<f64>, causal: bool },
+    Attention { scale: Option<f64>, causal: bool } => attention, Attention, 1, io;
 
     /// `(x, cos_cache[pos, rot/2], sin_cache[pos, rot/2], position_ids?)`:
     /// rotary position embedding (ONNX RotaryEmbedding-23). `x` is
     /// `[b, heads, s, d]`, or `[b, s, heads·d]` when `num_heads > 0`;
     /// `rotary_dim = 0` rotates the whole head.
-    RotaryEmbedding {
-        interleaved: bool,
-        rotary_dim: usize,
-        num_heads: usize,
-    },
+    RotaryEmbedding { interleaved: bool, rotary_dim: usize, num_heads: usize } => attention, Elementwise, 1, io;
 
     // ---- mixture of experts --------------------------------------------------
     /// `(logits[..., experts])` → `(weights[..., top_k], indices[..., top_k])`:
     /// softmax over experts, keep the `top_k` largest, renormalise them to sum
     /// to one (Mixtral routing).
-    MoeRouter { top_k: usize },
+    MoeRouter { top_k: usize } => moe, MoeRouting, 2, io;
     /// `(x[..., h], weights[..., k], indices[..., k], w_in[e, h, f], w_out[e, f, h], w_gate[e, h, f]?)`:
     /// each token's output is `Σ_k weights · expert_{indices}(x)` where an
     /// expert is `act(x·w_in) · w_out`, or `(act(x·w_gate) ⊙ x·w_in) · w_out`
     /// when gated.
-    MoeExperts { activation: Activation },
+    MoeExperts { activation: Activation } => moe, Linear, 1, io;
 
     // ---- adjoints of the fused ops (backward passes) --------------------------
     /// `(q, k, v, dout, mask?)` → `(dq, dk, dv, dmask?)`: the gradient of
@@ -194,117 +193,96 @@ pub enum Op {
     /// gradient `dout`. Recomputes the probabilities instead of saving
     /// them. `mask_grad` asks for the gradient of a float mask too (summed
     /// over the dims it was broadcast along), which fixes the output count.
-    AttentionGrad {
-        scale: Option<f64>,
-        causal: bool,
-        mask_grad: bool,
-    },
+    AttentionGrad { scale: Option<f64>, causal: bool, mask_grad: bool } => grad, Attention, 3 + usize::from(*mask_grad), io;
     /// `(x, weights, indices, w_in, w_out, dout, w_gate?)` →
     /// `(dx, dweights, dw_in, dw_out, dw_gate?)`: the gradient of
     /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
     /// says whether `w_gate` is given, which fixes the output count.
-    MoeExpertsGrad { activation: Activation, gated: bool },
+    MoeExpertsGrad { activation: Activation, gated: bool } => grad, Linear, 4 + usize::from(*gated), io;
     /// `(x, scale, dout)` → `(dx, dout·x̂)`: the gradient of `LayerNorm`
     /// (`centre`) or `RmsNorm` over the dims `axis..` with respect to `x`,
     /// and the product whose sums over the dims `scale` is broadcast along
     /// are its gradient (in the statistics' type: `f32` for 16-bit floats).
     /// Recomputes the statistics.
-    NormGrad { axis: i64, epsilon: f64, centre: bool },
+    NormGrad { axis: i64, epsilon: f64, centre: bool } => grad, Norm, 2, io;
     /// `(x, dout)` → `dx = dout · act'(x)`: the gradient of `Gelu` or `Silu`
     /// (the `Activation` they compute) with respect to `x`.
-    ActivationGrad { activation: Activation },
+    ActivationGrad { activation: Activation } => grad, Activation, 1, io;
     /// `(y, dout)` → `dx`: the gradient of `Softmax` (`log = false`) or
     /// `LogSoftmax { axis }` from its output `y`.
-    SoftmaxGrad { axis: i64, log: bool },
+    SoftmaxGrad { axis: i64, log: bool } => grad, Softmax, 1, io;
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
     /// `(x)`: communication over a `group` of `parts` ranks (see
     /// [`CommKind`]); `axis` is the dim gathered, sliced or scattered.
-    Comm {
-        kind: CommKind,
-        axis: i64,
-        parts: usize,
-        group: CommGroup,
-    },
+    Comm { kind: CommKind, axis: i64, parts: usize, group: CommGroup } => collective, DataMovement, 1, io;
 
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
     /// older opset, already folded into the attribute.
-    Reduce {
-        kind: ReduceKind,
-        axes: Option<Vec<i64>>,
-        keepdims: bool,
-        noop_with_empty_axes: bool,
-    },
+    Reduce { kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool, noop_with_empty_axes: bool } => reduce, Reduction, 1, io;
     /// `(x)`.
-    ArgMax {
-        axis: i64,
-        keepdims: bool,
-        select_last_index: bool,
-    },
+    ArgMax { axis: i64, keepdims: bool, select_last_index: bool } => reduce, Reduction, 1, io;
     /// `(x, k)` → `(values, indices)`.
-    TopK { axis: i64, largest: bool, sorted: bool },
+    TopK { axis: i64, largest: bool, sorted: bool } => reduce, MoeRouting, 2, io;
     /// `(x, axis)`.
-    CumSum { exclusive: bool, reverse: bool },
+    CumSum { exclusive: bool, reverse: bool } => reduce, Reduction, 1, io;
 
     // ---- data movement -------------------------------------------------------
     /// `(x, shape)`.
-    Reshape { allowzero: bool },
+    Reshape { allowzero: bool } => movement, DataMovement, 1, meta;
     /// `(x)`; `perm = None` reverses the dims.
-    Transpose { perm: Option<Vec<usize>> },
+    Transpose { perm: Option<Vec<usize>> } => movement, DataMovement, 1, io;
     /// `(x, shape)`: broadcast to `shape`.
-    Expand,
+    Expand => movement, DataMovement, 1, io;
     /// `(x, axes?)`; `axes` from the attribute (opset < 13) or the input.
-    Squeeze { axes: Option<Vec<i64>> },
+    Squeeze { axes: Option<Vec<i64>> } => movement, DataMovement, 1, meta;
     /// `(x, axes?)`; as for `Squeeze`.
-    Unsqueeze { axes: Option<Vec<i64>> },
+    Unsqueeze { axes: Option<Vec<i64>> } => movement, DataMovement, 1, meta;
     /// `(x)` → 2-D.
-    Flatten { axis: i64 },
+    Flatten { axis: i64 } => movement, DataMovement, 1, meta;
     /// `(x0, x1, ...)`.
-    Concat { axis: i64 },
+    Concat { axis: i64 } => slicing, DataMovement, 1, io;
     /// `(x, split?)` → `outputs` pieces; `split` from the attribute (opset < 13)
     /// or the input; equal parts (the last smaller) when absent.
-    Split {
-        axis: i64,
-        split: Option<Vec<i64>>,
-        outputs: usize,
-    },
+    Split { axis: i64, split: Option<Vec<i64>>, outputs: usize } => slicing, DataMovement, *outputs, io;
     /// `(x, starts, ends, axes?, steps?)`.
-    Slice,
+    Slice => slicing, DataMovement, 1, io;
     /// `(x)` → its shape as `i64[rank]`, dims `start..end`.
-    Shape { start: i64, end: Option<i64> },
+    Shape { start: i64, end: Option<i64> } => generate, Generator, 1, meta;
     /// `(x)` → element count as a scalar `i64`.
-    Size,
+    Size => generate, Generator, 1, meta;
     /// `(x, k?)`: lower (`upper = false`) or upper triangle.
-    Trilu { upper: bool },
+    Trilu { upper: bool } => slicing, DataMovement, 1, io;
 
     // ---- indexing ------------------------------------------------------------
     /// `(data, indices)`.
-    Gather { axis: i64 },
+    Gather { axis: i64 } => indexing, Indexing, 1, io;
     /// `(data, indices)`.
-    GatherElements { axis: i64 },
+    GatherElements { axis: i64 } => indexing, Indexing, 1, io;
     /// `(data, indices)`.
-    GatherNd { batch_dims: i64 },
+    GatherNd { batch_dims: i64 } => indexing, Indexing, 1, io;
     /// `(table[vocab, hidden], ids)`: row lookup, `ids` any integer shape.
-    Embedding,
+    Embedding => indexing, Embedding, 1, io;
 
     // ---- scatter-adds: adjoints of the gathers (backward passes) -------------
     /// `(grad, indices, shape)`: zeros of the constant `shape` with each
     /// `grad` element added where `Gather { axis }` of a `shape` tensor at
     /// `indices` read it; repeated indices accumulate. Backward of `Gather`
     /// and `Embedding`.
-    GatherGrad { axis: i64 },
+    GatherGrad { axis: i64 } => scatter, Indexing, 1, io;
     /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherElements { axis }`.
     /// Backward of `GatherElements` and `TopK`.
-    GatherElementsGrad { axis: i64 },
+    GatherElementsGrad { axis: i64 } => scatter, Indexing, 1, io;
     /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherNd { batch_dims }`.
-    GatherNdGrad { batch_dims: i64 },
+    GatherNdGrad { batch_dims: i64 } => scatter, Indexing, 1, io;
 
     // ---- generators ------------------------------------------------------------
     /// `(shape)` filled with `value` (a one-element tensor; f32 zero when absent).
-    ConstantOfShape { value: Option<ScalarValue> },
+    ConstantOfShape { value: Option<ScalarValue> } => generate, Generator, 1, io;
     /// `(start, limit, delta)`.
-    Range,
+    Range => generate, Generator, 1, io;
+}
 }
 
 /// A one-element constant attribute (e.g. ConstantOfShape's fill value).
@@ -315,7 +293,6 @@ pub struct ScalarValue {
     pub value: f64,
 }
 
-/// What an op contributes to a model, for histograms and reports: the
 /// Which of a rank's groups an [`Op::Comm`] talks in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum CommGroup {
@@ -359,6 +336,7 @@ impl CommKind {
     }
 }
 
+/// What an op contributes to a model, for histograms and reports: the
 /// compute classes the planner cares about, and everything else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum OpClass {
@@ -405,58 +383,7 @@ impl Op {
             Op::Unary { func } => format!("{func:?}"),
             Op::Binary { func } => format!("{func:?}"),
             Op::Reduce { kind, .. } => format!("Reduce{kind:?}"),
-            other => {
-                let dbg = format!("{other:?}");
-                dbg.split([' ', '{', '(']).next().unwrap_or_default().to_string()
-            }
-        }
-    }
-
-    /// The class of this op; see [`OpClass`].
-    pub fn class(&self) -> OpClass {
-        match self {
-            Op::Linear | Op::Gemm { .. } => OpClass::Linear,
-            Op::MatMul => OpClass::MatMul,
-            Op::Attention { .. } => OpClass::Attention,
-            Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::NormGrad { .. } => OpClass::Norm,
-            Op::Gelu { .. } | Op::Silu | Op::ActivationGrad { .. } => OpClass::Activation,
-            Op::Embedding => OpClass::Embedding,
-            Op::TopK { .. } | Op::MoeRouter { .. } => OpClass::MoeRouting,
-            Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => OpClass::Linear,
-            Op::AttentionGrad { .. } => OpClass::Attention,
-            Op::RotaryEmbedding { .. } => OpClass::Elementwise,
-            Op::Softmax { .. } | Op::LogSoftmax { .. } | Op::SoftmaxGrad { .. } => OpClass::Softmax,
-            Op::Unary { .. } | Op::Binary { .. } | Op::Where | Op::Cast { .. } | Op::Clip => {
-                OpClass::Elementwise
-            }
-            Op::Reduce { .. } | Op::ArgMax { .. } | Op::CumSum { .. } => OpClass::Reduction,
-            Op::Reshape { .. }
-            | Op::Transpose { .. }
-            | Op::Expand
-            | Op::Squeeze { .. }
-            | Op::Unsqueeze { .. }
-            | Op::Flatten { .. }
-            | Op::Concat { .. }
-            | Op::Split { .. }
-            | Op::Slice
-            | Op::Trilu { .. }
-            | Op::Comm { .. } => OpClass::DataMovement,
-            Op::Gather { .. } | Op::GatherElements { .. } | Op::GatherNd { .. } => OpClass::Indexing,
-            Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
-                OpClass::Indexing
-            }
-            Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => OpClass::Generator,
-        }
-    }
-
-    /// Number of outputs the op produces.
-    pub fn num_outputs(&self) -> usize {
-        match self {
-            Op::TopK { .. } | Op::MoeRouter { .. } | Op::NormGrad { .. } => 2,
-            Op::AttentionGrad { mask_grad, .. } => 3 + usize::from(*mask_grad),
-            Op::MoeExpertsGrad { gated, .. } => 4 + usize::from(*gated),
-            Op::Split { outputs, .. } => *outputs,
-            _ => 1,
+            other => other.variant_name().to_string(),
         }
     }
 }

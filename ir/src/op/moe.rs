@@ -2,11 +2,12 @@
 //! Mixtral) and `MoeExperts` (per-token weighted sum of expert MLPs). The
 //! expert products go through `matrixmultiply`, one gathered batch per expert.
 
+use super::define::{misrouted, not_in_family};
 use super::elementwise::activate;
 use super::kernel_util::{
     dim, finish, float_kernel, gemm, invalid, numel, prod, tensor, EvalCtx, InferCtx, Mat, Real,
 };
-use super::{Activation, OpError, TensorType};
+use super::{Activation, Op, OpError, TensorType};
 use crate::{DType, Dim, Value};
 
 /// `MoeRouter(logits[..., e])` → `(weights[..., k], indices[..., k] i64)`.
@@ -219,6 +220,36 @@ pub(super) fn experts_flops(inputs: &[Option<&TensorType>]) -> (f64, f64) {
     let mm = assignments * products * 2.0 * h * f;
     let ew = assignments * f * 4.0 + numel(x) * 2.0;
     (mm + ew, 2.0 * mm + ew)
+}
+
+/// Shape inference of the mixture-of-experts ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::MoeRouter { top_k } => infer_router(cx, *top_k),
+        Op::MoeExperts { .. } => infer_experts(cx),
+        other => Err(not_in_family(cx.op, other, "mixture-of-experts")),
+    }
+}
+
+/// Forward and backward FLOPs of the mixture-of-experts ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // The router is a softmax over the experts (the top-k is free).
+        Op::MoeRouter { .. } => {
+            super::norm::flops(super::norm::NormKind::Softmax, inputs.first().copied().flatten())
+        }
+        Op::MoeExperts { .. } => experts_flops(inputs),
+        other => misrouted(other, "mixture-of-experts"),
+    }
+}
+
+/// Reference kernels of the mixture-of-experts ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::MoeRouter { top_k } => eval_router(cx, *top_k),
+        Op::MoeExperts { activation } => eval_experts(cx, *activation),
+        other => Err(not_in_family(cx.op, other, "mixture-of-experts")),
+    }
 }
 
 #[cfg(test)]

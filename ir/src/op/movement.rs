@@ -4,11 +4,12 @@
 //! `Expand` gather through strided index maps.
 
 use super::broadcast::{broadcast_shapes, source_index, strided_index};
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     dim_product, invalid, map_data, norm_axes, norm_axis, strides, take, tensor, unsupported, EvalCtx,
     InferCtx,
 };
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{Dim, Shape, Value};
 
 /// Output value with `x`'s data under a new shape.
@@ -275,6 +276,43 @@ pub(super) fn infer_flatten(cx: &InferCtx, axis: i64) -> Result<Vec<TensorType>,
             cx.op,
             format!("flattening {} at axis {axis} (symbolic product)", x.shape),
         )),
+    }
+}
+
+/// Shape inference of the data-movement ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Reshape { allowzero } => infer_reshape(cx, *allowzero),
+        Op::Transpose { perm } => infer_transpose(cx, perm.as_deref()),
+        Op::Expand => infer_expand(cx),
+        Op::Squeeze { axes } => infer_squeeze(cx, axes.as_deref()),
+        Op::Unsqueeze { axes } => infer_unsqueeze(cx, axes.as_deref()),
+        Op::Flatten { axis } => infer_flatten(cx, *axis),
+        other => Err(not_in_family(cx.op, other, "data-movement")),
+    }
+}
+
+/// Forward and backward FLOPs of the data-movement ops.
+pub(super) fn flops_op(op: &Op, _inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // Copies and views: bytes only.
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Expand
+        | Op::Squeeze { .. }
+        | Op::Unsqueeze { .. }
+        | Op::Flatten { .. } => (0.0, 0.0),
+        other => misrouted(other, "data-movement"),
+    }
+}
+
+/// Reference kernels of the data-movement ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Reshape { .. } | Op::Squeeze { .. } | Op::Unsqueeze { .. } | Op::Flatten { .. } => eval_view(cx),
+        Op::Transpose { perm } => eval_transpose(cx, perm.as_deref()),
+        Op::Expand => eval_expand(cx),
+        other => Err(not_in_family(cx.op, other, "data-movement")),
     }
 }
 

@@ -4,10 +4,11 @@
 //! (`f32` for `f16`/`bf16`, matching ONNX's default `stash_type`).
 
 use super::broadcast::{broadcast_shapes, source_index};
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     finish, float_kernel, invalid, norm_axis, numel, prod, EvalCtx, InferCtx, Real, Rows,
 };
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{Shape, Value};
 
 /// FLOPs per element: softmax (max, subtract, exp, sum, divide).
@@ -158,6 +159,38 @@ pub(super) fn flops(kind: NormKind, x: Option<&TensorType>) -> (f64, f64) {
     };
     let f = x.map_or(0.0, numel) * per;
     (f, f)
+}
+
+/// Shape inference of the normalisation ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Softmax { axis } | Op::LogSoftmax { axis } => infer_softmax(cx, *axis),
+        Op::LayerNorm { axis, .. } => infer_norm(cx, *axis, true),
+        Op::RmsNorm { axis, .. } => infer_norm(cx, *axis, false),
+        other => Err(not_in_family(cx.op, other, "normalisation")),
+    }
+}
+
+/// Forward and backward FLOPs of the normalisation ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    let x = inputs.first().copied().flatten();
+    match op {
+        Op::Softmax { .. } | Op::LogSoftmax { .. } => flops(NormKind::Softmax, x),
+        Op::LayerNorm { .. } => flops(NormKind::Layer, x),
+        Op::RmsNorm { .. } => flops(NormKind::Rms, x),
+        other => misrouted(other, "normalisation"),
+    }
+}
+
+/// Reference kernels of the normalisation ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Softmax { axis } => eval_softmax(cx, *axis, false),
+        Op::LogSoftmax { axis } => eval_softmax(cx, *axis, true),
+        Op::LayerNorm { axis, epsilon } => eval_norm(cx, *axis, *epsilon, true),
+        Op::RmsNorm { axis, epsilon } => eval_norm(cx, *axis, *epsilon, false),
+        other => Err(not_in_family(cx.op, other, "normalisation")),
+    }
 }
 
 #[cfg(test)]

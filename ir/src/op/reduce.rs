@@ -3,12 +3,13 @@
 //! accumulate in `f64`; integer ones wrap to the logical type.
 
 use super::broadcast::strided_index;
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     finish, float_kernel, int_cmp, int_limits, int_values, invalid, norm_axes, norm_axis, numel, scalar_int,
     strides, tensor, unsupported, EvalCtx, InferCtx, Real, Rows,
 };
 use super::moe::top_indices;
-use super::{OpError, ReduceKind, TensorType};
+use super::{Op, OpError, ReduceKind, TensorType};
 use crate::{DType, Data, Dim, Value};
 use std::cmp::Ordering;
 
@@ -359,6 +360,52 @@ pub(super) fn flops(x: Option<&TensorType>, differentiable: bool) -> (f64, f64) 
             0.0
         },
     )
+}
+
+/// Shape inference of the reduction ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+            noop_with_empty_axes,
+        } => infer_reduce(cx, *kind, axes.as_deref(), *keepdims, *noop_with_empty_axes),
+        Op::ArgMax { axis, keepdims, .. } => infer_argmax(cx, *axis, *keepdims),
+        Op::TopK { axis, .. } => infer_topk(cx, *axis),
+        Op::CumSum { .. } => infer_cumsum(cx),
+        other => Err(not_in_family(cx.op, other, "reduction")),
+    }
+}
+
+/// Forward and backward FLOPs of the reduction ops.
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    let x = inputs.first().copied().flatten();
+    match op {
+        Op::Reduce { .. } | Op::CumSum { .. } => flops(x, true),
+        Op::ArgMax { .. } | Op::TopK { .. } => flops(x, false),
+        other => misrouted(other, "reduction"),
+    }
+}
+
+/// Reference kernels of the reduction ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Reduce {
+            kind,
+            axes,
+            noop_with_empty_axes,
+            ..
+        } => eval_reduce(cx, *kind, axes.as_deref(), *noop_with_empty_axes),
+        Op::ArgMax {
+            axis,
+            select_last_index,
+            ..
+        } => eval_argmax(cx, *axis, *select_last_index),
+        Op::TopK { axis, largest, .. } => eval_topk(cx, *axis, *largest),
+        Op::CumSum { exclusive, reverse } => eval_cumsum(cx, *exclusive, *reverse),
+        other => Err(not_in_family(cx.op, other, "reduction")),
+    }
 }
 
 #[cfg(test)]

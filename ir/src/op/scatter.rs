@@ -9,6 +9,7 @@
 //! handling (negative indices, range checks, batch dims) is the forward's,
 //! exactly.
 
+use super::define::misrouted;
 use super::kernel_util::{finish, float_kernel, invalid, numel, prod, tensor, EvalCtx, InferCtx, Real};
 use super::{InferInput, Op, OpError, TensorType};
 use crate::{DType, Dim, Shape, Value};
@@ -68,7 +69,7 @@ fn compatible(a: &Shape, b: &Shape) -> bool {
 
 /// `(grad, indices, shape)` → `grad.dtype[shape]`, after checking that the
 /// forward gather of a `shape` tensor at `indices` has `grad`'s shape.
-pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
     cx.arity(3, 3)?;
     let grad = cx.float(0)?;
     let dims = out_dims(cx)?;
@@ -95,7 +96,7 @@ pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> 
 
 /// Reference kernel: zeros, then `out[pos[k]] += grad[k]` where `pos` is
 /// the forward gather of the flat positions.
-pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
     let grad = cx.input(0)?;
     let shape = cx.out_shape(0)?;
     let n = prod(&shape);
@@ -128,8 +129,13 @@ fn accumulate<T: Real>(g: &[T], pos: &[i64], n: usize) -> Vec<T> {
 
 /// Forward FLOPs: one addition per `grad` element. Backward: none (the
 /// adjoint of a scatter-add is a gather).
-pub(super) fn flops(grad: Option<&TensorType>) -> (f64, f64) {
-    (grad.map_or(0.0, numel), 0.0)
+pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        Op::GatherGrad { .. } | Op::GatherElementsGrad { .. } | Op::GatherNdGrad { .. } => {
+            (inputs.first().copied().flatten().map_or(0.0, numel), 0.0)
+        }
+        other => misrouted(other, "scatter-add"),
+    }
 }
 
 #[cfg(test)]

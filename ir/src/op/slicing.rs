@@ -1,11 +1,12 @@
 //! Data movement along axes: `Concat`, `Split`, `Slice`, `Trilu`.
 
 use super::broadcast::strided_index;
+use super::define::{misrouted, not_in_family};
 use super::kernel_util::{
     int_values, invalid, map_data, norm_axes, norm_axis, prod, scalar_int, strides, take, tensor,
     unsupported, EvalCtx, InferCtx,
 };
-use super::{OpError, TensorType};
+use super::{Op, OpError, TensorType};
 use crate::{Data, Dim, Value};
 
 /// `Concat(x0, x1, …)` along `axis`; other dims must agree.
@@ -355,6 +356,37 @@ pub(super) fn eval_trilu(cx: &EvalCtx, upper: bool) -> Result<Vec<Value>, OpErro
         shape: x.shape.clone(),
         data: map_data!(&x.data, d => zero_out(d, keep)),
     }])
+}
+
+/// Shape inference of the slicing ops (routed here by the op table).
+pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
+    match op {
+        Op::Concat { axis } => infer_concat(cx, *axis),
+        Op::Split { axis, split, outputs } => infer_split(cx, *axis, split.as_deref(), *outputs),
+        Op::Slice => infer_slice(cx),
+        Op::Trilu { .. } => infer_trilu(cx),
+        other => Err(not_in_family(cx.op, other, "slicing")),
+    }
+}
+
+/// Forward and backward FLOPs of the slicing ops.
+pub(super) fn flops_op(op: &Op, _inputs: &[Option<&TensorType>], _outputs: &[&TensorType]) -> (f64, f64) {
+    match op {
+        // Copies: bytes only.
+        Op::Concat { .. } | Op::Split { .. } | Op::Slice | Op::Trilu { .. } => (0.0, 0.0),
+        other => misrouted(other, "slicing"),
+    }
+}
+
+/// Reference kernels of the slicing ops.
+pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
+    match op {
+        Op::Concat { axis } => eval_concat(cx, *axis),
+        Op::Split { axis, .. } => eval_split(cx, *axis),
+        Op::Slice => eval_slice(cx),
+        Op::Trilu { upper } => eval_trilu(cx, *upper),
+        other => Err(not_in_family(cx.op, other, "slicing")),
+    }
 }
 
 #[cfg(test)]
