@@ -1,10 +1,12 @@
 //! autopar's graph IR: the one op set, tensors with symbolic shapes, the
 //! graph, and the ways a graph comes in (ONNX, JSON, the model zoo) and gets
-//! cleaned up (egg rewrites, layer detection).
+//! cleaned up (egg rewrites, layer detection), and reverse-mode autodiff
+//! over it (`autodiff`).
 //!
 //! Architecture invariant: `ir` knows nothing of devices, clusters or cost
 //! numbers beyond each op's FLOPs and bytes.
 
+pub mod autodiff;
 mod dtype;
 mod graph;
 pub mod json;

@@ -2,7 +2,8 @@
 //! (kernels), plus the strided index maps that every data-movement kernel
 //! reduces to.
 
-use super::kernel_util::{invalid, strides, unsupported};
+use super::context::{invalid, unsupported};
+use super::geometry::strides;
 use super::OpError;
 use crate::{Dim, Shape};
 

@@ -93,7 +93,7 @@ macro_rules! define_ops {
 
 pub(super) use define_ops;
 
-use super::kernel_util::invalid;
+use super::context::invalid;
 use super::{Op, OpError};
 
 /// The error a family's `infer_op`/`eval_op` returns for another family's

@@ -3,7 +3,8 @@
 //! (`define.rs`). Evaluation first re-runs shape inference on the concrete input
 //! values, so every kernel sees validated inputs and fixed output shapes.
 
-use super::kernel_util::{bytes, invalid, unsupported, EvalCtx, InferCtx};
+use super::context::{invalid, unsupported, EvalCtx, InferCtx};
+use super::geometry::bytes;
 use super::{BinaryOp, Cost, InferInput, Op, OpError, TensorType};
 use crate::{DType, Data, Shape, Value};
 

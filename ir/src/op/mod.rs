@@ -11,35 +11,41 @@
 //! the macro (`define.rs`) generates the enum and every per-variant table
 //! from it. Each family module beside this one holds that family's shape
 //! inference, cost and reference kernel together: `elementwise`, `linalg`,
-//! `norm`, `attention`, `moe`, `grad` (fused adjoints), `collective`,
-//! `reduce`, `movement`, `slicing`, `indexing`, `scatter`, `generate`.
+//! `norm`, `attention`, `moe`, `collective`, `reduce`, `movement`,
+//! `slicing`, `indexing`, `generate`. A family's folder holds `mod.rs`
+//! (shape inference, cost and the family's entry points), `kernel.rs` (the
+//! reference kernels), `grad.rs` (the fused adjoint or scatter-add its
+//! backward pass emits, where it has one), `backward.rs` (its autodiff
+//! rule) and `tests.rs`.
 //!
 //! Inputs are positional and may be absent (ONNX's empty input name), hence
 //! `Option` in every signature.
 
-mod attention;
+mod adjoint;
+pub(crate) mod attention;
 mod broadcast;
 mod collective;
+mod context;
 mod define;
 mod dispatch;
-mod elementwise;
+pub(crate) mod elementwise;
+mod gemm;
 mod generate;
-mod grad;
-mod indexing;
-mod kernel_util;
-mod linalg;
-mod moe;
-mod movement;
-mod norm;
-mod reduce;
-mod scatter;
+mod geometry;
+pub(crate) mod indexing;
+pub(crate) mod linalg;
+pub(crate) mod moe;
+pub(crate) mod movement;
+pub(crate) mod norm;
+mod numeric;
+pub(crate) mod reduce;
 mod slicing;
 #[cfg(test)]
 mod testing;
 
 use crate::{DType, Value};
+use context::{EvalCtx, InferCtx};
 use define::define_ops;
-use kernel_util::{EvalCtx, InferCtx};
 use serde::{Deserialize, Serialize};
 
 /// Element-wise functions of one input.
@@ -193,24 +199,24 @@ pub enum Op {
     /// gradient `dout`. Recomputes the probabilities instead of saving
     /// them. `mask_grad` asks for the gradient of a float mask too (summed
     /// over the dims it was broadcast along), which fixes the output count.
-    AttentionGrad { scale: Option<f64>, causal: bool, mask_grad: bool } => grad, Attention, 3 + usize::from(*mask_grad), io;
+    AttentionGrad { scale: Option<f64>, causal: bool, mask_grad: bool } => attention, Attention, 3 + usize::from(*mask_grad), io;
     /// `(x, weights, indices, w_in, w_out, dout, w_gate?)` →
     /// `(dx, dweights, dw_in, dw_out, dw_gate?)`: the gradient of
     /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
     /// says whether `w_gate` is given, which fixes the output count.
-    MoeExpertsGrad { activation: Activation, gated: bool } => grad, Linear, 4 + usize::from(*gated), io;
+    MoeExpertsGrad { activation: Activation, gated: bool } => moe, Linear, 4 + usize::from(*gated), io;
     /// `(x, scale, dout)` → `(dx, dout·x̂)`: the gradient of `LayerNorm`
     /// (`centre`) or `RmsNorm` over the dims `axis..` with respect to `x`,
     /// and the product whose sums over the dims `scale` is broadcast along
     /// are its gradient (in the statistics' type: `f32` for 16-bit floats).
     /// Recomputes the statistics.
-    NormGrad { axis: i64, epsilon: f64, centre: bool } => grad, Norm, 2, io;
+    NormGrad { axis: i64, epsilon: f64, centre: bool } => norm, Norm, 2, io;
     /// `(x, dout)` → `dx = dout · act'(x)`: the gradient of `Gelu` or `Silu`
     /// (the `Activation` they compute) with respect to `x`.
-    ActivationGrad { activation: Activation } => grad, Activation, 1, io;
+    ActivationGrad { activation: Activation } => elementwise, Activation, 1, io;
     /// `(y, dout)` → `dx`: the gradient of `Softmax` (`log = false`) or
     /// `LogSoftmax { axis }` from its output `y`.
-    SoftmaxGrad { axis: i64, log: bool } => grad, Softmax, 1, io;
+    SoftmaxGrad { axis: i64, log: bool } => norm, Softmax, 1, io;
 
     // ---- tensor-parallel communication (lowered per-rank graphs) ---------------
     /// `(x)`: communication over a `group` of `parts` ranks (see
@@ -270,12 +276,12 @@ pub enum Op {
     /// `grad` element added where `Gather { axis }` of a `shape` tensor at
     /// `indices` read it; repeated indices accumulate. Backward of `Gather`
     /// and `Embedding`.
-    GatherGrad { axis: i64 } => scatter, Indexing, 1, io;
+    GatherGrad { axis: i64 } => indexing, Indexing, 1, io;
     /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherElements { axis }`.
     /// Backward of `GatherElements` and `TopK`.
-    GatherElementsGrad { axis: i64 } => scatter, Indexing, 1, io;
+    GatherElementsGrad { axis: i64 } => indexing, Indexing, 1, io;
     /// `(grad, indices, shape)`: as `GatherGrad`, for `GatherNd { batch_dims }`.
-    GatherNdGrad { batch_dims: i64 } => scatter, Indexing, 1, io;
+    GatherNdGrad { batch_dims: i64 } => indexing, Indexing, 1, io;
 
     // ---- generators ------------------------------------------------------------
     /// `(shape)` filled with `value` (a one-element tensor; f32 zero when absent).

@@ -6,7 +6,7 @@
 use super::expert_parallel::shard_experts;
 use super::tensor_parallel::{bind, shard, shard_context, TpError, WeightSlice};
 use super::Strategy;
-use crate::autodiff::{differentiate, AutodiffError};
+use autopar_ir::autodiff::{differentiate, AutodiffError};
 use autopar_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Role, Shape, TensorId, TensorType, Value};
 use std::collections::{BTreeMap, HashMap};
 

@@ -1,0 +1,108 @@
+use super::super::testing::*;
+use super::super::Op;
+use super::*;
+
+fn attn(causal: bool) -> Op {
+    Op::Attention { scale: None, causal }
+}
+
+#[test]
+fn single_query_default_scale() {
+    let q = f32s(&[1, 1, 1, 2], &[1.0, 0.0]);
+    let k = f32s(&[1, 1, 2, 2], &[1.0, 0.0, 0.0, 1.0]);
+    let v = f32s(&[1, 1, 2, 2], &[1.0, 0.0, 0.0, 1.0]);
+    // scores [1/√2, 0] → softmax [0.66976, 0.33024].
+    assert_close(&eval1(&attn(false), &[&q, &k, &v]).1, &[0.669762, 0.330238], 1e-6);
+}
+
+#[test]
+fn causal_and_bool_masks() {
+    let q = f32s(&[1, 1, 2, 2], &[1.0, 0.0, 1.0, 0.0]);
+    let k = f32s(&[1, 1, 2, 2], &[1.0, 0.0, 0.0, 1.0]);
+    let v = f32s(&[1, 1, 2, 2], &[1.0, 2.0, 3.0, 4.0]);
+    let out = eval1(&attn(true), &[&q, &k, &v]).1;
+    assert_close(&out[..2], &[1.0, 2.0], 1e-6);
+    // Keep only key 1 for query 0; mask everything for query 1 → zeros.
+    let mask = bools(&[2, 2], &[false, true, false, false]);
+    assert_close(
+        &eval1(&attn(false), &[&q, &k, &v, &mask]).1,
+        &[3.0, 4.0, 0.0, 0.0],
+        1e-6,
+    );
+    // A float mask shorter than the key length: missing keys are masked.
+    let short = f32s(&[1], &[0.0]);
+    assert_close(
+        &eval1(&attn(false), &[&q, &k, &v, &short]).1,
+        &[1.0, 2.0, 1.0, 2.0],
+        1e-6,
+    );
+}
+
+#[test]
+fn grouped_query_heads_share_kv() {
+    let q = f32s(&[1, 2, 1, 1], &[1.0, 1.0]);
+    let k = f32s(&[1, 1, 2, 1], &[0.0, 0.0]);
+    let v = f32s(&[1, 1, 2, 1], &[2.0, 4.0]);
+    assert_close(&eval1(&attn(false), &[&q, &k, &v]).1, &[3.0, 3.0], 1e-6);
+}
+
+#[test]
+fn attention_inference() {
+    let t = |s| ty(DType::F32, s);
+    let out = infer(&attn(true), &[t("b 4 s 8"), t("b 2 t 8"), t("b 2 t 16")]).unwrap();
+    assert_eq!(out[0], t("b 4 s 16"));
+    assert!(infer(&attn(true), &[t("b 3 s 8"), t("b 2 t 8"), t("b 2 t 8")]).is_err());
+    assert!(infer(&attn(true), &[t("b 2 s 8"), t("b 2 t 4"), t("b 2 t 8")]).is_err());
+    let mask = ty(DType::Bool, "s t");
+    assert!(infer(&attn(false), &[t("b 2 s 8"), t("b 2 t 8"), t("b 2 t 8"), mask]).is_ok());
+    let bad = ty(DType::I64, "s t");
+    assert!(infer(&attn(false), &[t("b 2 s 8"), t("b 2 t 8"), t("b 2 t 8"), bad]).is_err());
+}
+
+#[test]
+fn attention_cost_counts_full_scores() {
+    let (q, o) = (ty(DType::F32, "2 4 8 16"), ty(DType::F32, "2 4 8 16"));
+    let c = attn(true).cost(&[Some(&q), Some(&q), Some(&q)], &[&o]);
+    let scores = 2.0 * 4.0 * 8.0 * 8.0;
+    assert_eq!(c.forward_flops, 4.0 * scores * 16.0 + 5.0 * scores);
+}
+
+fn rope(interleaved: bool, num_heads: usize) -> Op {
+    Op::RotaryEmbedding {
+        interleaved,
+        rotary_dim: 0,
+        num_heads,
+    }
+}
+
+#[test]
+fn rotary_halves_and_interleaved() {
+    let x = f32s(&[1, 1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
+    let cos = f32s(&[2, 2], &[9.0, 9.0, 0.0, 1.0]);
+    let sin = f32s(&[2, 2], &[9.0, 9.0, 1.0, 0.0]);
+    let pos = i64s(&[1, 1], &[1]);
+    assert_eq!(
+        eval1(&rope(false, 0), &[&x, &cos, &sin, &pos]).1,
+        vec![-3.0, 2.0, 1.0, 4.0]
+    );
+    assert_eq!(
+        eval1(&rope(true, 0), &[&x, &cos, &sin, &pos]).1,
+        vec![-2.0, 1.0, 3.0, 4.0]
+    );
+    let x3 = f32s(&[1, 1, 4], &[1.0, 2.0, 3.0, 4.0]);
+    assert_eq!(
+        eval1(&rope(false, 1), &[&x3, &cos, &sin, &pos]).1,
+        vec![-3.0, 2.0, 1.0, 4.0]
+    );
+    let far = i64s(&[1, 1], &[2]);
+    assert!(eval(&rope(false, 0), &[&x, &cos, &sin, &far]).is_err());
+    assert!(infer(
+        &rope(false, 0),
+        &[
+            ty(DType::F32, "b 3 8"),
+            ty(DType::F32, "p 4"),
+            ty(DType::F32, "p 4")
+        ]
+    )
+    .is_err());
+}

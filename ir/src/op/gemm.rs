@@ -1,0 +1,112 @@
+//! A bounds-checked wrapper around `matrixmultiply`'s GEMM over strided
+//! matrix views, which the products, attention and the MoE kernels share.
+
+use super::context::invalid;
+use super::numeric::Real;
+use super::OpError;
+
+/// A strided matrix view: element `(i, j)` is `data[off + i·rs + j·cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a, T> {
+    pub data: &'a [T],
+    pub off: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a, T> Mat<'a, T> {
+    /// A matrix stored row-major with row length `ld` from `off`; when
+    /// `transposed`, the view is the transpose of the stored matrix.
+    pub fn row_major(data: &'a [T], off: usize, ld: usize, transposed: bool) -> Self {
+        if transposed {
+            Mat {
+                data,
+                off,
+                rs: 1,
+                cs: ld,
+            }
+        } else {
+            Mat {
+                data,
+                off,
+                rs: ld,
+                cs: 1,
+            }
+        }
+    }
+
+    /// True when a `rows × cols` view stays inside the buffer.
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0 || cols == 0 || self.off + (rows - 1) * self.rs + (cols - 1) * self.cs < self.data.len()
+    }
+}
+
+/// `C[m, n] (row-major at c_off) ← α·A[m, k]·B[k, n] + β·C`, via `matrixmultiply`.
+/// Returns an error instead of touching memory out of bounds.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<T: Real>(
+    op: &str,
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: Mat<T>,
+    b: Mat<T>,
+    beta: T,
+    c: &mut [T],
+    c_off: usize,
+) -> Result<(), OpError> {
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if !a.fits(m, k) || !b.fits(k, n) || c_off + m * n > c.len() {
+        return Err(invalid(op, "internal error: matrix view out of bounds"));
+    }
+    let cm = &mut c[c_off..c_off + m * n];
+    if k == 0 {
+        for x in cm.iter_mut() {
+            *x = if beta == T::zero() { T::zero() } else { *x * beta };
+        }
+        return Ok(());
+    }
+    // SAFETY: `fits` checked that every element (i, l) of A, (l, j) of B and
+    // (i, j) of C lies within its slice; C is a distinct `&mut` borrow.
+    unsafe {
+        T::raw_gemm(
+            m,
+            k,
+            n,
+            alpha,
+            a.data.as_ptr().add(a.off),
+            a.rs as isize,
+            a.cs as isize,
+            b.data.as_ptr().add(b.off),
+            b.rs as isize,
+            b.cs as isize,
+            beta,
+            cm.as_mut_ptr(),
+            n as isize,
+            1,
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_with_transposed_views() {
+        // A = [[1,2],[3,4]], Bᵀ stored as [[5,7],[6,8]] → B = [[5,6],[7,8]].
+        let a = [1.0f32, 2.0, 3.0, 4.0];
+        let bt = [5.0f32, 7.0, 6.0, 8.0];
+        let mut c = vec![0.0f32; 4];
+        let am = Mat::row_major(&a[..], 0, 2, false);
+        let bm = Mat::row_major(&bt[..], 0, 2, true);
+        gemm("G", 2, 2, 2, 1.0, am, bm, 0.0, &mut c, 0).unwrap();
+        assert_eq!(c, vec![19.0, 22.0, 43.0, 50.0]);
+        let short = Mat::row_major(&a[..3], 0, 2, false);
+        assert!(gemm("G", 2, 2, 2, 1.0, short, bm, 0.0, &mut c, 0).is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! `MoeExpertsGrad(x, weights, indices, w_in, w_out, dout, w_gate?)` →
+//! `(dx, dweights, dw_in, dw_out, dw_gate?)`: the adjoint of `MoeExperts`.
+//! Per expert, over the `n` assignments routed to it (rows `xs`, routing
+//! weights `ω`): the pre-activations `a = xs·w_in` (and `g = xs·w_gate`)
+//! and hidden `hid = act(a)` (or `act(g) ⊙ a`) are recomputed; then
+//! `dweights = ⟨dout, hid·w_out⟩`, `dY = ω·dout`, `dw_out += hidᵀ·dY`,
+//! `dhid = dY·w_outᵀ`, `da = dhid ⊙ act′(a)` (or `dhid ⊙ act(g)` with
+//! `dg = dhid ⊙ a ⊙ act′(g)`), `dw_in += xsᵀ·da`, `dw_gate += xsᵀ·dg` and
+//! `dx += da·w_inᵀ + dg·w_gateᵀ`.
+
+use super::super::adjoint::check_grad_like;
+use super::super::context::{invalid, EvalCtx, InferCtx};
+use super::super::elementwise::activate;
+use super::super::elementwise::grad::derivative as activation_grad;
+use super::super::gemm::{gemm, Mat};
+use super::super::geometry::{dim, numel};
+use super::super::moe::infer_experts;
+use super::super::numeric::Real;
+use super::super::{Activation, OpError, TensorType};
+
+/// Element-wise FLOPs per hidden unit of one assignment (activation and
+/// its derivative).
+const HIDDEN_FLOPS: f64 = 8.0;
+
+/// Types of the gradients of `x`, `weights`, `w_in`, `w_out` and, when
+/// `gated`, `w_gate`, after checking the forward inputs as `MoeExperts`
+/// does and `dout` against its output.
+pub(super) fn infer(cx: &InferCtx, gated: bool) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(6, 7)?;
+    if cx.opt(6).is_some() != gated {
+        let why = if gated {
+            "gated experts need w_gate (input 6)"
+        } else {
+            "w_gate (input 6) is given but gated is false"
+        };
+        return Err(invalid(cx.op, why));
+    }
+    let forward = [cx.opt(0), cx.opt(1), cx.opt(2), cx.opt(3), cx.opt(4), cx.opt(6)];
+    let n = if gated { 6 } else { 5 };
+    let out = infer_experts(&InferCtx {
+        op: cx.op,
+        inputs: &forward[..n],
+    })?;
+    check_grad_like(cx, 5, &out[0])?;
+    let grads: &[usize] = if gated { &[0, 1, 3, 4, 6] } else { &[0, 1, 3, 4] };
+    grads.iter().map(|&i| cx.ty(i).cloned()).collect()
+}
+
+/// Reference kernel: `[dx, dweights, dw_in, dw_out, dw_gate?]`.
+pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T>>, OpError> {
+    let (idv, winv) = (cx.input(2)?, cx.input(3)?);
+    let (x, w, dout) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?, cx.floats::<T>(5)?);
+    let (w_in, w_out) = (cx.floats::<T>(3)?, cx.floats::<T>(4)?);
+    let gate = cx.opt(6).map(|_| cx.floats::<T>(6)).transpose()?;
+    let ids = idv.as_i64().unwrap_or_default();
+    let (e, h, f) = (winv.shape[0], winv.shape[1], winv.shape[2]);
+    let k = idv.shape.last().copied().unwrap_or(1).max(1);
+    // The assignments (flat routing slots) of each expert.
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); e];
+    for (slot, &id) in ids.iter().enumerate() {
+        let ex = usize::try_from(id)
+            .ok()
+            .filter(|&ex| ex < e)
+            .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{e}")))?;
+        slots[ex].push(slot);
+    }
+    let mut dx = vec![T::zero(); x.len()];
+    let mut dw = vec![T::zero(); w.len()];
+    let mut dw_in = vec![T::zero(); w_in.len()];
+    let mut dw_out = vec![T::zero(); w_out.len()];
+    let mut dw_gate = vec![T::zero(); gate.map_or(0, <[T]>::len)];
+    let token = |s: usize| (s / k) * h..(s / k + 1) * h;
+    for (ex, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+        let n = list.len();
+        let (fo, wo) = (ex * h * f, ex * f * h);
+        let xs: Vec<T> = list.iter().flat_map(|&s| x[token(s)].iter().copied()).collect();
+        let dys: Vec<T> = list
+            .iter()
+            .flat_map(|&s| dout[token(s)].iter().map(move |&g| g * w[s]))
+            .collect();
+        let (xm, xt) = (
+            Mat::row_major(&xs[..], 0, h, false),
+            Mat::row_major(&xs[..], 0, h, true),
+        );
+        let dym = Mat::row_major(&dys[..], 0, h, false);
+        let mut a = vec![T::zero(); n * f];
+        gemm(
+            cx.op,
+            n,
+            h,
+            f,
+            T::one(),
+            xm,
+            Mat::row_major(w_in, fo, f, false),
+            T::zero(),
+            &mut a,
+            0,
+        )?;
+        let g = match gate {
+            Some(gw) => {
+                let mut g = vec![T::zero(); n * f];
+                gemm(
+                    cx.op,
+                    n,
+                    h,
+                    f,
+                    T::one(),
+                    xm,
+                    Mat::row_major(gw, fo, f, false),
+                    T::zero(),
+                    &mut g,
+                    0,
+                )?;
+                Some(g)
+            }
+            None => None,
+        };
+        let hid: Vec<T> = match &g {
+            Some(g) => a.iter().zip(g).map(|(&a, &g)| a * activate(act, g)).collect(),
+            None => a.iter().map(|&a| activate(act, a)).collect(),
+        };
+        let hm = Mat::row_major(&hid[..], 0, f, false);
+        // Routing weights: the expert's unweighted output against dout.
+        let mut y = vec![T::zero(); n * h];
+        gemm(
+            cx.op,
+            n,
+            f,
+            h,
+            T::one(),
+            hm,
+            Mat::row_major(w_out, wo, h, false),
+            T::zero(),
+            &mut y,
+            0,
+        )?;
+        for (&s, yr) in list.iter().zip(y.chunks(h.max(1))) {
+            dw[s] = dout[token(s)].iter().zip(yr).map(|(&g, &v)| g * v).sum();
+        }
+        let ht = Mat::row_major(&hid[..], 0, f, true);
+        gemm(cx.op, f, n, h, T::one(), ht, dym, T::one(), &mut dw_out, wo)?;
+        let mut dhid = vec![T::zero(); n * f];
+        gemm(
+            cx.op,
+            n,
+            h,
+            f,
+            T::one(),
+            dym,
+            Mat::row_major(w_out, wo, h, true),
+            T::zero(),
+            &mut dhid,
+            0,
+        )?;
+        let (da, dg): (Vec<T>, Option<Vec<T>>) = match &g {
+            Some(g) => (
+                dhid.iter().zip(g).map(|(&d, &g)| d * activate(act, g)).collect(),
+                Some(
+                    dhid.iter()
+                        .zip(g)
+                        .zip(&a)
+                        .map(|((&d, &g), &a)| d * a * activation_grad(act, g))
+                        .collect(),
+                ),
+            ),
+            None => (
+                dhid.iter()
+                    .zip(&a)
+                    .map(|(&d, &a)| d * activation_grad(act, a))
+                    .collect(),
+                None,
+            ),
+        };
+        let dam = Mat::row_major(&da[..], 0, f, false);
+        gemm(cx.op, h, n, f, T::one(), xt, dam, T::one(), &mut dw_in, fo)?;
+        let mut dxs = vec![T::zero(); n * h];
+        gemm(
+            cx.op,
+            n,
+            f,
+            h,
+            T::one(),
+            dam,
+            Mat::row_major(w_in, fo, f, true),
+            T::zero(),
+            &mut dxs,
+            0,
+        )?;
+        if let (Some(dg), Some(gw)) = (&dg, gate) {
+            let dgm = Mat::row_major(&dg[..], 0, f, false);
+            gemm(cx.op, h, n, f, T::one(), xt, dgm, T::one(), &mut dw_gate, fo)?;
+            gemm(
+                cx.op,
+                n,
+                f,
+                h,
+                T::one(),
+                dgm,
+                Mat::row_major(gw, fo, f, true),
+                T::one(),
+                &mut dxs,
+                0,
+            )?;
+        }
+        for (&s, dr) in list.iter().zip(dxs.chunks(h.max(1))) {
+            for (o, &v) in dx[token(s)].iter_mut().zip(dr) {
+                *o += v;
+            }
+        }
+    }
+    let mut out = vec![dx, dw, dw_in, dw_out];
+    if gate.is_some() {
+        out.push(dw_gate);
+    }
+    Ok(out)
+}
+
+/// FLOPs: each assignment's products recomputed (two, three when gated)
+/// and their gradients (twice as many), plus the element-wise work.
+pub(super) fn flops(inputs: &[Option<&TensorType>]) -> f64 {
+    let get = |i: usize| inputs.get(i).copied().flatten();
+    let (Some(x), Some(ids), Some(win)) = (get(0), get(2), get(3)) else {
+        return 0.0;
+    };
+    let assignments = numel(ids);
+    let (h, f) = (dim(win, 1), dim(win, 2));
+    let products = if get(6).is_some() { 3.0 } else { 2.0 };
+    3.0 * assignments * products * 2.0 * h * f + assignments * f * HIDDEN_FLOPS + numel(x) * 4.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::testing::{assert_close, eval, f32s, i64s, infer, ty};
+    use super::super::super::Op;
+    use super::Activation;
+    use crate::DType;
+
+    fn op(gated: bool) -> Op {
+        Op::MoeExpertsGrad {
+            activation: Activation::Relu,
+            gated,
+        }
+    }
+
+    #[test]
+    fn infers_gradient_types_and_checks_gating() {
+        let t = |s| ty(DType::F32, s);
+        let ids = ty(DType::I64, "t 2");
+        let base = [t("t 4"), t("t 2"), ids, t("3 4 8"), t("3 8 4"), t("t 4")];
+        assert_eq!(
+            infer(&op(false), &base).unwrap(),
+            vec![t("t 4"), t("t 2"), t("3 4 8"), t("3 8 4")]
+        );
+        let mut gated = base.to_vec();
+        gated.push(t("3 4 8"));
+        assert_eq!(infer(&op(true), &gated).unwrap().len(), 5);
+        assert!(infer(&op(true), &base).is_err());
+        assert!(infer(&op(false), &gated).is_err());
+        let mut bad = base.to_vec();
+        bad[5] = t("t 5");
+        assert!(infer(&op(false), &bad).is_err());
+    }
+
+    #[test]
+    fn one_token_two_experts() {
+        // Forward (see MoeExperts' test): 0.5·relu(3·1)·1 + 0.25·relu(3·2)·10.
+        let x = f32s(&[1, 1], &[3.0]);
+        let w = f32s(&[1, 2], &[0.5, 0.25]);
+        let ids = i64s(&[1, 2], &[0, 1]);
+        let w_in = f32s(&[2, 1, 1], &[1.0, 2.0]);
+        let w_out = f32s(&[2, 1, 1], &[1.0, 10.0]);
+        let dout = f32s(&[1, 1], &[1.0]);
+        let out = eval(&op(false), &[&x, &w, &ids, &w_in, &w_out, &dout]).unwrap();
+        // dx = 0.5·1·1 + 0.25·10·2; dweights = expert outputs [3, 60];
+        // dw_in = ω·w_out·x; dw_out = ω·hid.
+        assert_close(&out[0].to_f64_vec(), &[5.5], 1e-6);
+        assert_close(&out[1].to_f64_vec(), &[3.0, 60.0], 1e-6);
+        assert_close(&out[2].to_f64_vec(), &[1.5, 7.5], 1e-6);
+        assert_close(&out[3].to_f64_vec(), &[1.5, 1.5], 1e-6);
+        // Gated with relu(x·gate) = [0, 0] for gate [-1, -1]: no gradient to
+        // w_in or x through the (dead) gate, and the outputs are zero.
+        let gate = f32s(&[2, 1, 1], &[-1.0, -1.0]);
+        let out = eval(&op(true), &[&x, &w, &ids, &w_in, &w_out, &dout, &gate]).unwrap();
+        assert_eq!(out.len(), 5);
+        assert!(out.iter().all(|o| o.to_f64_vec().iter().all(|&v| v == 0.0)));
+        let bad = i64s(&[1, 2], &[0, 2]);
+        assert!(eval(&op(false), &[&x, &w, &bad, &w_in, &w_out, &dout]).is_err());
+    }
+}

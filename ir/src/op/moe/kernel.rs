@@ -1,0 +1,146 @@
+//! Reference kernels of MoE routing and the fused experts.
+
+use super::*;
+
+/// Indices of the `k` largest (or smallest) entries, ties to the lower index.
+pub(crate) fn top_indices<T: Copy>(
+    row: &[T],
+    k: usize,
+    order: impl Fn(&T, &T) -> std::cmp::Ordering,
+) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..row.len()).collect();
+    // A stable sort keeps equal values in index order.
+    idx.sort_by(|&a, &b| order(&row[a], &row[b]));
+    idx.truncate(k);
+    idx
+}
+
+fn router_kernel<T: Real>(logits: &[T], experts: usize, k: usize) -> (Vec<T>, Vec<i64>) {
+    let rows = logits.len() / experts.max(1);
+    let (mut w, mut ids) = (Vec::with_capacity(rows * k), Vec::with_capacity(rows * k));
+    for row in logits.chunks(experts.max(1)) {
+        let max = row
+            .iter()
+            .fold(T::neg_infinity(), |m, &x| if x > m { x } else { m });
+        let p: Vec<T> = row.iter().map(|&x| (x - max).exp()).collect();
+        let top = top_indices(&p, k, |a, b| {
+            b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal)
+        });
+        let total = top.iter().map(|&i| p[i]).sum::<T>();
+        for &i in &top {
+            w.push(p[i] / total);
+            ids.push(i as i64);
+        }
+    }
+    (w, ids)
+}
+
+/// Reference kernel for `MoeRouter`. The softmax normaliser cancels in the
+/// renormalisation, so only `exp(x - max)` is computed.
+pub(super) fn eval_router(cx: &EvalCtx, top_k: usize) -> Result<Vec<Value>, OpError> {
+    let x = cx.input(0)?;
+    let experts = x.shape.last().copied().unwrap_or(1);
+    let ids;
+    let w = float_kernel!(cx.op, x, T => {
+        let (w, i) = router_kernel(cx.floats::<T>(0)?, experts, top_k);
+        ids = i;
+        w
+    });
+    Ok(vec![
+        finish(x.dtype, cx.out_shape(0)?, w),
+        Value::i64(cx.out_shape(1)?, ids).map_err(|e| invalid(cx.op, e.to_string()))?,
+    ])
+}
+
+fn experts_kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<T>, OpError> {
+    let (xv, idv, winv) = (cx.input(0)?, cx.input(2)?, cx.input(3)?);
+    let (x, w) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?);
+    let (w_in, w_out) = (cx.floats::<T>(3)?, cx.floats::<T>(4)?);
+    let gate = match cx.opt(5) {
+        Some(_) => Some(cx.floats::<T>(5)?),
+        None => None,
+    };
+    let ids = idv.as_i64().unwrap_or_default();
+    let (e, h, f) = (winv.shape[0], winv.shape[1], winv.shape[2]);
+    let k = idv.shape.last().copied().unwrap_or(1);
+    let tokens = prod(&xv.shape) / h.max(1);
+    // Tokens routed to each expert, with their weights.
+    let mut routed: Vec<Vec<(usize, T)>> = vec![Vec::new(); e];
+    for (slot, &id) in ids.iter().enumerate() {
+        let ex = usize::try_from(id)
+            .ok()
+            .filter(|&ex| ex < e)
+            .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{e}")))?;
+        routed[ex].push((slot / k.max(1), w[slot]));
+    }
+    let mut out = vec![T::zero(); tokens * h];
+    for (ex, list) in routed.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
+        let n = list.len();
+        let xs: Vec<T> = list
+            .iter()
+            .flat_map(|&(t, _)| x[t * h..(t + 1) * h].iter().copied())
+            .collect();
+        let xm = Mat::row_major(&xs[..], 0, h, false);
+        let mut hid = vec![T::zero(); n * f];
+        gemm(
+            cx.op,
+            n,
+            h,
+            f,
+            T::one(),
+            xm,
+            Mat::row_major(w_in, ex * h * f, f, false),
+            T::zero(),
+            &mut hid,
+            0,
+        )?;
+        match gate {
+            Some(g) => {
+                let mut gv = vec![T::zero(); n * f];
+                gemm(
+                    cx.op,
+                    n,
+                    h,
+                    f,
+                    T::one(),
+                    xm,
+                    Mat::row_major(g, ex * h * f, f, false),
+                    T::zero(),
+                    &mut gv,
+                    0,
+                )?;
+                for (a, &gi) in hid.iter_mut().zip(&gv) {
+                    *a *= activate(act, gi);
+                }
+            }
+            None => hid.iter_mut().for_each(|a| *a = activate(act, *a)),
+        }
+        let mut y = vec![T::zero(); n * h];
+        let hm = Mat::row_major(&hid[..], 0, f, false);
+        gemm(
+            cx.op,
+            n,
+            f,
+            h,
+            T::one(),
+            hm,
+            Mat::row_major(w_out, ex * f * h, h, false),
+            T::zero(),
+            &mut y,
+            0,
+        )?;
+        for (&(t, wt), yr) in list.iter().zip(y.chunks(h.max(1))) {
+            for (o, &v) in out[t * h..(t + 1) * h].iter_mut().zip(yr) {
+                *o += wt * v;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reference kernel for `MoeExperts`.
+pub(super) fn eval_experts(cx: &EvalCtx, act: Activation) -> Result<Vec<Value>, OpError> {
+    let x = cx.input(0)?;
+    let data = float_kernel!(cx.op, x, T => experts_kernel::<T>(cx, act)?);
+    Ok(vec![finish(x.dtype, x.shape.clone(), data)])
+}

@@ -1,0 +1,96 @@
+//! Reference kernels of softmax and the normalisations, row by row.
+
+use super::*;
+
+/// Softmax (or log-softmax) of `x` along rows, written into a new buffer.
+fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
+    let mut out = vec![T::zero(); x.len()];
+    let mut idx = Vec::with_capacity(rows.n);
+    for base in rows.starts() {
+        idx.clear();
+        idx.extend((0..rows.n).map(|j| base + j * rows.inner));
+        let max = idx
+            .iter()
+            .fold(T::neg_infinity(), |m, &i| if x[i] > m { x[i] } else { m });
+        let mut sum = T::zero();
+        for &i in &idx {
+            let e = (x[i] - max).exp();
+            out[i] = e;
+            sum += e;
+        }
+        if log {
+            let lse = sum.ln();
+            for &i in &idx {
+                out[i] = x[i] - max - lse;
+            }
+        } else {
+            for &i in &idx {
+                out[i] = out[i] / sum;
+            }
+        }
+    }
+    out
+}
+
+/// Reference kernel for `Softmax` and `LogSoftmax`.
+pub(super) fn eval_softmax(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<Value>, OpError> {
+    let x = cx.input(0)?;
+    let rows = Rows::along(&x.shape, norm_axis(cx.op, axis, x.shape.len())?);
+    let data = float_kernel!(cx.op, x, T => softmax_rows(cx.floats::<T>(0)?, &rows, log));
+    Ok(vec![finish(x.dtype, x.shape.clone(), data)])
+}
+
+/// A normalised row's `(mean, 1/√(var + ε))`, the mean zero for RMS
+/// (`centre = false`); the backward pass recomputes them the same way.
+pub(super) fn row_stats<T: Real>(row: &[T], centre: bool, epsilon: f64) -> (T, T) {
+    let count = T::lit(row.len().max(1) as f64);
+    let mean = if centre {
+        row.iter().copied().sum::<T>() / count
+    } else {
+        T::zero()
+    };
+    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
+    (mean, T::one() / (var + T::lit(epsilon)).sqrt())
+}
+
+fn norm_kernel<T: Real>(cx: &EvalCtx, axis: usize, epsilon: f64, centre: bool) -> Result<Vec<T>, OpError> {
+    let x_val = cx.input(0)?;
+    let x = cx.floats::<T>(0)?;
+    let normalized = &x_val.shape[axis..];
+    let n = prod(normalized);
+    let param = |i: usize| -> Result<Option<Vec<T>>, OpError> {
+        match cx.opt(i) {
+            None => Ok(None),
+            Some(v) => {
+                let d = cx.floats::<T>(i)?;
+                Ok(Some(
+                    source_index(&v.shape, normalized)
+                        .into_iter()
+                        .map(|j| d[j])
+                        .collect(),
+                ))
+            }
+        }
+    };
+    let scale = param(1)?.unwrap_or_default();
+    let bias = if centre { param(2)? } else { None };
+    let mut out = vec![T::zero(); x.len()];
+    for (row, y) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
+        let (mean, inv) = row_stats(row, centre, epsilon);
+        for (j, (o, &v)) in y.iter_mut().zip(row).enumerate() {
+            *o = (v - mean) * inv * scale[j];
+            if let Some(b) = &bias {
+                *o += b[j];
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reference kernel for `LayerNorm` (`centre = true`) and `RmsNorm`.
+pub(super) fn eval_norm(cx: &EvalCtx, axis: i64, epsilon: f64, centre: bool) -> Result<Vec<Value>, OpError> {
+    let x = cx.input(0)?;
+    let a = norm_axis(cx.op, axis, x.shape.len())?;
+    let data = float_kernel!(cx.op, x, T => norm_kernel::<T>(cx, a, epsilon, centre)?);
+    Ok(vec![finish(x.dtype, x.shape.clone(), data)])
+}

@@ -1,0 +1,146 @@
+use super::super::testing::*;
+use super::super::Op;
+use super::*;
+
+fn reduce(kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool) -> Op {
+    Op::Reduce {
+        kind,
+        axes,
+        keepdims,
+        noop_with_empty_axes: false,
+    }
+}
+
+#[test]
+fn reduce_with_attribute_and_input_axes() {
+    let x = f32s(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Sum, Some(vec![1]), true), &[&x]),
+        (vec![2, 1], vec![6.0, 15.0])
+    );
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Mean, Some(vec![-2]), false), &[&x]),
+        (vec![3], vec![2.5, 3.5, 4.5])
+    );
+    let axes = i64s(&[1], &[0]);
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Max, None, false), &[&x, &axes]),
+        (vec![3], vec![4.0, 5.0, 6.0])
+    );
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Prod, None, false), &[&x]),
+        (vec![], vec![720.0])
+    );
+    let noop = Op::Reduce {
+        kind: ReduceKind::Sum,
+        axes: None,
+        keepdims: true,
+        noop_with_empty_axes: true,
+    };
+    let empty = i64s(&[0], &[]);
+    assert_eq!(eval1(&noop, &[&x, &empty]).1, x.to_f64_vec());
+}
+
+#[test]
+fn reduce_inference_needs_constant_axes() {
+    let op = reduce(ReduceKind::Sum, None, true);
+    let r = infer(&op, &[ty(DType::F32, "b s 8"), ty(DType::I64, "1")]);
+    assert!(matches!(r, Err(OpError::NotConstant { input: 1, .. })));
+    let r = infer_with(
+        &op,
+        &[
+            (ty(DType::F32, "b s 8"), None),
+            (ty(DType::I64, "1"), Some(i64s(&[1], &[-1]))),
+        ],
+    );
+    assert_eq!(r.unwrap()[0], ty(DType::F32, "b s 1"));
+    assert!(infer(
+        &reduce(ReduceKind::Sum, Some(vec![3]), true),
+        &[ty(DType::F32, "b s 8")]
+    )
+    .is_err());
+}
+
+#[test]
+fn reduce_empty_sets_ints_and_bools() {
+    let e = f32s(&[2, 0], &[]);
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Sum, Some(vec![1]), false), &[&e]).1,
+        vec![0.0, 0.0]
+    );
+    assert_eq!(
+        eval1(&reduce(ReduceKind::Max, Some(vec![1]), false), &[&e]).1,
+        vec![f64::NEG_INFINITY; 2]
+    );
+    let i = ints(DType::I8, &[2], &[100, 100]);
+    assert_eq!(eval1(&reduce(ReduceKind::Sum, None, false), &[&i]).1, vec![-56.0]);
+    let b = bools(&[2], &[false, true]);
+    assert_eq!(
+        eval(&reduce(ReduceKind::Max, None, false), &[&b]).unwrap()[0].data,
+        Data::Bool(vec![true])
+    );
+}
+
+#[test]
+fn argmax_ties() {
+    let x = f32s(&[2, 3], &[1.0, 3.0, 3.0, 5.0, 0.0, 5.0]);
+    let op = |select_last_index| Op::ArgMax {
+        axis: -1,
+        keepdims: true,
+        select_last_index,
+    };
+    assert_eq!(eval1(&op(false), &[&x]), (vec![2, 1], vec![1.0, 0.0]));
+    assert_eq!(eval1(&op(true), &[&x]).1, vec![2.0, 2.0]);
+}
+
+#[test]
+fn topk_sorted_with_stable_ties() {
+    let x = f32s(&[2, 4], &[1.0, 3.0, 3.0, 2.0, 4.0, 1.0, 2.0, 1.0]);
+    let k = i64s(&[1], &[2]);
+    let op = |largest| Op::TopK {
+        axis: -1,
+        largest,
+        sorted: true,
+    };
+    let out = eval(&op(true), &[&x, &k]).unwrap();
+    assert_eq!(out[0].to_f64_vec(), vec![3.0, 3.0, 4.0, 2.0]);
+    assert_eq!(out[1].as_i64().unwrap(), &[1, 2, 0, 2]);
+    let out = eval(&op(false), &[&x, &k]).unwrap();
+    assert_eq!(out[1].as_i64().unwrap(), &[0, 3, 1, 3]);
+    let col = eval(
+        &Op::TopK {
+            axis: 0,
+            largest: true,
+            sorted: true,
+        },
+        &[&x, &i64s(&[1], &[1])],
+    )
+    .unwrap();
+    assert_eq!(col[0].to_f64_vec(), vec![4.0, 3.0, 3.0, 2.0]);
+    let u = ints(DType::U64, &[2], &[1, -1]);
+    let top = eval(&op(true), &[&u, &i64s(&[1], &[1])]).unwrap();
+    assert_eq!(top[1].as_i64().unwrap(), &[1]);
+    assert!(matches!(
+        infer(&op(true), &[ty(DType::F32, "b 8"), ty(DType::I64, "1")]),
+        Err(OpError::NotConstant { .. })
+    ));
+}
+
+#[test]
+fn cumsum_variants() {
+    let x = f32s(&[4], &[1.0, 2.0, 3.0, 4.0]);
+    let axis = i64s(&[], &[0]);
+    let op = |exclusive, reverse| Op::CumSum { exclusive, reverse };
+    assert_eq!(
+        eval1(&op(false, false), &[&x, &axis]).1,
+        vec![1.0, 3.0, 6.0, 10.0]
+    );
+    assert_eq!(eval1(&op(true, false), &[&x, &axis]).1, vec![0.0, 1.0, 3.0, 6.0]);
+    assert_eq!(eval1(&op(false, true), &[&x, &axis]).1, vec![10.0, 9.0, 7.0, 4.0]);
+    assert_eq!(eval1(&op(true, true), &[&x, &axis]).1, vec![9.0, 7.0, 4.0, 0.0]);
+    let m = ints(DType::I32, &[2, 2], &[1, 2, 3, 4]);
+    assert_eq!(
+        eval1(&op(false, false), &[&m, &i64s(&[], &[-1])]).1,
+        vec![1.0, 3.0, 3.0, 7.0]
+    );
+}
