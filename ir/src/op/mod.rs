@@ -180,7 +180,11 @@ pub enum Op {
     /// rotary position embedding (ONNX RotaryEmbedding-23). `x` is
     /// `[b, heads, s, d]`, or `[b, s, heads·d]` when `num_heads > 0`;
     /// `rotary_dim = 0` rotates the whole head.
-    RotaryEmbedding { interleaved: bool, rotary_dim: usize, num_heads: usize } => attention, Elementwise, 1, io;
+    RotaryEmbedding {
+        interleaved: bool,
+        rotary_dim: usize,
+        num_heads: usize,
+    } => attention, Elementwise, 1, io;
 
     // ---- mixture of experts --------------------------------------------------
     /// `(logits[..., experts])` → `(weights[..., top_k], indices[..., top_k])`:
@@ -199,7 +203,11 @@ pub enum Op {
     /// gradient `dout`. Recomputes the probabilities instead of saving
     /// them. `mask_grad` asks for the gradient of a float mask too (summed
     /// over the dims it was broadcast along), which fixes the output count.
-    AttentionGrad { scale: Option<f64>, causal: bool, mask_grad: bool } => attention, Attention, 3 + usize::from(*mask_grad), io;
+    AttentionGrad {
+        scale: Option<f64>,
+        causal: bool,
+        mask_grad: bool,
+    } => attention, Attention, 3 + usize::from(*mask_grad), io;
     /// `(x, weights, indices, w_in, w_out, dout, w_gate?)` →
     /// `(dx, dweights, dw_in, dw_out, dw_gate?)`: the gradient of
     /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
@@ -226,7 +234,12 @@ pub enum Op {
     // ---- reductions ---------------------------------------------------------
     /// `(x, axes?)`: `axes` as an input (opset 18) or, when imported from an
     /// older opset, already folded into the attribute.
-    Reduce { kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool, noop_with_empty_axes: bool } => reduce, Reduction, 1, io;
+    Reduce {
+        kind: ReduceKind,
+        axes: Option<Vec<i64>>,
+        keepdims: bool,
+        noop_with_empty_axes: bool,
+    } => reduce, Reduction, 1, io;
     /// `(x)`.
     ArgMax { axis: i64, keepdims: bool, select_last_index: bool } => reduce, Reduction, 1, io;
     /// `(x, k)` → `(values, indices)`.

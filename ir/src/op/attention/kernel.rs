@@ -1,6 +1,12 @@
 //! Reference kernels of attention (per head, with the mask broadcast) and rotary embeddings.
 
-use super::*;
+use super::super::broadcast::broadcast_strides;
+use super::super::context::{finish, invalid, EvalCtx};
+use super::super::gemm::{gemm, Mat};
+use super::super::numeric::{float_kernel, Real};
+use super::super::OpError;
+use super::Rotary;
+use crate::{Data, Value};
 
 /// A mask input seen through strides broadcasting it to `[b, hq, sq, len]`.
 pub(super) struct MaskView<'a> {

@@ -6,14 +6,12 @@
 //! "masked", `causal` hides keys `j > i` (upper-left aligned, no cache
 //! offset), and a query row whose bias masks every key outputs zeros.
 
-use super::broadcast::{broadcast_shapes, broadcast_strides};
-use super::context::{finish, invalid, tensor, EvalCtx, InferCtx};
+use super::broadcast::broadcast_shapes;
+use super::context::{invalid, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::gemm::{gemm, Mat};
 use super::geometry::{dim, numel};
-use super::numeric::{float_kernel, Real};
 use super::{Op, OpError, TensorType};
-use crate::{DType, Data, Dim, Shape, Value};
+use crate::{DType, Dim, Shape, Value};
 
 mod grad;
 use super::adjoint::float_outputs;

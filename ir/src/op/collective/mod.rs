@@ -6,7 +6,7 @@
 //! operators, generalised). Only a backend that knows the rank's group can
 //! run them; the reference interpreter refuses.
 
-use super::context::{invalid, norm_axis, unsupported, EvalCtx, InferCtx};
+use super::context::{invalid, norm_axis, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
 use super::{CommKind, Op, OpError, TensorType};
 use crate::{Dim, Value};

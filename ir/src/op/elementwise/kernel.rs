@@ -1,6 +1,13 @@
-//! Reference kernels of the element-wise ops: float math in the storage precision, integers wrapped to their logical type.
+//! Reference kernels of the element-wise ops: float math in the storage
+//! precision, integers wrapped to their logical type.
 
-use super::*;
+use super::super::broadcast::source_index;
+use super::super::context::{finish, invalid, unsupported, EvalCtx};
+use super::super::numeric::{float_kernel, int_cmp, zip_data, Real};
+use super::super::{Activation, BinaryOp, OpError, UnaryOp};
+use super::{binary2, cast_with, unary_int};
+use crate::{DType, Data, RoundMode, Value};
+use std::cmp::Ordering;
 
 fn sigmoid<T: Real>(x: T) -> T {
     if x >= T::zero() {

@@ -7,7 +7,7 @@ use super::broadcast::{broadcast_shapes, source_index, zip_broadcast};
 use super::context::{finish, invalid, unsupported, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
 use super::geometry::numel;
-use super::numeric::{float_kernel, int_cmp, zip_data, Real};
+use super::numeric::int_cmp;
 use super::{Activation, BinaryOp, GeluApprox, Op, OpError, TensorType, UnaryOp};
 use crate::{lowp, DType, Data, RoundMode, Shape, Value};
 use std::cmp::Ordering;

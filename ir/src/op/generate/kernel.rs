@@ -1,6 +1,11 @@
 //! Reference kernels of shape queries and generators.
 
-use super::*;
+use super::super::context::{finish, invalid, EvalCtx};
+use super::super::elementwise::cast_value;
+use super::super::numeric::map_data;
+use super::super::{OpError, ScalarValue};
+use super::{first, first_int, shape_range};
+use crate::{DType, Data, Value};
 
 /// Reference kernel for `Shape`.
 pub(super) fn eval_shape(cx: &EvalCtx, start: i64, end: Option<i64>) -> Result<Vec<Value>, OpError> {

@@ -1,12 +1,10 @@
 //! Generators: `Shape`, `Size`, `ConstantOfShape`, `Range`. Their outputs
 //! depend on input shapes or constant values, never on input data.
 
-use super::context::{finish, int_values, invalid, tensor, EvalCtx, InferCtx};
+use super::context::{int_values, invalid, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::elementwise::cast_value;
-use super::numeric::map_data;
 use super::{Op, OpError, ScalarValue, TensorType};
-use crate::{DType, Data, Dim, Value};
+use crate::{DType, Dim, Value};
 
 mod kernel;
 use kernel::{eval_constant_of_shape, eval_range, eval_shape, eval_size};

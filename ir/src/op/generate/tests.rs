@@ -1,6 +1,7 @@
 use super::super::testing::*;
 use super::super::Op;
 use super::*;
+use crate::Data;
 
 #[test]
 fn shape_with_clamped_range() {

@@ -1,6 +1,11 @@
 //! Reference kernels of the gathers.
 
-use super::*;
+use super::super::broadcast::strided_index;
+use super::super::context::{invalid, norm_axis, EvalCtx};
+use super::super::geometry::{prod, strides};
+use super::super::OpError;
+use super::{gathered, index_values, resolve};
+use crate::Value;
 
 /// Reference kernel for `Gather` (and `Embedding` with `axis = 0`).
 pub(super) fn eval_gather(cx: &EvalCtx, axis: i64) -> Result<Vec<Value>, OpError> {

@@ -2,10 +2,9 @@
 //! negative indices count from the end) and the canonical `Embedding`
 //! (a row lookup, evaluated as `Gather` on axis 0).
 
-use super::broadcast::strided_index;
 use super::context::{invalid, norm_axis, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{prod, strides, take};
+use super::geometry::take;
 use super::numeric::map_data;
 use super::{Op, OpError, TensorType};
 use crate::{Dim, Value};

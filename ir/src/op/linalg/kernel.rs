@@ -1,6 +1,13 @@
 //! Reference kernels of the products, through the bounds-checked GEMM.
 
-use super::*;
+use super::super::broadcast::source_index;
+use super::super::context::{finish, EvalCtx};
+use super::super::gemm::{gemm, Mat};
+use super::super::geometry::prod;
+use super::super::numeric::{float_kernel, Real};
+use super::super::OpError;
+use super::{batched, matmul_int, Batched};
+use crate::{Data, Value};
 
 fn matmul_float<T: Real>(op: &str, a: &[T], b: &[T], g: &Batched) -> Result<Vec<T>, OpError> {
     let mut c = vec![T::zero(); g.a_offsets.len() * g.m * g.n];

@@ -3,13 +3,11 @@
 //! uses a plain wrapping loop.
 
 use super::broadcast::{broadcast_shapes, source_index};
-use super::context::{finish, invalid, tensor, EvalCtx, InferCtx};
+use super::context::{invalid, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::gemm::{gemm, Mat};
-use super::geometry::{dim, numel, prod};
-use super::numeric::{float_kernel, Real};
+use super::geometry::{dim, numel};
 use super::{Op, OpError, TensorType};
-use crate::{DType, Data, Dim, Shape, Value};
+use crate::{DType, Dim, Shape, Value};
 
 pub(crate) mod backward;
 mod kernel;

@@ -1,6 +1,12 @@
 //! Reference kernels of MoE routing and the fused experts.
 
-use super::*;
+use super::super::context::{finish, invalid, EvalCtx};
+use super::super::elementwise::activate;
+use super::super::gemm::{gemm, Mat};
+use super::super::geometry::prod;
+use super::super::numeric::{float_kernel, Real};
+use super::super::{Activation, OpError};
+use crate::Value;
 
 /// Indices of the `k` largest (or smallest) entries, ties to the lower index.
 pub(crate) fn top_indices<T: Copy>(

@@ -2,13 +2,10 @@
 //! Mixtral) and `MoeExperts` (per-token weighted sum of expert MLPs). The
 //! expert products go through `matrixmultiply`, one gathered batch per expert.
 
-use super::context::{finish, invalid, tensor, EvalCtx, InferCtx};
+use super::context::{invalid, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::elementwise::activate;
-use super::gemm::{gemm, Mat};
-use super::geometry::{dim, numel, prod};
-use super::numeric::{float_kernel, Real};
-use super::{Activation, Op, OpError, TensorType};
+use super::geometry::{dim, numel};
+use super::{Op, OpError, TensorType};
 use crate::{DType, Dim, Value};
 
 mod grad;

@@ -1,6 +1,7 @@
 use super::super::testing::*;
 use super::super::Op;
 use super::*;
+use crate::Activation;
 
 #[test]
 fn router_picks_top_k_and_renormalises() {

@@ -1,6 +1,12 @@
 //! Reference kernels of views, transposes and expands.
 
-use super::*;
+use super::super::broadcast::{source_index, strided_index};
+use super::super::context::EvalCtx;
+use super::super::geometry::{strides, take};
+use super::super::numeric::map_data;
+use super::super::OpError;
+use super::reshaped;
+use crate::Value;
 
 /// Reference kernel for the pure views (`Reshape`, `Squeeze`, `Unsqueeze`, `Flatten`).
 pub(super) fn eval_view(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {

@@ -3,11 +3,10 @@
 //! `slicing`.) Views (reshape-like ops) copy the buffer; `Transpose` and
 //! `Expand` gather through strided index maps.
 
-use super::broadcast::{broadcast_shapes, source_index, strided_index};
+use super::broadcast::broadcast_shapes;
 use super::context::{invalid, norm_axes, norm_axis, tensor, unsupported, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{dim_product, strides, take};
-use super::numeric::map_data;
+use super::geometry::dim_product;
 use super::{Op, OpError, TensorType};
 use crate::{Dim, Shape, Value};
 

@@ -1,6 +1,11 @@
 //! Reference kernels of softmax and the normalisations, row by row.
 
-use super::*;
+use super::super::broadcast::source_index;
+use super::super::context::{finish, norm_axis, EvalCtx};
+use super::super::geometry::{prod, Rows};
+use super::super::numeric::{float_kernel, Real};
+use super::super::OpError;
+use crate::Value;
 
 /// Softmax (or log-softmax) of `x` along rows, written into a new buffer.
 fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {

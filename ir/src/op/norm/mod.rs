@@ -3,11 +3,10 @@
 //! (ONNX RMSNormalization). Statistics are computed in the storage precision
 //! (`f32` for `f16`/`bf16`, matching ONNX's default `stash_type`).
 
-use super::broadcast::{broadcast_shapes, source_index};
-use super::context::{finish, invalid, norm_axis, EvalCtx, InferCtx};
+use super::broadcast::broadcast_shapes;
+use super::context::{invalid, norm_axis, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{numel, prod, Rows};
-use super::numeric::{float_kernel, Real};
+use super::geometry::numel;
 use super::{Op, OpError, TensorType};
 use crate::{Shape, Value};
 

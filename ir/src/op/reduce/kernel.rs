@@ -1,6 +1,14 @@
 //! Reference kernels of the reductions, arg-max, top-k and cumulative sums.
 
-use super::*;
+use super::super::broadcast::strided_index;
+use super::super::context::{finish, int_values, invalid, norm_axis, scalar_int, unsupported, EvalCtx};
+use super::super::geometry::{strides, Rows};
+use super::super::moe::top_indices;
+use super::super::numeric::{float_kernel, int_cmp, Real};
+use super::super::{OpError, ReduceKind};
+use super::{float_reduce, int_reduce, reduce_axes};
+use crate::{DType, Data, Value};
+use std::cmp::Ordering;
 
 pub(super) fn fold<T: Copy, A: Copy>(
     x: &[T],

@@ -2,16 +2,12 @@
 //! opset 18, the second input), `ArgMax`, `TopK`, `CumSum`. Float sums
 //! accumulate in `f64`; integer ones wrap to the logical type.
 
-use super::broadcast::strided_index;
-use super::context::{
-    finish, int_values, invalid, norm_axes, norm_axis, scalar_int, tensor, unsupported, EvalCtx, InferCtx,
-};
+use super::context::{invalid, norm_axes, norm_axis, scalar_int, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{numel, strides, Rows};
-use super::moe::top_indices;
-use super::numeric::{float_kernel, int_cmp, int_limits, Real};
+use super::geometry::numel;
+use super::numeric::{int_cmp, int_limits};
 use super::{Op, OpError, ReduceKind, TensorType};
-use crate::{DType, Data, Dim, Value};
+use crate::{DType, Dim, Value};
 use std::cmp::Ordering;
 
 pub(crate) mod backward;

@@ -1,6 +1,7 @@
 use super::super::testing::*;
 use super::super::Op;
 use super::*;
+use crate::Data;
 
 fn reduce(kind: ReduceKind, axes: Option<Vec<i64>>, keepdims: bool) -> Op {
     Op::Reduce {

@@ -1,6 +1,12 @@
 //! Reference kernels of concatenation, splitting, slicing and triangles.
 
-use super::*;
+use super::super::broadcast::strided_index;
+use super::super::context::{int_values, invalid, norm_axis, scalar_int, EvalCtx};
+use super::super::geometry::{prod, strides, take};
+use super::super::numeric::map_data;
+use super::super::OpError;
+use super::{narrow, slice_params};
+use crate::{Data, Value};
 
 fn concat_parts<T: Clone>(parts: &[(&[T], usize)], outer: usize) -> Vec<T> {
     let total = parts.iter().map(|(d, _)| d.len()).sum();

@@ -1,14 +1,12 @@
 //! Data movement along axes: `Concat`, `Split`, `Slice`, `Trilu`.
 
 use super::broadcast::strided_index;
-use super::context::{
-    int_values, invalid, norm_axes, norm_axis, scalar_int, tensor, unsupported, EvalCtx, InferCtx,
-};
+use super::context::{invalid, norm_axes, norm_axis, tensor, unsupported, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{prod, strides, take};
+use super::geometry::{strides, take};
 use super::numeric::map_data;
 use super::{Op, OpError, TensorType};
-use crate::{Data, Dim, Value};
+use crate::{Dim, Value};
 
 mod kernel;
 use kernel::{eval_concat, eval_slice, eval_split, eval_trilu};
