@@ -9,11 +9,12 @@
 //! copied into the instructions themselves.
 
 use super::partition::Partition;
-use super::program::{Buf, Coord, Instr, ParamSlot, Program, Reduction, Shard};
+use super::program::{Buf, Coord, Instr, ParamSlot, Program, Shard};
 use super::schedule::{stage_order, Phase, Task};
 use super::strategy::Strategy;
 use super::training::{Feed, TrainingGraph};
 use super::LowerError;
+use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::Recompute;
 use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -684,7 +685,7 @@ impl Emitter<'_, '_> {
             1 => Instr::AllReduceGrad {
                 param,
                 group,
-                reduction: Reduction::Ring,
+                reduction: Algorithm::Ring,
             },
             _ => Instr::ReduceScatterGrad { param, group },
         }

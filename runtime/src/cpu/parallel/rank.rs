@@ -8,7 +8,7 @@ use super::{ExecError, TrainOptions};
 use crate::collective::{with_elements, Buffer, Endpoint};
 use crate::cpu::{run_dtype, widen};
 use crate::lower::blocking::continues_transfers;
-use crate::lower::{Buf, Feed, Instr, Program, Reduction, Shard, TrainingGraph};
+use crate::lower::{Buf, Feed, Instr, Program, Shard, TrainingGraph};
 use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::{decays, TokenSource};
 use autopar_cost_models::comm::Algorithm;
@@ -405,7 +405,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
         grads_out: &mut Vec<GradPiece>,
     ) -> Result<Option<f64>, Failure> {
         let tag = |s: &str| format!("s{step}/{s}");
-        for param in reads_params(instr) {
+        for param in instr.params() {
             self.settle(param)?;
         }
         match instr {
@@ -476,16 +476,12 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     return Ok(None);
                 }
                 let grad = self.take_grad_host(param)?;
-                let algorithm = match reduction {
-                    Reduction::Ring => Algorithm::Ring,
-                    Reduction::ParameterServer => Algorithm::ParameterServer,
-                };
                 let into = Slot::Grad {
                     dtype: grad.dtype,
                     shape: grad.shape.clone(),
                 };
                 let job = Job {
-                    op: Op::AllReduce(algorithm),
+                    op: Op::AllReduce(*reduction),
                     group: group.clone(),
                     data: into_buffer(grad),
                     tag: tag(&format!("ar/{param}")),
@@ -997,23 +993,6 @@ fn grad_numel(g: &Graph, id: TensorId) -> usize {
         .iter()
         .map(|d| d.fixed().unwrap_or(1))
         .product()
-}
-
-/// The parameters whose gradient or weight `instr` reads or replaces: a
-/// collective in flight on them finishes first.
-fn reads_params(instr: &Instr) -> Vec<&str> {
-    match instr {
-        Instr::AccumulateGrad { param, .. }
-        | Instr::AllReduceGrad { param, .. }
-        | Instr::ReduceScatterGrad { param, .. }
-        | Instr::OptimizerStep { param, .. }
-        | Instr::AllGatherParam { param, .. }
-        | Instr::GatherParam { param, .. }
-        | Instr::SendParam { param, .. }
-        | Instr::RecvParam { param, .. } => vec![param],
-        Instr::SumTiedGrads { params, .. } => params.iter().map(String::as_str).collect(),
-        _ => Vec::new(),
-    }
 }
 
 fn to_buffer(v: &Value) -> Buffer {
