@@ -16,7 +16,7 @@ use autopar_cost_models::Schedule;
 use autopar_ir::{CommKind, DType, Data, Graph, Op, Value};
 use autopar_runtime::collective::{fabric, Algorithm, Buffer, Endpoint};
 use autopar_runtime::cpu::parallel::{
-    train, train_on, Backend, CpuBackend, Order, TrainOptions, TrainReport,
+    train, train_on, Backend, CpuBackend, DeviceCollectives, Order, TrainOptions, TrainReport,
 };
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::blocking::{check_blocking, Transfers};
@@ -94,6 +94,12 @@ impl Backend for Summing {
         self.cpu.update(optimizer, state, step, weight, w, grad, g)
     }
 
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Arc<Value>>> {
+        Some(self)
+    }
+}
+
+impl DeviceCollectives<Arc<Value>> for Summing {
     fn all_reduce(&mut self, x: &mut Arc<Value>, group: &[usize], order: Order) -> Result<bool, String> {
         self.untouched(&[x])?;
         let tag = self.next_tag(Kind::AllReduce, group);
@@ -218,7 +224,7 @@ impl Backend for Summing {
         Ok(Some(Arc::new(shaped(mine, x.dtype, &piece))))
     }
 
-    fn join_collectives(&mut self) -> Result<(), String> {
+    fn join(&mut self) -> Result<(), String> {
         self.in_flight.clear();
         Ok(())
     }

@@ -15,7 +15,7 @@ use super::ops::{self, grid, launch, Gpu, IndexCheck};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
-use crate::cpu::parallel::{Backend, Order};
+use crate::cpu::parallel::{Backend, DeviceCollectives, Order};
 use crate::train::Optimizer;
 use autopar_ir::{DType, Op, Value};
 use cudarc::cublas::CudaBlas;
@@ -401,7 +401,7 @@ impl Backend for CudaBackend {
     }
 
     fn synchronize(&mut self) -> Result<(), String> {
-        self.join_collectives()?;
+        self.join()?;
         // Every send of the step reaches its receiver before the step ends.
         for sending in self.sending.values_mut() {
             self.gpu.stream.join(&sending.stream).map_err(err)?;
@@ -425,6 +425,17 @@ impl Backend for CudaBackend {
         }
     }
 
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Arc<GpuTensor>>> {
+        match self.comms {
+            Some(_) => Some(self),
+            None => None,
+        }
+    }
+}
+
+/// Collectives on [`DeviceComms`] where it connects the group; a shared
+/// tensor is copied before a collective writes it in place.
+impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
     fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize], order: Order) -> Result<bool, String> {
         let Some(dtype) = self.device_type(x, group) else {
             return Ok(false);
@@ -578,7 +589,7 @@ impl Backend for CudaBackend {
         Ok(mine.map(|m| Arc::new(m.alias(x.dtype, piece))))
     }
 
-    fn join_collectives(&mut self) -> Result<(), String> {
+    fn join(&mut self) -> Result<(), String> {
         let Some(side) = self.side.as_mut().filter(|s| !s.held.is_empty()) else {
             return Ok(());
         };

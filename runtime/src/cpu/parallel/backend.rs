@@ -4,7 +4,8 @@
 //! keeps host values and runs the reference kernels, the CUDA backend keeps
 //! device buffers and runs cuBLAS and NVRTC kernels. Communication goes
 //! through host buffers on the in-process fabric, so ranks that share a
-//! machine (or one GPU) run any plan.
+//! machine (or one GPU) run any plan, unless the backend offers collectives
+//! of its own ([`Backend::device_comms`]).
 
 use crate::cpu::{widen_op, Precision};
 use crate::train::{Optimizer, State};
@@ -62,120 +63,72 @@ pub trait Backend {
     fn synchronize(&mut self) -> Result<(), String> {
         Ok(())
     }
+    /// The backend's own collectives and transfers between ranks (NCCL
+    /// between GPUs, where staging through host memory would cost two
+    /// copies over PCIe and the host network); `None` where it has none:
+    /// the interpreter then stages all communication through host memory
+    /// and the fabric.
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Self::Tensor>> {
+        None
+    }
+}
+
+/// Collectives and point-to-point transfers a backend runs on its own
+/// tensors. Each says where it has none for a group (`Ok(false)` or
+/// `None`, every member alike); the interpreter then stages that one
+/// through host memory and the fabric. Every member must get the same
+/// answer, and calls on one group come in the same order on every member.
+pub trait DeviceCollectives<T> {
     /// Sums `x` in place over the ranks of `group` (global ranks, this one
-    /// among them) with the backend's own collectives: NCCL between GPUs,
-    /// where staging through host memory would cost two copies over PCIe
-    /// and the host network. `Ok(false)` where it has none for `group`; the
-    /// interpreter then sums through host memory and the fabric. Every
-    /// member must get the same answer, and calls on one group come in the
-    /// same order on every member. Other handles sharing `x`'s storage keep
-    /// their values (the backend sums into a copy of a shared tensor).
-    fn all_reduce(&mut self, x: &mut Self::Tensor, group: &[usize], order: Order) -> Result<bool, String> {
-        let _ = (x, group, order);
-        Ok(false)
-    }
-    /// ZeRO's gradient reduce-scatter, as [`Backend::all_reduce`] routes
-    /// all-reduces: `x` flattened and zero-padded to a multiple of the
-    /// group's size, summed over `group`, and this member's part of the
-    /// sum (shape `[padded / group size]`, parts in group order); `None`
-    /// where the backend has no collectives for `group`.
-    fn reduce_scatter(
-        &mut self,
-        x: &Self::Tensor,
-        group: &[usize],
-        order: Order,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, order);
-        Ok(None)
-    }
+    /// among them). Other handles sharing `x`'s storage keep their values
+    /// (the backend sums into a copy of a shared tensor).
+    fn all_reduce(&mut self, x: &mut T, group: &[usize], order: Order) -> Result<bool, String>;
+    /// ZeRO's gradient reduce-scatter: `x` flattened and zero-padded to a
+    /// multiple of the group's size, summed over `group`, and this member's
+    /// part of the sum (shape `[padded / group size]`, parts in group order).
+    fn reduce_scatter(&mut self, x: &T, group: &[usize], order: Order) -> Result<Option<T>, String>;
     /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
-    /// concatenated in group order, cut to the whole weight's `shape`;
-    /// `None` where the backend has no collectives for `group`.
-    fn all_gather(
-        &mut self,
-        part: &Self::Tensor,
-        group: &[usize],
-        shape: &[usize],
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (part, group, shape);
-        Ok(None)
-    }
+    /// concatenated in group order, cut to the whole weight's `shape`.
+    fn all_gather(&mut self, part: &T, group: &[usize], shape: &[usize]) -> Result<Option<T>, String>;
     /// ZeRO-1/2's weight refresh after a sharded optimizer step: every
     /// member holds the whole `w` but updated only its own part of it (`w`
     /// flattened, zero-padded to a multiple of the group's size and split
     /// evenly, parts in group order); replaces each part of `w` by its
-    /// owner's. `Ok(false)` where the backend has no collectives for `group`.
-    fn all_gather_parts(
-        &mut self,
-        w: &mut Self::Tensor,
-        group: &[usize],
-        order: Order,
-    ) -> Result<bool, String> {
-        let _ = (w, group, order);
-        Ok(false)
-    }
+    /// owner's.
+    fn all_gather_parts(&mut self, w: &mut T, group: &[usize], order: Order) -> Result<bool, String>;
     /// Every member's `x` (equal shapes) concatenated along `axis` in
     /// group order: the gathers of sequence, context and expert
-    /// parallelism. `None` where the backend has no collectives for
-    /// `group` (every member alike).
-    fn gather_along(
-        &mut self,
-        x: &Self::Tensor,
-        group: &[usize],
-        axis: usize,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, axis);
-        Ok(None)
-    }
+    /// parallelism.
+    fn gather_along(&mut self, x: &T, group: &[usize], axis: usize) -> Result<Option<T>, String>;
     /// The sum of every member's `x` (equal shapes), cut along `axis` into
     /// as many equal slices as `group` has members: this member's slice
     /// (by its position in `group`). The conjugate of
-    /// [`Backend::gather_along`]; `None` where it has none.
-    fn reduce_scatter_along(
-        &mut self,
-        x: &Self::Tensor,
-        group: &[usize],
-        axis: usize,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, axis);
-        Ok(None)
-    }
+    /// [`DeviceCollectives::gather_along`].
+    fn reduce_scatter_along(&mut self, x: &T, group: &[usize], axis: usize) -> Result<Option<T>, String>;
     /// Orders everything issued after it behind the collectives issued
     /// [`Order::Overlapped`] so far. The interpreter calls it before an
     /// instruction touches a tensor one of them reads or writes, and at
     /// the end of each step.
-    fn join_collectives(&mut self) -> Result<(), String> {
-        Ok(())
-    }
+    fn join(&mut self) -> Result<(), String>;
     /// Posts `x` for rank `to` (a pipeline's activations or gradients, a
-    /// shared weight) with the backend's own transport; `Ok(false)` where
-    /// it has none (then the peer's [`Backend::recv`] has none either).
-    /// Transfers posted between two [`Backend::flush_transfers`] form one
+    /// shared weight); `Ok(false)` where it has no transport for it (then
+    /// the peer's [`DeviceCollectives::recv`] has none either). Transfers
+    /// posted between two [`DeviceCollectives::flush_transfers`] form one
     /// group, which completes when every peer has posted its side.
-    fn send(&mut self, x: &Self::Tensor, to: usize) -> Result<bool, String> {
-        let _ = (x, to);
-        Ok(false)
-    }
+    fn send(&mut self, x: &T, to: usize) -> Result<bool, String>;
     /// Posts a receive of a `dtype` tensor of `shape` from rank `from`:
     /// the tensor, whose contents arrive in the backend's order once its
-    /// group is flushed; `None` where the backend has no transport.
-    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Self::Tensor>, String> {
-        let _ = (from, dtype, shape);
-        Ok(None)
-    }
+    /// group is flushed.
+    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<T>, String>;
     /// Issues the transfers posted since the last flush as one group. The
     /// interpreter flushes before each instruction that does not continue a
     /// run of transfers ([`crate::lower::blocking::continues_transfers`])
     /// and at the end of a step.
-    fn flush_transfers(&mut self) -> Result<(), String> {
-        Ok(())
-    }
-    /// Bytes this rank sent through the backend's own collectives and
-    /// transfers, counted as the fabric counts its own (per algorithm), so
-    /// a run reports the same traffic whichever carried it.
-    fn bytes_sent(&self) -> u64 {
-        0
-    }
+    fn flush_transfers(&mut self) -> Result<(), String>;
+    /// Bytes this rank sent through these collectives and transfers,
+    /// counted as the fabric counts its own (per algorithm), so a run
+    /// reports the same traffic whichever carried it.
+    fn bytes_sent(&self) -> u64;
 }
 
 /// When a backend collective may run, relative to the computation issued
@@ -185,7 +138,7 @@ pub enum Order {
     /// Before it: the next instructions read the result (tensor-parallel
     /// sums, ZeRO-3's weight gathers), or overlap is switched off.
     Inline,
-    /// Beside it, until [`Backend::join_collectives`]: gradient reductions
+    /// Beside it, until [`DeviceCollectives::join`]: gradient reductions
     /// and the ZeRO weight refresh, which the cost model overlaps with the
     /// backward pass. The backend may run these on a stream of their own;
     /// the tensors they read or write stay untouched until the join.

@@ -5,7 +5,7 @@
 //! waiting for what is in flight on it.
 
 use super::execute::At;
-use super::{missing, Failure, RankRun};
+use super::{missing, on_device, Failure, RankRun};
 use crate::collective::values::{from_buffer, into_buffer, padded, shard_of, to_buffer, unpad};
 use crate::cpu::parallel::backend::{Backend, Order};
 use crate::cpu::parallel::overlap::{CommStream, Done, Job, JobKind};
@@ -68,7 +68,8 @@ impl<B: Backend> RankRun<'_, B> {
     /// Orders what comes next behind the backend's overlapped collectives.
     fn join_device(&mut self) -> Result<(), Failure> {
         self.on_device.clear();
-        self.dev.join_collectives().map_err(Failure::Other)
+        on_device(&mut self.dev, |d| d.join())?;
+        Ok(())
     }
 
     /// How gradient reductions and the ZeRO weight refresh run on the
@@ -125,18 +126,15 @@ impl<B: Backend> RankRun<'_, B> {
         self.grad(param)?;
         let order = self.order();
         let g = self.grads.get_mut(param).expect("checked above");
-        self.dev.all_reduce(g, group, order).map_err(Failure::Other)
+        Ok(on_device(&mut self.dev, |d| d.all_reduce(g, group, order))?.unwrap_or(false))
     }
 
     /// Replaces `param`'s gradient by this rank's part of its sum over
     /// `group`, with the backend's own collectives; false where it has none.
     fn reduce_scatter_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
         let grad = self.grad(param)?.clone();
-        match self
-            .dev
-            .reduce_scatter(&grad, group, self.order())
-            .map_err(Failure::Other)?
-        {
+        let order = self.order();
+        match on_device(&mut self.dev, |d| d.reduce_scatter(&grad, group, order))?.flatten() {
             Some(part) => {
                 self.grads.insert(param.to_string(), part);
                 Ok(true)
@@ -212,11 +210,7 @@ impl<B: Backend> RankRun<'_, B> {
     ) -> Result<(), Failure> {
         let order = self.order();
         let w = self.weights.get_mut(param).ok_or_else(|| missing(param))?;
-        if self
-            .dev
-            .all_gather_parts(w, group, order)
-            .map_err(Failure::Other)?
-        {
+        if on_device(&mut self.dev, |d| d.all_gather_parts(w, group, order))?.unwrap_or(false) {
             self.on_device.insert(param.to_string());
             return Ok(());
         }
@@ -247,11 +241,7 @@ impl<B: Backend> RankRun<'_, B> {
         let t = at.tag(&format!("gather/{param}/{k}"));
         let part = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
         let (_, shape) = self.ty(param)?;
-        if let Some(full) = self
-            .dev
-            .all_gather(&part, group, &shape)
-            .map_err(Failure::Other)?
-        {
+        if let Some(full) = on_device(&mut self.dev, |d| d.all_gather(&part, group, &shape))?.flatten() {
             self.bufs.insert(Buf::step(param), full);
             return Ok(());
         }

@@ -2,7 +2,7 @@
 //! combine buffers: transfers, frees, gradient accumulation and the sum of
 //! tied weights' gradients.
 
-use super::{missing, Failure, GradPiece, RankRun};
+use super::{missing, on_device, Failure, GradPiece, RankRun};
 use crate::collective::values::{from_buffer, to_buffer};
 use crate::cpu::parallel::backend::{Backend, Order};
 use crate::lower::program::Payload;
@@ -92,7 +92,7 @@ impl<B: Backend> RankRun<'_, B> {
             Payload::Buf(buf) => self.get(buf)?,
             Payload::Param(param) => self.weights.get(param).ok_or_else(|| missing(param))?.clone(),
         };
-        if !self.dev.send(&x, to).map_err(Failure::Other)? {
+        if !on_device(&mut self.dev, |d| d.send(&x, to))?.unwrap_or(false) {
             let v = self.host(&x)?;
             let tag = at.tag(&Self::wire_name(payload));
             self.ep.send(to, &tag, to_buffer(&v), at.what)?;
@@ -109,7 +109,7 @@ impl<B: Backend> RankRun<'_, B> {
                 (w.dtype, w.shape.clone())
             }
         };
-        let x = match self.dev.recv(from, dtype, &shape).map_err(Failure::Other)? {
+        let x = match on_device(&mut self.dev, |d| d.recv(from, dtype, &shape))?.flatten() {
             Some(x) => x,
             None => {
                 let got = self.ep.recv(from, &at.tag(&Self::wire_name(payload)), at.what)?;
@@ -165,10 +165,7 @@ impl<B: Backend> RankRun<'_, B> {
             self.dev.accumulate(&mut sum, &g).map_err(Failure::Other)?;
         }
         if group.len() > 1
-            && !self
-                .dev
-                .all_reduce(&mut sum, group, Order::Inline)
-                .map_err(Failure::Other)?
+            && !on_device(&mut self.dev, |d| d.all_reduce(&mut sum, group, Order::Inline))?.unwrap_or(false)
         {
             let host = self.host(&sum)?;
             let mut b = to_buffer(&host);

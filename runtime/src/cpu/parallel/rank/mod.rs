@@ -8,7 +8,7 @@ mod optimizer;
 mod tensor_parallel;
 mod tensors;
 
-use super::backend::Backend;
+use super::backend::{Backend, DeviceCollectives};
 use super::overlap::CommStream;
 use super::slices;
 use super::{ExecError, TrainOptions};
@@ -223,7 +223,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 let began = Instant::now();
                 let result = match continues_transfers(instr) {
                     true => Ok(()),
-                    false => self.dev.flush_transfers().map_err(Failure::Other),
+                    false => on_device(&mut self.dev, |d| d.flush_transfers()).map(drop),
                 }
                 .and_then(|()| self.execute(instr, At { step, what: &what }, &mut gradients));
                 // Overlapped collectives are traced when they finish.
@@ -247,10 +247,8 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 what: "end of step".into(),
                 message,
             };
-            match self
-                .dev
-                .flush_transfers()
-                .map_err(Failure::Other)
+            match on_device(&mut self.dev, |d| d.flush_transfers())
+                .map(drop)
                 .and_then(|()| self.settle_all())
             {
                 Ok(()) => {}
@@ -277,7 +275,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             steps,
             report: super::RankReport {
                 rank: self.program.rank,
-                bytes_sent: self.ep.bytes_sent() + self.dev.bytes_sent(),
+                bytes_sent: self.ep.bytes_sent() + self.dev.device_comms().map_or(0, |d| d.bytes_sent()),
                 peak_activation_bytes: self.peak_bytes,
                 peak_micro_batches: self.peak_micro_batches,
             },
@@ -345,6 +343,15 @@ pub(super) fn slice_of(
         return Some((*s, coord.tp, t.tp));
     }
     t.expert_slices.get(param).map(|s| (*s, coord.dp % t.ep, t.ep))
+}
+
+/// Runs `f` on `dev`'s own collectives; `None` where it has none, and the
+/// interpreter stages through host memory and the fabric instead.
+fn on_device<B: Backend, R>(
+    dev: &mut B,
+    f: impl FnOnce(&mut dyn DeviceCollectives<B::Tensor>) -> Result<R, String>,
+) -> Result<Option<R>, Failure> {
+    dev.device_comms().map(f).transpose().map_err(Failure::Other)
 }
 
 fn missing(param: &str) -> Failure {

@@ -2,7 +2,7 @@
 //! parallelism): on the backend's own collectives where it has them, else
 //! through host memory and the fabric.
 
-use super::{Failure, RankRun};
+use super::{on_device, Failure, RankRun};
 use crate::collective::values::{from_buffer, to_buffer};
 use crate::collective::{Algorithm, Buffer};
 use crate::cpu::parallel::backend::{Backend, Order};
@@ -37,19 +37,23 @@ impl<B: Backend> RankRun<'_, B> {
             self.put(Buf::of(&out_name, mb), y);
             return Ok(());
         }
-        let on_device = match kind {
+        let done = match kind {
             CommKind::AllReduce => {
                 // The backend copies the input before summing in place if
                 // it is shared, as it is here: the input stays readable.
                 let mut y = held.clone();
-                let summed = self.dev.all_reduce(&mut y, group, Order::Inline);
-                summed.map(|done| done.then_some(y))
+                let summed = on_device(&mut self.dev, |d| d.all_reduce(&mut y, group, Order::Inline))?;
+                summed.unwrap_or(false).then_some(y)
             }
-            CommKind::AllGather | CommKind::GatherForCompute => self.dev.gather_along(&held, group, axis),
-            CommKind::ReduceScatter => self.dev.reduce_scatter_along(&held, group, axis),
-            CommKind::Copy | CommKind::Slice => Ok(None),
+            CommKind::AllGather | CommKind::GatherForCompute => {
+                on_device(&mut self.dev, |d| d.gather_along(&held, group, axis))?.flatten()
+            }
+            CommKind::ReduceScatter => {
+                on_device(&mut self.dev, |d| d.reduce_scatter_along(&held, group, axis))?.flatten()
+            }
+            CommKind::Copy | CommKind::Slice => None,
         };
-        if let Some(y) = on_device.map_err(Failure::Other)? {
+        if let Some(y) = done {
             self.put(Buf::of(&out_name, mb), y);
             return Ok(());
         }
