@@ -11,7 +11,7 @@ mod overlap;
 mod rank;
 mod slices;
 
-pub use backend::{Backend, CpuBackend, DeviceCollectives, Order};
+pub use backend::{Backend, BackendError, CpuBackend, DeviceCollectives, Order};
 pub use distributed::{train_rank, train_rank_on, RankResult};
 
 use crate::collective::{fabric, CommError};

@@ -102,7 +102,7 @@ impl<B: Backend> RankRun<'_, B> {
             }
             Slot::Weight { dtype, shape } => {
                 let full = unpad(got, dtype, shape)?;
-                let held = self.dev.upload(full).map_err(Failure::Other)?;
+                let held = self.dev.upload(full)?;
                 self.weights.insert(then.param, held);
                 Ok(())
             }
@@ -249,7 +249,7 @@ impl<B: Backend> RankRun<'_, B> {
         let all = self.ep.all_gather(group, &to_buffer(&w), &t, at.what)?;
         let (dtype, shape) = self.ty(param)?;
         let full = unpad(all, run_dtype(dtype, self.opts.precision), shape)?;
-        let held = self.dev.upload(full).map_err(Failure::Other)?;
+        let held = self.dev.upload(full)?;
         self.bufs.insert(Buf::step(param), held);
         Ok(())
     }

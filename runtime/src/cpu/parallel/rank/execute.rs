@@ -114,7 +114,7 @@ impl<B: Backend> RankRun<'_, B> {
             None => {
                 let got = self.ep.recv(from, &at.tag(&Self::wire_name(payload)), at.what)?;
                 let v = from_buffer(got, dtype, shape)?;
-                self.dev.upload(v).map_err(Failure::Other)?
+                self.dev.upload(v)?
             }
         };
         match payload {
@@ -146,9 +146,9 @@ impl<B: Backend> RankRun<'_, B> {
         let name = self.grad_tensor.get(param).copied().unwrap_or_default();
         let g = self.get(&Buf::of(name, mb))?;
         match self.grads.get_mut(param) {
-            Some(acc) => self.dev.accumulate(acc, &g).map_err(Failure::Other)?,
+            Some(acc) => self.dev.accumulate(acc, &g)?,
             None => {
-                let copy = self.dev.duplicate(&g).map_err(Failure::Other)?;
+                let copy = self.dev.duplicate(&g)?;
                 self.grads.insert(param.to_string(), copy);
             }
         }
@@ -159,10 +159,10 @@ impl<B: Backend> RankRun<'_, B> {
     /// and gives every copy the sum.
     fn sum_tied(&mut self, key: &str, params: &[String], group: &[usize], at: At<'_>) -> Result<(), Failure> {
         let first = self.grad(&params[0])?.clone();
-        let mut sum = self.dev.duplicate(&first).map_err(Failure::Other)?;
+        let mut sum = self.dev.duplicate(&first)?;
         for p in &params[1..] {
             let g = self.grad(p)?.clone();
-            self.dev.accumulate(&mut sum, &g).map_err(Failure::Other)?;
+            self.dev.accumulate(&mut sum, &g)?;
         }
         if group.len() > 1
             && !on_device(&mut self.dev, |d| d.all_reduce(&mut sum, group, Order::Inline))?.unwrap_or(false)
@@ -173,10 +173,10 @@ impl<B: Backend> RankRun<'_, B> {
             self.ep
                 .all_reduce(group, &mut b, Algorithm::Ring, &tag, at.what)?;
             let v = from_buffer(b, host.dtype, host.shape.clone())?;
-            sum = self.dev.upload(v).map_err(Failure::Other)?;
+            sum = self.dev.upload(v)?;
         }
         for p in params {
-            let copy = self.dev.duplicate(&sum).map_err(Failure::Other)?;
+            let copy = self.dev.duplicate(&sum)?;
             self.grads.insert(p.clone(), copy);
         }
         Ok(())

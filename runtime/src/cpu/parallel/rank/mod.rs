@@ -3,16 +3,17 @@
 //! each instruction family lives in a file of its own.
 
 mod data_parallel;
+mod error;
 mod execute;
 mod optimizer;
 mod tensor_parallel;
 mod tensors;
 
-use super::backend::{Backend, DeviceCollectives};
+use super::backend::{Backend, BackendError, DeviceCollectives};
 use super::overlap::CommStream;
 use super::slices;
 use super::{ExecError, TrainOptions};
-use crate::collective::values::{shard_of, ValueMismatch};
+use crate::collective::values::shard_of;
 use crate::collective::Endpoint;
 use crate::cpu::widen;
 use crate::lower::blocking::continues_transfers;
@@ -21,6 +22,7 @@ use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::TokenSource;
 use autopar_ir::{NodeIndex, TensorId, Value};
 use data_parallel::Landing;
+pub(super) use error::{Failure, RankError};
 use execute::At;
 use std::collections::{HashMap, HashSet};
 use std::sync::mpsc;
@@ -158,12 +160,12 @@ impl<'a, B: Backend> RankRun<'a, B> {
     /// Moves the initial weights onto the backend.
     fn hold_weights(&mut self) -> Result<(), ExecError> {
         for (name, v) in std::mem::take(&mut self.initial) {
-            let held = self.dev.upload_weight(v).map_err(|message| ExecError::Rank {
+            let held = self.dev.upload_weight(v).map_err(|e| ExecError::Rank {
                 rank: self.program.rank,
                 step: 0,
                 index: 0,
                 what: format!("holding weight '{name}'"),
-                message,
+                message: e.to_string(),
             })?;
             self.weights.insert(name, held);
         }
@@ -211,7 +213,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     .fault
                     .is_some_and(|f| f.rank == self.program.rank && f.step == step && f.instruction == index)
                 {
-                    return Err(fail("injected failure (test hook)".into()));
+                    return Err(fail(RankError::Injected.to_string()));
                 }
                 // Only communication names its instruction in errors from peers.
                 let what = match stream_of(instr) {
@@ -237,7 +239,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
                     }
                     Ok(None) => {}
                     Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
-                    Err(Failure::Other(m)) => return Err(fail(m)),
+                    Err(Failure::Rank(e)) => return Err(fail(e.to_string())),
                 }
             }
             let end = |message: String| ExecError::Rank {
@@ -253,14 +255,14 @@ impl<'a, B: Backend> RankRun<'a, B> {
             {
                 Ok(()) => {}
                 Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
-                Err(Failure::Other(m)) => return Err(end(m)),
+                Err(Failure::Rank(e)) => return Err(end(e.to_string())),
             }
-            self.dev.synchronize().map_err(|message| ExecError::Rank {
+            self.dev.synchronize().map_err(|e| ExecError::Rank {
                 rank: self.program.rank,
                 step,
                 index: self.program.instructions.len(),
                 what: "end of step".into(),
-                message,
+                message: e.to_string(),
             })?;
             let seconds = start.elapsed().as_secs_f64();
             steps.push((loss, seconds));
@@ -313,25 +315,6 @@ impl<'a, B: Backend> RankRun<'a, B> {
     }
 }
 
-/// A failure inside one instruction: a communication error (already names
-/// rank and instruction) or anything else (named by the caller).
-pub(super) enum Failure {
-    Comm(crate::collective::CommError),
-    Other(String),
-}
-
-impl From<ValueMismatch> for Failure {
-    fn from(e: ValueMismatch) -> Failure {
-        Failure::Other(e.to_string())
-    }
-}
-
-impl From<crate::collective::CommError> for Failure {
-    fn from(e: crate::collective::CommError) -> Failure {
-        Failure::Comm(e)
-    }
-}
-
 /// How `param` is stored sliced on the rank at `coord`: the slice, the
 /// rank's index and the number of slices (tensor- or expert-parallel).
 pub(super) fn slice_of(
@@ -349,11 +332,11 @@ pub(super) fn slice_of(
 /// interpreter stages through host memory and the fabric instead.
 fn on_device<B: Backend, R>(
     dev: &mut B,
-    f: impl FnOnce(&mut dyn DeviceCollectives<B::Tensor>) -> Result<R, String>,
+    f: impl FnOnce(&mut dyn DeviceCollectives<B::Tensor>) -> Result<R, BackendError>,
 ) -> Result<Option<R>, Failure> {
-    dev.device_comms().map(f).transpose().map_err(Failure::Other)
+    dev.device_comms().map(f).transpose().map_err(Failure::from)
 }
 
-fn missing(param: &str) -> Failure {
-    Failure::Other(format!("parameter '{param}' is not held by this rank"))
+fn missing(param: &str) -> RankError {
+    RankError::NotHeld(param.to_string())
 }

@@ -1,7 +1,7 @@
 //! The optimizer update of a parameter (or of this rank's ZeRO shard of
 //! it), and the gradients a run records for checking.
 
-use super::{missing, slice_of, Failure, GradPiece, RankRun};
+use super::{missing, slice_of, Failure, GradPiece, RankError, RankRun};
 use crate::collective::values::slice;
 use crate::cpu::parallel::backend::Backend;
 use crate::lower::Shard;
@@ -20,7 +20,7 @@ impl<B: Backend> RankRun<'_, B> {
         let grad = self
             .grads
             .remove(param)
-            .ok_or_else(|| Failure::Other(format!("no gradient of '{param}'")))?;
+            .ok_or_else(|| RankError::NoGradient(param.to_string()))?;
         let weight_numel = self
             .weights
             .get(param)
@@ -47,14 +47,14 @@ impl<B: Backend> RankRun<'_, B> {
             self.opts.optimizer.without_decay()
         };
         if !self.states.contains_key(param) {
-            let state = self.dev.new_state(&optimizer, len).map_err(Failure::Other)?;
+            let state = self.dev.new_state(&optimizer, len)?;
             self.states.insert(param.to_string(), state);
         }
         let gstart = if full_grad { start } else { 0 };
         let wstart = if self.shards.contains_key(param) { 0 } else { start };
         let n = (step + 1) as u64;
         let (Some(state), Some(weight)) = (self.states.get_mut(param), self.weights.get_mut(param)) else {
-            return Err(missing(param));
+            return Err(missing(param).into());
         };
         self.dev
             .update(
@@ -66,7 +66,10 @@ impl<B: Backend> RankRun<'_, B> {
                 &grad,
                 gstart..gstart + len,
             )
-            .map_err(|e| Failure::Other(format!("'{param}': {e}")))?;
+            .map_err(|source| RankError::Update {
+                param: param.to_string(),
+                source,
+            })?;
         if self.opts.record_grads && step == 0 {
             let grad = self.host(&grad)?;
             let recorded = if full_grad {

@@ -2,7 +2,7 @@
 //! parallelism): on the backend's own collectives where it has them, else
 //! through host memory and the fabric.
 
-use super::{on_device, Failure, RankRun};
+use super::{on_device, Failure, RankError, RankRun};
 use crate::collective::values::{from_buffer, to_buffer};
 use crate::collective::{Algorithm, Buffer};
 use crate::cpu::parallel::backend::{Backend, Order};
@@ -27,13 +27,13 @@ impl<B: Backend> RankRun<'_, B> {
         let idx = *self
             .nodes
             .get(node)
-            .ok_or_else(|| Failure::Other(format!("no node '{node}'")))?;
+            .ok_or_else(|| RankError::NoNode(node.to_string()))?;
         let (input, output) = (g.node(idx).inputs[0], g.node(idx).outputs[0]);
         let out_name = g.tensor(output).name.clone();
-        let input = input.ok_or_else(|| Failure::Other(format!("'{node}' has no input")))?;
+        let input = input.ok_or_else(|| RankError::NoInput(node.to_string()))?;
         let held = self.input(input, mb)?;
         if kind == CommKind::Copy {
-            let y = self.dev.duplicate(&held).map_err(Failure::Other)?;
+            let y = self.dev.duplicate(&held)?;
             self.put(Buf::of(&out_name, mb), y);
             return Ok(());
         }
@@ -72,7 +72,7 @@ impl<B: Backend> RankRun<'_, B> {
                 let all = self.ep.all_gather(group, &to_buffer(&x), tag, what)?;
                 let pieces = all
                     .split_even(parts)
-                    .ok_or_else(|| Failure::Other("gathered pieces differ in size".into()))?
+                    .ok_or(RankError::UnevenGather)?
                     .into_iter()
                     .map(|b| from_buffer(b, x.dtype, x.shape.clone()))
                     .collect::<Result<Vec<_>, _>>()?;
@@ -82,8 +82,7 @@ impl<B: Backend> RankRun<'_, B> {
                 let pieces: Vec<Buffer> = (0..parts)
                     .map(|r| to_buffer(&slices::take(&x, axis, 1, r, parts)))
                     .collect();
-                let flat = Buffer::concat(&pieces)
-                    .ok_or_else(|| Failure::Other("nothing to reduce-scatter".into()))?;
+                let flat = Buffer::concat(&pieces).ok_or(RankError::NothingToScatter)?;
                 let mine = self.ep.reduce_scatter(group, &flat, tag, what)?;
                 let mut shape = x.shape.clone();
                 shape[axis] /= parts;

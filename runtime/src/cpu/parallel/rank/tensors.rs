@@ -1,7 +1,7 @@
 //! A rank's tensors: buffers by name and micro-batch (with the live
 //! bytes they hold), gradients, weights, and the nodes computed from them.
 
-use super::{missing, Failure, RankRun};
+use super::{missing, Failure, RankError, RankRun};
 use crate::cpu::parallel::backend::Backend;
 use crate::cpu::{run_dtype, widen};
 use crate::lower::{Buf, Feed};
@@ -13,23 +13,23 @@ impl<B: Backend> RankRun<'_, B> {
         let id = self
             .tensors
             .get(tensor)
-            .ok_or_else(|| Failure::Other(format!("no tensor '{tensor}' in the training graph")))?;
+            .ok_or_else(|| RankError::NoTensor(tensor.to_string()))?;
         let t = self.t.graph.tensor(*id);
         let dims =
             t.ty.shape
                 .resolve(&self.t.graph.bindings)
-                .ok_or_else(|| Failure::Other(format!("tensor '{tensor}' has unbound dims")))?;
+                .ok_or_else(|| RankError::UnboundDims(tensor.to_string()))?;
         Ok((run_dtype(t.ty.dtype, self.opts.precision), dims))
     }
 
     /// A backend tensor as a host value.
     pub(super) fn host(&mut self, x: &B::Tensor) -> Result<Arc<Value>, Failure> {
-        self.dev.download(x).map_err(Failure::Other)
+        self.dev.download(x).map_err(Failure::from)
     }
 
     /// Holds host value `v` as buffer `buf`.
     pub(super) fn put_host(&mut self, buf: Buf, v: Value) -> Result<(), Failure> {
-        let x = self.dev.upload(v).map_err(Failure::Other)?;
+        let x = self.dev.upload(v)?;
         self.put(buf, x);
         Ok(())
     }
@@ -47,17 +47,14 @@ impl<B: Backend> RankRun<'_, B> {
     }
 
     pub(super) fn get(&self, buf: &Buf) -> Result<B::Tensor, Failure> {
-        self.bufs.get(buf).cloned().ok_or_else(|| {
-            Failure::Other(format!(
-                "buffer {buf} is not here (freed, never received or never computed)"
-            ))
-        })
+        let held = self.bufs.get(buf).cloned();
+        held.ok_or_else(|| RankError::NoBuffer(buf.clone()).into())
     }
 
     pub(super) fn grad(&self, param: &str) -> Result<&B::Tensor, Failure> {
         self.grads
             .get(param)
-            .ok_or_else(|| Failure::Other(format!("no gradient of '{param}' was accumulated")))
+            .ok_or_else(|| RankError::NotAccumulated(param.to_string()).into())
     }
 
     pub(super) fn weight_host(&mut self, param: &str) -> Result<Arc<Value>, Failure> {
@@ -67,7 +64,7 @@ impl<B: Backend> RankRun<'_, B> {
 
     /// Replaces `param`'s gradient by host value `v` (after a collective).
     pub(super) fn set_grad(&mut self, param: &str, v: Value) -> Result<(), Failure> {
-        let x = self.dev.upload(v).map_err(Failure::Other)?;
+        let x = self.dev.upload(v)?;
         self.grads.insert(param.to_string(), x);
         Ok(())
     }
@@ -77,7 +74,7 @@ impl<B: Backend> RankRun<'_, B> {
         let idx = *self
             .nodes
             .get(node)
-            .ok_or_else(|| Failure::Other(format!("no node '{node}'")))?;
+            .ok_or_else(|| RankError::NoNode(node.to_string()))?;
         let n = g.node(idx);
         let mut args: Vec<Option<B::Tensor>> = Vec::with_capacity(n.inputs.len());
         for input in &n.inputs {
@@ -88,7 +85,7 @@ impl<B: Backend> RankRun<'_, B> {
             args.push(Some(self.input(x, mb)?));
         }
         let refs: Vec<Option<&B::Tensor>> = args.iter().map(|a| a.as_ref()).collect();
-        let outs = self.dev.eval(node, &n.op, &refs).map_err(Failure::Other)?;
+        let outs = self.dev.eval(node, &n.op, &refs)?;
         let names: Vec<String> = n.outputs.iter().map(|&o| g.tensor(o).name.clone()).collect();
         for (name, x) in names.iter().zip(outs) {
             self.put(Buf::of(name, mb), x);
@@ -107,9 +104,9 @@ impl<B: Backend> RankRun<'_, B> {
                     let data = tensor
                         .data
                         .as_ref()
-                        .ok_or_else(|| Failure::Other(format!("constant '{}' has no data", tensor.name)))?;
+                        .ok_or_else(|| RankError::NoData(tensor.name.clone()))?;
                     let v = widen((**data).clone(), self.opts.precision);
-                    let held = self.dev.upload(v).map_err(Failure::Other)?;
+                    let held = self.dev.upload(v)?;
                     self.constants.insert(x, held.clone());
                     held
                 }
@@ -118,12 +115,7 @@ impl<B: Backend> RankRun<'_, B> {
                 Some(v) => v.clone(),
                 None => match self.weights.get(&tensor.name) {
                     Some(w) if !self.shards.contains_key(&tensor.name) => w.clone(),
-                    _ => {
-                        return Err(Failure::Other(format!(
-                            "parameter '{}' is not held whole here",
-                            tensor.name
-                        )))
-                    }
+                    _ => return Err(RankError::NotWhole(tensor.name.clone()).into()),
                 },
             },
             _ => self.get(&Buf::of(&tensor.name, mb))?,
@@ -143,16 +135,12 @@ impl<B: Backend> RankRun<'_, B> {
         let tokens = |shift: usize| -> Result<Vec<i64>, Failure> {
             let mut out = Vec::with_capacity(count);
             for row in rows.0..rows.1 {
-                let s = self
-                    .data
-                    .sequence(step as u64, row, seq)
-                    .map_err(|e| Failure::Other(e.to_string()))?;
+                let s = self.data.sequence(step as u64, row, seq)?;
                 out.extend_from_slice(&s[shift..shift + seq]);
             }
             Ok(out)
         };
-        let ints =
-            |v: Vec<i64>| Value::ints(dtype, shape.clone(), v).map_err(|e| Failure::Other(e.to_string()));
+        let ints = |v: Vec<i64>| Value::ints(dtype, shape.clone(), v).map_err(Failure::from);
         match feed {
             Feed::Tokens => ints(tokens(0)?),
             Feed::Targets => ints(tokens(1)?),
@@ -160,8 +148,7 @@ impl<B: Backend> RankRun<'_, B> {
             Feed::Zeros => ints(vec![0; count]),
             Feed::Positions => ints((0..count).map(|i| (i % seq) as i64).collect()),
             Feed::Seed => {
-                let v =
-                    Value::f32(shape.clone(), vec![1.0; count]).map_err(|e| Failure::Other(e.to_string()))?;
+                let v = Value::f32(shape.clone(), vec![1.0; count])?;
                 Ok(widen(v, self.opts.precision))
             }
         }
