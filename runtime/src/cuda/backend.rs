@@ -341,16 +341,12 @@ impl Backend for CudaBackend {
         let suffix = storage.suffix();
         let launched = match *optimizer {
             Optimizer::AdamW {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
+                beta1, beta2, eps, ..
             } => {
-                let t = step as f64;
-                let step_size = (lr / (1.0 - beta1.powf(t))) as f32;
-                let bc2_sqrt = (1.0 - beta2.powf(t)).sqrt() as f32;
-                let decay = (1.0 - lr * weight_decay) as f32;
+                let Some(c) = optimizer.corrections(step) else {
+                    unreachable!("AdamW has corrections")
+                };
+                let (step_size, bc2_sqrt, decay) = (c.step_size as f32, c.bc2_sqrt as f32, c.decay as f32);
                 // Formed in f64 and rounded, exactly as the CPU oracle forms them.
                 let (w1, rest1) = ((1.0 - beta1) as f32, (1.0 - (1.0 - beta1)) as f32);
                 let (b2, w2, eps) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
