@@ -8,7 +8,7 @@ use super::ranks::Representatives;
 use crate::lower::program::{Payload, Transfer};
 use crate::lower::{Buf, Instr, Program};
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, CommKind, DType, Graph, Node, Op, Role, TensorId};
+use autopar_ir::{CommGroup, DType, Graph, Node, Op, Role, TensorId};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Which stream of a rank an instruction occupies. Collectives of
@@ -165,7 +165,8 @@ struct NodeFacts {
     params: Vec<u32>,
     outputs: Vec<u32>,
     forward: bool,
-    comm: Option<(CommKind, CommGroup)>,
+    /// The group a communication node runs over.
+    comm: Option<CommGroup>,
     /// Seconds of one micro-batch (computations).
     seconds: f64,
 }
@@ -198,7 +199,7 @@ impl<'g> GraphIndex<'g> {
                 }
             }
             let comm = match &n.op {
-                Op::Comm { kind, group, .. } => Some((*kind, *group)),
+                Op::Comm { group, .. } => Some(*group),
                 _ => None,
             };
             node.insert(
@@ -504,7 +505,7 @@ impl Builder<'_, '_> {
             self.written[w as usize] = true;
         }
         match (instr.group(), f.comm) {
-            (Some(group), Some((_, which))) => {
+            (Some(group), Some(which)) => {
                 let collective = instr.collective();
                 // An all-gather moves its output, the others their input.
                 let tensor = match collective {

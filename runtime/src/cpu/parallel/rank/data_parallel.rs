@@ -24,6 +24,15 @@ pub(super) struct Landing {
     step: usize,
 }
 
+/// How a gradient is summed over its data-parallel group.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GradSum {
+    /// Whole, with this algorithm.
+    AllReduce(Algorithm),
+    /// Keeping only this rank's shard of the sum (ZeRO-2/3).
+    ReduceScatter,
+}
+
 enum Slot {
     /// The parameter's gradient (whole, or a ZeRO shard of this shape).
     Grad { dtype: DType, shape: Vec<usize> },
@@ -143,60 +152,44 @@ impl<B: Backend> RankRun<'_, B> {
         }
     }
 
-    /// Sums `param`'s gradient over `group` (data parallel).
-    pub(super) fn all_reduce_grad(
+    /// Sums `param`'s gradient over `group` (data parallel), whole or
+    /// keeping this rank's shard as `sum` says.
+    pub(super) fn reduce_grad(
         &mut self,
         instr: &Instr,
         param: &str,
         group: &[usize],
-        algorithm: Algorithm,
+        sum: GradSum,
         at: At<'_>,
     ) -> Result<(), Failure> {
-        if self.all_reduce_grad_on_device(param, group)? {
+        let done = match sum {
+            GradSum::AllReduce(_) => self.all_reduce_grad_on_device(param, group)?,
+            GradSum::ReduceScatter => self.reduce_scatter_grad_on_device(param, group)?,
+        };
+        if done {
             self.on_device.insert(param.to_string());
             return Ok(());
         }
         let grad = self.take_grad_host(param)?;
-        let into = Slot::Grad {
-            dtype: grad.dtype,
-            shape: grad.shape.clone(),
+        let dtype = grad.dtype;
+        let (kind, shape, data, name) = match sum {
+            GradSum::AllReduce(algorithm) => {
+                let shape = grad.shape.clone();
+                (JobKind::AllReduce(algorithm), shape, into_buffer(grad), "ar")
+            }
+            GradSum::ReduceScatter => {
+                let shape = vec![grad.numel().div_ceil(group.len())];
+                (JobKind::ReduceScatter, shape, padded(grad, group.len()), "rs")
+            }
         };
         let job = Job {
-            kind: JobKind::AllReduce(algorithm),
+            kind,
             group: group.to_vec(),
-            data: into_buffer(grad),
-            tag: at.tag(&format!("ar/{param}")),
+            data,
+            tag: at.tag(&format!("{name}/{param}")),
             what: at.what.to_string(),
         };
-        self.overlap(param, job, into, instr, at.step);
-        Ok(())
-    }
-
-    /// Replaces `param`'s gradient by this rank's shard of its sum over `group` (ZeRO-2/3).
-    pub(super) fn reduce_scatter_grad(
-        &mut self,
-        instr: &Instr,
-        param: &str,
-        group: &[usize],
-        at: At<'_>,
-    ) -> Result<(), Failure> {
-        if self.reduce_scatter_grad_on_device(param, group)? {
-            self.on_device.insert(param.to_string());
-            return Ok(());
-        }
-        let grad = self.take_grad_host(param)?;
-        let into = Slot::Grad {
-            dtype: grad.dtype,
-            shape: vec![grad.numel().div_ceil(group.len())],
-        };
-        let job = Job {
-            kind: JobKind::ReduceScatter,
-            group: group.to_vec(),
-            data: padded(grad, group.len()),
-            tag: at.tag(&format!("rs/{param}")),
-            what: at.what.to_string(),
-        };
-        self.overlap(param, job, into, instr, at.step);
+        self.overlap(param, job, Slot::Grad { dtype, shape }, instr, at.step);
         Ok(())
     }
 

@@ -2,6 +2,7 @@
 //! combine buffers: transfers, frees, gradient accumulation and the sum of
 //! tied weights' gradients.
 
+use super::data_parallel::GradSum;
 use super::{missing, on_device, Failure, GradPiece, RankRun};
 use crate::collective::values::{from_buffer, to_buffer};
 use crate::cpu::parallel::backend::{Backend, Order};
@@ -64,9 +65,11 @@ impl<B: Backend> RankRun<'_, B> {
                 param,
                 group,
                 reduction,
-            } => self.all_reduce_grad(instr, param, group, *reduction, at)?,
+            } => self.reduce_grad(instr, param, group, GradSum::AllReduce(*reduction), at)?,
             Instr::SumTiedGrads { key, params, group } => self.sum_tied(key, params, group, at)?,
-            Instr::ReduceScatterGrad { param, group } => self.reduce_scatter_grad(instr, param, group, at)?,
+            Instr::ReduceScatterGrad { param, group } => {
+                self.reduce_grad(instr, param, group, GradSum::ReduceScatter, at)?
+            }
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, at.step, grads_out)?,
             Instr::AllGatherParam { param, group } => self.all_gather_param(instr, param, group, at)?,
             Instr::GatherParam { param, group } => self.gather_param(param, group, at)?,
