@@ -8,6 +8,7 @@
 //! rank sends and receives at once at its link's per-direction bandwidth.
 
 use crate::Cluster;
+use serde::{Deserialize, Serialize};
 
 /// A collective (or point-to-point) operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -21,7 +22,8 @@ pub enum Collective {
 }
 
 /// How a collective is carried out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Algorithm {
     /// Ring (bandwidth-optimal; all-to-all as pairwise exchange).
     Ring,

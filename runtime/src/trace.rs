@@ -50,23 +50,13 @@ pub enum TraceEvent {
 
 /// The track an instruction is drawn on; `None` for bookkeeping that takes no time.
 pub fn stream_of(instr: &Instr) -> Option<Stream> {
-    match instr {
-        Instr::Free { .. } | Instr::ReportLoss { .. } => None,
-        Instr::Load { .. }
-        | Instr::Compute { .. }
-        | Instr::AccumulateGrad { .. }
-        | Instr::OptimizerStep { .. } => Some(Stream::Compute),
-        Instr::Collective { .. }
-        | Instr::Send { .. }
-        | Instr::Recv { .. }
-        | Instr::AllReduceGrad { .. }
-        | Instr::ReduceScatterGrad { .. }
-        | Instr::AllGatherParam { .. }
-        | Instr::GatherParam { .. }
-        | Instr::SumTiedGrads { .. }
-        | Instr::SendParam { .. }
-        | Instr::RecvParam { .. } => Some(Stream::Communication),
+    if matches!(instr, Instr::Free { .. } | Instr::ReportLoss { .. }) {
+        return None;
     }
+    Some(match instr.group().is_some() || instr.is_transfer() {
+        true => Stream::Communication,
+        false => Stream::Compute,
+    })
 }
 
 /// The trace-event JSON object of `events` (`{"traceEvents": [...]}`), with

@@ -16,7 +16,7 @@ use autopar_cost_models::Schedule;
 use autopar_ir::{CommKind, DType, Data, Graph, Op, Value};
 use autopar_runtime::collective::{fabric, Algorithm, Buffer, Endpoint};
 use autopar_runtime::cpu::parallel::{
-    train, train_on, Backend, CpuBackend, Order, TrainOptions, TrainReport,
+    train, train_on, Backend, BackendError, CpuBackend, DeviceCollectives, Order, TrainOptions, TrainReport,
 };
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::blocking::{check_blocking, Transfers};
@@ -52,10 +52,10 @@ impl Backend for Summing {
     type Tensor = Arc<Value>;
     type State = State;
 
-    fn upload(&mut self, v: Value) -> Result<Arc<Value>, String> {
+    fn upload(&mut self, v: Value) -> Result<Arc<Value>, BackendError> {
         self.cpu.upload(v)
     }
-    fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+    fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, BackendError> {
         self.untouched(&[x])?;
         self.cpu.download(x)
     }
@@ -65,19 +65,24 @@ impl Backend for Summing {
     fn numel(&self, x: &Arc<Value>) -> usize {
         self.cpu.numel(x)
     }
-    fn eval(&mut self, node: &str, op: &Op, args: &[Option<&Arc<Value>>]) -> Result<Vec<Arc<Value>>, String> {
+    fn eval(
+        &mut self,
+        node: &str,
+        op: &Op,
+        args: &[Option<&Arc<Value>>],
+    ) -> Result<Vec<Arc<Value>>, BackendError> {
         self.untouched(&args.iter().flatten().copied().collect::<Vec<_>>())?;
         self.cpu.eval(node, op, args)
     }
-    fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+    fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, BackendError> {
         self.untouched(&[x])?;
         self.cpu.duplicate(x)
     }
-    fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), String> {
+    fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), BackendError> {
         self.untouched(&[acc, g])?;
         self.cpu.accumulate(acc, g)
     }
-    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, String> {
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, BackendError> {
         self.cpu.new_state(optimizer, len)
     }
     fn update(
@@ -89,12 +94,23 @@ impl Backend for Summing {
         w: Range<usize>,
         grad: &Arc<Value>,
         g: Range<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         self.untouched(&[weight, grad])?;
         self.cpu.update(optimizer, state, step, weight, w, grad, g)
     }
 
-    fn all_reduce(&mut self, x: &mut Arc<Value>, group: &[usize], order: Order) -> Result<bool, String> {
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Arc<Value>>> {
+        Some(self)
+    }
+}
+
+impl DeviceCollectives<Arc<Value>> for Summing {
+    fn all_reduce(
+        &mut self,
+        x: &mut Arc<Value>,
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, BackendError> {
         self.untouched(&[x])?;
         let tag = self.next_tag(Kind::AllReduce, group);
         let mut buffer = flat(x, x.numel())?;
@@ -111,7 +127,7 @@ impl Backend for Summing {
         x: &Arc<Value>,
         group: &[usize],
         order: Order,
-    ) -> Result<Option<Arc<Value>>, String> {
+    ) -> Result<Option<Arc<Value>>, BackendError> {
         self.untouched(&[x])?;
         let tag = self.next_tag(Kind::ReduceScatter, group);
         let part = x.numel().div_ceil(group.len());
@@ -134,7 +150,7 @@ impl Backend for Summing {
         part: &Arc<Value>,
         group: &[usize],
         shape: &[usize],
-    ) -> Result<Option<Arc<Value>>, String> {
+    ) -> Result<Option<Arc<Value>>, BackendError> {
         self.untouched(&[part])?;
         let tag = self.next_tag(Kind::AllGather, group);
         let all = self
@@ -149,7 +165,7 @@ impl Backend for Summing {
         w: &mut Arc<Value>,
         group: &[usize],
         order: Order,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, BackendError> {
         self.untouched(&[w])?;
         let tag = self.next_tag(Kind::AllGather, group);
         let position = group.iter().position(|&r| r == self.endpoint.rank()).unwrap();
@@ -172,7 +188,7 @@ impl Backend for Summing {
         x: &Arc<Value>,
         group: &[usize],
         axis: usize,
-    ) -> Result<Option<Arc<Value>>, String> {
+    ) -> Result<Option<Arc<Value>>, BackendError> {
         self.untouched(&[x])?;
         // As NCCL here, floats only: expert indices go through the host.
         if !x.dtype.is_float() {
@@ -195,7 +211,7 @@ impl Backend for Summing {
         x: &Arc<Value>,
         group: &[usize],
         axis: usize,
-    ) -> Result<Option<Arc<Value>>, String> {
+    ) -> Result<Option<Arc<Value>>, BackendError> {
         self.untouched(&[x])?;
         if !x.dtype.is_float() {
             return Ok(None);
@@ -218,12 +234,12 @@ impl Backend for Summing {
         Ok(Some(Arc::new(shaped(mine, x.dtype, &piece))))
     }
 
-    fn join_collectives(&mut self) -> Result<(), String> {
+    fn join(&mut self) -> Result<(), BackendError> {
         self.in_flight.clear();
         Ok(())
     }
 
-    fn send(&mut self, x: &Arc<Value>, to: usize) -> Result<bool, String> {
+    fn send(&mut self, x: &Arc<Value>, to: usize) -> Result<bool, BackendError> {
         self.untouched(&[x])?;
         let tag = self.next_tag(Kind::Send, &[self.endpoint.rank(), to]);
         self.endpoint
@@ -235,7 +251,12 @@ impl Backend for Summing {
         Ok(true)
     }
 
-    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Arc<Value>>, String> {
+    fn recv(
+        &mut self,
+        from: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Option<Arc<Value>>, BackendError> {
         let tag = self.next_tag(Kind::Recv, &[from, self.endpoint.rank()]);
         let ep = &self.endpoint;
         let got = ep
@@ -259,7 +280,7 @@ impl Backend for Summing {
 
     /// A group's sends complete when their receivers have posted, as an
     /// NCCL group's do.
-    fn flush_transfers(&mut self) -> Result<(), String> {
+    fn flush_transfers(&mut self) -> Result<(), BackendError> {
         for (to, tag) in std::mem::take(&mut self.unconfirmed) {
             self.endpoint
                 .recv(to, &tag, "a send's receipt")
@@ -284,12 +305,14 @@ enum Kind {
 impl Summing {
     /// Fails if an overlapped collective not yet joined reads or writes
     /// any of `xs`: on a GPU that touch would race with it.
-    fn untouched(&self, xs: &[&Arc<Value>]) -> Result<(), String> {
+    fn untouched(&self, xs: &[&Arc<Value>]) -> Result<(), BackendError> {
         match xs
             .iter()
             .any(|x| self.in_flight.iter().any(|held| Arc::ptr_eq(held, x)))
         {
-            true => Err("touched a tensor of an overlapped collective before joining it".into()),
+            true => Err(BackendError::Device(
+                "touched a tensor of an overlapped collective before joining it".into(),
+            )),
             false => Ok(()),
         }
     }
@@ -313,7 +336,7 @@ impl Summing {
 }
 
 /// `v`'s floats, zero-padded to `len`.
-fn flat(v: &Value, len: usize) -> Result<Buffer, String> {
+fn flat(v: &Value, len: usize) -> Result<Buffer, BackendError> {
     Ok(match &v.data {
         Data::F32(x) => Buffer::F32(
             x.iter()
@@ -329,7 +352,7 @@ fn flat(v: &Value, len: usize) -> Result<Buffer, String> {
                 .take(len)
                 .collect(),
         ),
-        other => return Err(format!("a collective on {other:?}")),
+        other => return Err(BackendError::Collective(format!("a collective on {other:?}"))),
     })
 }
 

@@ -20,6 +20,7 @@ mod pool;
 mod tcp;
 #[cfg(test)]
 mod tests;
+pub mod values;
 mod watchdog;
 
 pub use autopar_cost_models::comm::{Algorithm, Collective};

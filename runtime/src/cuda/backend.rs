@@ -15,7 +15,7 @@ use super::ops::{self, grid, launch, Gpu, IndexCheck};
 use super::tensor::{self, GpuTensor, Storage};
 use super::CudaError;
 use super::GpuPrecision;
-use crate::cpu::parallel::{Backend, Order};
+use crate::cpu::parallel::{Backend, BackendError, DeviceCollectives, Order};
 use crate::train::Optimizer;
 use autopar_ir::{DType, Op, Value};
 use cudarc::cublas::CudaBlas;
@@ -77,8 +77,9 @@ pub struct GpuState {
     second: Option<CudaSlice<f32>>,
 }
 
-fn err(e: impl std::fmt::Display) -> String {
-    e.to_string()
+/// A driver, cuBLAS or kernel failure.
+fn err(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Device(e.to_string())
 }
 
 impl CudaBackend {
@@ -154,12 +155,12 @@ impl CudaBackend {
     }
 
     /// `x` as a tensor whose buffer nobody else holds (copied if shared).
-    fn owned<'t>(&self, x: &'t mut Arc<GpuTensor>) -> Result<&'t mut GpuTensor, String> {
+    fn owned<'t>(&self, x: &'t mut Arc<GpuTensor>) -> Result<&'t mut GpuTensor, BackendError> {
         let unique = Arc::get_mut(x).is_some_and(|t| Arc::get_mut(&mut t.buf).is_some());
         if !unique {
             *x = Arc::new(self.copy(x).map_err(err)?);
         }
-        Arc::get_mut(x).ok_or_else(|| "a tensor being updated is shared".to_string())
+        Arc::get_mut(x).ok_or_else(|| BackendError::Device("a tensor being updated is shared".into()))
     }
 
     /// Runs `op` through the reference kernels on host copies of `args`.
@@ -168,7 +169,7 @@ impl CudaBackend {
         node: &str,
         op: &Op,
         args: &[Option<&Arc<GpuTensor>>],
-    ) -> Result<Vec<Arc<GpuTensor>>, String> {
+    ) -> Result<Vec<Arc<GpuTensor>>, BackendError> {
         if let Ok(mut counts) = self.host_nodes.lock() {
             *counts.entry(op.name()).or_insert(0) += 1;
         }
@@ -178,9 +179,10 @@ impl CudaBackend {
             .collect::<Result<_, _>>()
             .map_err(err)?;
         let refs: Vec<Option<&Value>> = host.iter().map(|v| v.as_ref()).collect();
-        let outs = op
-            .eval(&refs)
-            .map_err(|e| format!("node '{node}' (on the host): {e}"))?;
+        let outs = op.eval(&refs).map_err(|e| BackendError::HostNode {
+            node: node.to_string(),
+            message: e.to_string(),
+        })?;
         outs.iter()
             .map(|v| {
                 tensor::upload(&self.gpu.stream, v, self.gpu.precision)
@@ -195,13 +197,13 @@ impl Backend for CudaBackend {
     type Tensor = Arc<GpuTensor>;
     type State = GpuState;
 
-    fn upload(&mut self, v: Value) -> Result<Arc<GpuTensor>, String> {
+    fn upload(&mut self, v: Value) -> Result<Arc<GpuTensor>, BackendError> {
         tensor::upload(&self.gpu.stream, &v, self.gpu.precision)
             .map(Arc::new)
             .map_err(err)
     }
 
-    fn upload_weight(&mut self, v: Value) -> Result<Arc<GpuTensor>, String> {
+    fn upload_weight(&mut self, v: Value) -> Result<Arc<GpuTensor>, BackendError> {
         let mut x = tensor::upload(&self.gpu.stream, &v, self.gpu.precision).map_err(err)?;
         if x.storage == Storage::Bf16 {
             let exact: Vec<f32> = v.to_f64_vec().into_iter().map(|f| f as f32).collect();
@@ -210,7 +212,7 @@ impl Backend for CudaBackend {
         Ok(Arc::new(x))
     }
 
-    fn download(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<Value>, String> {
+    fn download(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<Value>, BackendError> {
         tensor::download(&self.gpu.stream, x).map(Arc::new).map_err(err)
     }
 
@@ -227,7 +229,7 @@ impl Backend for CudaBackend {
         node: &str,
         op: &Op,
         args: &[Option<&Arc<GpuTensor>>],
-    ) -> Result<Vec<Arc<GpuTensor>>, String> {
+    ) -> Result<Vec<Arc<GpuTensor>>, BackendError> {
         if ops::gathers(op) {
             self.gathers.push(node.to_string());
             self.gpu.indices.code.set(self.gathers.len() as i32);
@@ -239,13 +241,13 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn duplicate(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<GpuTensor>, String> {
+    fn duplicate(&mut self, x: &Arc<GpuTensor>) -> Result<Arc<GpuTensor>, BackendError> {
         self.copy(x).map(Arc::new).map_err(err)
     }
 
-    fn accumulate(&mut self, acc: &mut Arc<GpuTensor>, g: &Arc<GpuTensor>) -> Result<(), String> {
+    fn accumulate(&mut self, acc: &mut Arc<GpuTensor>, g: &Arc<GpuTensor>) -> Result<(), BackendError> {
         if acc.numel() != g.numel() || acc.storage != g.storage || !g.storage.is_float() {
-            return Err("gradient shapes differ between micro-batches".into());
+            return Err(BackendError::GradientShapes);
         }
         let gpu = &self.gpu;
         let n = g.numel() as i64;
@@ -266,8 +268,8 @@ impl Backend for CudaBackend {
         .map_err(err)
     }
 
-    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<GpuState, String> {
-        let zeros = |on: bool| -> Result<Option<CudaSlice<f32>>, String> {
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<GpuState, BackendError> {
+        let zeros = |on: bool| -> Result<Option<CudaSlice<f32>>, BackendError> {
             on.then(|| self.gpu.stream.alloc_zeros::<f32>(len.max(1)).map_err(err))
                 .transpose()
         };
@@ -291,10 +293,10 @@ impl Backend for CudaBackend {
         w: Range<usize>,
         grad: &Arc<GpuTensor>,
         g: Range<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let storage = weight.storage;
         if storage != grad.storage || !storage.is_float() {
-            return Err("weight and gradient types differ".into());
+            return Err(BackendError::UpdateTypes);
         }
         let size = storage.size() as u64;
         let n = w.len() as i64;
@@ -339,16 +341,12 @@ impl Backend for CudaBackend {
         let suffix = storage.suffix();
         let launched = match *optimizer {
             Optimizer::AdamW {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
+                beta1, beta2, eps, ..
             } => {
-                let t = step as f64;
-                let step_size = (lr / (1.0 - beta1.powf(t))) as f32;
-                let bc2_sqrt = (1.0 - beta2.powf(t)).sqrt() as f32;
-                let decay = (1.0 - lr * weight_decay) as f32;
+                let Some(c) = optimizer.corrections(step) else {
+                    unreachable!("AdamW has corrections")
+                };
+                let (step_size, bc2_sqrt, decay) = (c.step_size as f32, c.bc2_sqrt as f32, c.decay as f32);
                 // Formed in f64 and rounded, exactly as the CPU oracle forms them.
                 let (w1, rest1) = ((1.0 - beta1) as f32, (1.0 - (1.0 - beta1)) as f32);
                 let (b2, w2, eps) = (beta2 as f32, (1.0 - beta2) as f32, eps as f32);
@@ -400,8 +398,8 @@ impl Backend for CudaBackend {
         launched.map_err(err)
     }
 
-    fn synchronize(&mut self) -> Result<(), String> {
-        self.join_collectives()?;
+    fn synchronize(&mut self) -> Result<(), BackendError> {
+        self.join()?;
         // Every send of the step reaches its receiver before the step ends.
         for sending in self.sending.values_mut() {
             self.gpu.stream.join(&sending.stream).map_err(err)?;
@@ -417,15 +415,35 @@ impl Backend for CudaBackend {
         let fault = self.gpu.indices.take(&self.gpu.stream).map_err(err)?;
         let gathers = std::mem::take(&mut self.gathers);
         match usize::try_from(fault - 1).ok().and_then(|k| gathers.get(k)) {
-            Some(node) => Err(format!(
-                "node '{node}': an index is out of range (the GPU read 0 for it; the CPU backend names the value)"
-            )),
-            None if fault != 0 => Err(format!("a gather reported an index out of range with an unknown code {fault}")),
+            Some(node) => Err(BackendError::Node {
+                node: node.clone(),
+                message: "an index is out of range (the GPU read 0 for it; the CPU backend names the value)"
+                    .into(),
+            }),
+            None if fault != 0 => Err(BackendError::Device(format!(
+                "a gather reported an index out of range with an unknown code {fault}"
+            ))),
             None => Ok(()),
         }
     }
 
-    fn all_reduce(&mut self, x: &mut Arc<GpuTensor>, group: &[usize], order: Order) -> Result<bool, String> {
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Arc<GpuTensor>>> {
+        match self.comms {
+            Some(_) => Some(self),
+            None => None,
+        }
+    }
+}
+
+/// Collectives on [`DeviceComms`] where it connects the group; a shared
+/// tensor is copied before a collective writes it in place.
+impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
+    fn all_reduce(
+        &mut self,
+        x: &mut Arc<GpuTensor>,
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, BackendError> {
         let Some(dtype) = self.device_type(x, group) else {
             return Ok(false);
         };
@@ -442,7 +460,7 @@ impl Backend for CudaBackend {
         x: &Arc<GpuTensor>,
         group: &[usize],
         order: Order,
-    ) -> Result<Option<Arc<GpuTensor>>, String> {
+    ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         let Some(dtype) = self.device_type(x, group) else {
             return Ok(None);
         };
@@ -465,16 +483,16 @@ impl Backend for CudaBackend {
         part: &Arc<GpuTensor>,
         group: &[usize],
         shape: &[usize],
-    ) -> Result<Option<Arc<GpuTensor>>, String> {
+    ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         let Some(dtype) = self.device_type(part, group) else {
             return Ok(None);
         };
         let count = part.numel();
         if shape.iter().product::<usize>() > count * group.len() {
-            return Err(format!(
+            return Err(BackendError::Collective(format!(
                 "gathering {} parts of {count} elements cannot fill a {shape:?} weight",
                 group.len()
-            ));
+            )));
         }
         let all = self.allocate_like(part, vec![count * group.len()])?;
         let ptrs = (self.gpu.ptr(part), self.gpu.ptr(&all));
@@ -488,14 +506,13 @@ impl Backend for CudaBackend {
         w: &mut Arc<GpuTensor>,
         group: &[usize],
         order: Order,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, BackendError> {
         let Some(dtype) = self.device_type(w, group) else {
             return Ok(false);
         };
-        let position = self
-            .comms()?
-            .position(group)
-            .ok_or_else(|| format!("this rank is not in the group {group:?} it gathers over"))?;
+        let position = self.comms()?.position(group).ok_or_else(|| {
+            BackendError::Collective(format!("this rank is not in the group {group:?} it gathers over"))
+        })?;
         let part = w.numel().div_ceil(group.len());
         let len = part * group.len();
         if len > w.numel() {
@@ -519,7 +536,7 @@ impl Backend for CudaBackend {
         x: &Arc<GpuTensor>,
         group: &[usize],
         axis: usize,
-    ) -> Result<Option<Arc<GpuTensor>>, String> {
+    ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         let parts = group.len();
         let Some((stacked, concatenated)) = View::stacked_and_concatenated(&x.shape, axis, parts) else {
             return Ok(None);
@@ -545,7 +562,7 @@ impl Backend for CudaBackend {
         x: &Arc<GpuTensor>,
         group: &[usize],
         axis: usize,
-    ) -> Result<Option<Arc<GpuTensor>>, String> {
+    ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         if self.device_type(x, group).is_none() {
             return Ok(None);
         }
@@ -554,10 +571,10 @@ impl Backend for CudaBackend {
         match piece.get_mut(axis) {
             Some(d) if *d % parts == 0 => *d /= parts,
             _ => {
-                return Err(format!(
+                return Err(BackendError::Collective(format!(
                     "a {:?} tensor cannot be cut into {parts} equal slices along axis {axis}",
                     x.shape
-                ))
+                )))
             }
         }
         let Some((stacked, concatenated)) = View::stacked_and_concatenated(&piece, axis, parts) else {
@@ -578,7 +595,7 @@ impl Backend for CudaBackend {
         Ok(mine.map(|m| Arc::new(m.alias(x.dtype, piece))))
     }
 
-    fn join_collectives(&mut self) -> Result<(), String> {
+    fn join(&mut self) -> Result<(), BackendError> {
         let Some(side) = self.side.as_mut().filter(|s| !s.held.is_empty()) else {
             return Ok(());
         };
@@ -588,7 +605,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
 
-    fn send(&mut self, x: &Arc<GpuTensor>, to: usize) -> Result<bool, String> {
+    fn send(&mut self, x: &Arc<GpuTensor>, to: usize) -> Result<bool, BackendError> {
         let Some(dtype) = self.transfer_type(x.storage) else {
             return Ok(false);
         };
@@ -602,7 +619,12 @@ impl Backend for CudaBackend {
         Ok(true)
     }
 
-    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Arc<GpuTensor>>, String> {
+    fn recv(
+        &mut self,
+        from: usize,
+        dtype: DType,
+        shape: &[usize],
+    ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         let storage = tensor::storage_of(dtype, self.gpu.precision);
         let Some((storage, nccl_type)) = storage.and_then(|s| Some((s, self.transfer_type(s)?))) else {
             return Ok(None);
@@ -626,14 +648,14 @@ impl Backend for CudaBackend {
         self.comms.as_ref().map_or(0, |c| c.bytes_sent())
     }
 
-    fn flush_transfers(&mut self) -> Result<(), String> {
+    fn flush_transfers(&mut self) -> Result<(), BackendError> {
         if self.posted.is_empty() {
             return Ok(());
         }
         let held = std::mem::take(&mut self.posted);
         let posted: Vec<Posted> = held.iter().map(|(p, _)| *p).collect();
         // Stream-ordered frees of `held` come after the queued group.
-        self.comms()?.transfer(&posted, &self.gpu.stream)
+        Ok(self.comms()?.transfer(&posted, &self.gpu.stream)?)
     }
 }
 
@@ -649,16 +671,16 @@ impl CudaBackend {
         }
     }
 
-    fn comms(&self) -> Result<&dyn DeviceComms, String> {
+    fn comms(&self) -> Result<&dyn DeviceComms, BackendError> {
         self.comms
             .as_deref()
-            .ok_or_else(|| "no device collectives".to_string())
+            .ok_or_else(|| BackendError::Device("no device collectives".into()))
     }
 
     /// The stream a collective issued with `order` is queued on. An
     /// overlapped one goes on the side stream, after the compute stream's
     /// work queued so far (which wrote its inputs).
-    fn stream_for(&mut self, order: Order) -> Result<Arc<CudaStream>, String> {
+    fn stream_for(&mut self, order: Order) -> Result<Arc<CudaStream>, BackendError> {
         if order == Order::Inline {
             return Ok(self.gpu.stream.clone());
         }
@@ -698,7 +720,7 @@ impl CudaBackend {
     /// Queues a send of `x` to `to` on the receiver's own stream, after the
     /// compute stream's work so far (which wrote `x`), and lets go of the
     /// tensors of earlier sends that have ended.
-    fn send_now(&mut self, x: &Arc<GpuTensor>, to: usize, dtype: DataType) -> Result<(), String> {
+    fn send_now(&mut self, x: &Arc<GpuTensor>, to: usize, dtype: DataType) -> Result<(), BackendError> {
         let compute = &self.gpu.stream;
         let sending = match self.sending.entry(to) {
             std::collections::btree_map::Entry::Occupied(e) => {
@@ -712,7 +734,10 @@ impl CudaBackend {
                 in_flight: VecDeque::new(),
             }),
         };
-        let comms = self.comms.as_deref().ok_or("no device collectives")?;
+        let comms = self
+            .comms
+            .as_deref()
+            .ok_or_else(|| BackendError::Device("no device collectives".into()))?;
         let ptr = x.ptr(compute);
         comms.send_to(to, ptr, x.numel(), dtype, &sending.stream)?;
         let ended = sending.stream.record_event(None).map_err(err)?;
@@ -743,12 +768,12 @@ impl CudaBackend {
     }
 
     /// A new tensor of `x`'s types and `shape` (contents unset).
-    fn allocate_like(&self, x: &GpuTensor, shape: Vec<usize>) -> Result<GpuTensor, String> {
+    fn allocate_like(&self, x: &GpuTensor, shape: Vec<usize>) -> Result<GpuTensor, BackendError> {
         tensor::allocate(&self.gpu.stream, x.dtype, x.storage, shape, false).map_err(err)
     }
 
     /// `x` flattened and zero-padded to `len` elements, in a new buffer.
-    fn padded(&self, x: &GpuTensor, len: usize) -> Result<GpuTensor, String> {
+    fn padded(&self, x: &GpuTensor, len: usize) -> Result<GpuTensor, BackendError> {
         let y = tensor::allocate(&self.gpu.stream, x.dtype, x.storage, vec![len], true).map_err(err)?;
         self.copy_into(&y, x).map_err(err)?;
         Ok(y)

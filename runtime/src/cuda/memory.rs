@@ -21,6 +21,7 @@
 //! Weights, gradient accumulators and optimizer state stay in memory for
 //! the whole step and are not in the arena; [`ModelState`] counts them.
 
+use crate::lower::program::BufferUse;
 use crate::lower::{Buf, Instr, Program, TrainingGraph};
 use crate::sim::compile::{operands, Operand};
 use autopar_cost_models::memory::optimizer_bytes_per_param;
@@ -335,31 +336,27 @@ impl Lifetimes<'_> {
     /// touch only weights, gradient accumulators and optimizer state).
     fn instr(&mut self, at: usize, instr: &Instr) -> Result<(), String> {
         let g = self.g;
-        match instr {
-            Instr::Load { buf, .. } | Instr::Recv { buf, .. } => self.create(buf.clone(), at),
-            Instr::Send { buf, .. } | Instr::ReportLoss { buf } => self.read(buf, at),
-            Instr::Free { buf } => self.free(buf, at),
-            Instr::GatherParam { param, .. } => self.create(Buf::step(param), at),
-            Instr::AccumulateGrad { param, micro_batch } => {
+        match instr.buffers() {
+            BufferUse::Creates(buf) => self.create(buf, at),
+            BufferUse::Reads(buf) => self.read(buf, at),
+            BufferUse::Frees(buf) => self.free(buf, at),
+            BufferUse::Gradient { param, micro_batch } => {
                 let grad = self
                     .gradients
-                    .get(param.as_str())
+                    .get(param)
                     .ok_or_else(|| format!("parameter '{param}' has no gradient in the training graph"))?;
-                self.read(&Buf::of(grad, *micro_batch), at)
+                self.read(&Buf::of(grad, micro_batch), at)
             }
-            Instr::Compute { node, micro_batch }
-            | Instr::Collective {
-                node, micro_batch, ..
-            } => {
+            BufferUse::Node { node, micro_batch } => {
                 let n = g.node(
                     *self
                         .nodes
-                        .get(node.as_str())
+                        .get(node)
                         .ok_or_else(|| format!("no node '{node}' in the training graph"))?,
                 );
                 for x in operands(g, n) {
                     match x {
-                        Operand::Buffer(x) => self.read(&Buf::of(&g.tensor(x).name, *micro_batch), at)?,
+                        Operand::Buffer(x) => self.read(&Buf::of(&g.tensor(x).name, micro_batch), at)?,
                         // A gathered copy if there is one, else the stored weight.
                         Operand::Param(x) => {
                             let gathered = Buf::step(&g.tensor(x).name);
@@ -370,17 +367,11 @@ impl Lifetimes<'_> {
                     }
                 }
                 for &o in &n.outputs {
-                    self.create(Buf::of(&g.tensor(o).name, *micro_batch), at)?;
+                    self.create(Buf::of(&g.tensor(o).name, micro_batch), at)?;
                 }
                 Ok(())
             }
-            Instr::SumTiedGrads { .. }
-            | Instr::AllReduceGrad { .. }
-            | Instr::ReduceScatterGrad { .. }
-            | Instr::OptimizerStep { .. }
-            | Instr::AllGatherParam { .. }
-            | Instr::SendParam { .. }
-            | Instr::RecvParam { .. } => Ok(()),
+            BufferUse::Nothing => Ok(()),
         }
     }
 }

@@ -187,18 +187,12 @@ fn communication(program: &Program, transfers: Transfers) -> Vec<Meet> {
             continue;
         }
         open &= continues_transfers(instr);
-        let group = match instr {
-            Instr::Collective { group, .. }
-            | Instr::AllReduceGrad { group, .. }
-            | Instr::ReduceScatterGrad { group, .. }
-            | Instr::AllGatherParam { group, .. }
-            | Instr::GatherParam { group, .. }
-            | Instr::SumTiedGrads { group, .. } => group,
-            _ => continue,
+        let Some(group) = instr.group() else {
+            continue;
         };
         if group.len() > 1 && group.contains(&rank) {
             out.push(Meet::Collective {
-                group: group.clone(),
+                group: group.to_vec(),
                 what: instr.describe(),
             });
         }
@@ -208,14 +202,11 @@ fn communication(program: &Program, transfers: Transfers) -> Vec<Meet> {
 
 /// `instr` as a transfer, if it is one.
 fn transfer(instr: &Instr) -> Option<Transfer> {
-    let (send, peer, what) = match instr {
-        Instr::Send { buf, to } => (true, *to, buf.to_string()),
-        Instr::Recv { buf, from } => (false, *from, buf.to_string()),
-        Instr::SendParam { param, to } => (true, *to, param.clone()),
-        Instr::RecvParam { param, from } => (false, *from, param.clone()),
-        _ => return None,
-    };
-    Some(Transfer { send, peer, what })
+    instr.transfer().map(|t| Transfer {
+        send: t.send,
+        peer: t.peer,
+        what: t.payload.to_string(),
+    })
 }
 
 fn describe(m: &Meet) -> String {
@@ -235,7 +226,8 @@ fn describe(m: &Meet) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::{Coord, Reduction, Strategy};
+    use crate::lower::{Coord, Strategy};
+    use autopar_cost_models::comm::Algorithm;
     use autopar_cost_models::Schedule;
 
     fn programs(s: &Strategy) -> Vec<Program> {
@@ -350,7 +342,7 @@ mod tests {
         Instr::AllReduceGrad {
             param: param.into(),
             group: group.to_vec(),
-            reduction: Reduction::Ring,
+            reduction: Algorithm::Ring,
         }
     }
 

@@ -4,6 +4,8 @@
 //! interprets it and a simulator can replay it.
 
 use super::training::Feed;
+use autopar_cost_models::comm::{Algorithm, Collective};
+use autopar_ir::CommKind;
 use serde::{Deserialize, Serialize};
 
 /// A rank's place on the mesh.
@@ -50,14 +52,10 @@ impl std::fmt::Display for Buf {
     }
 }
 
-/// How data-parallel gradients are summed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Reduction {
-    /// Ring all-reduce (reduce-scatter then all-gather).
-    Ring,
-    /// Every rank pushes to the group's first rank, which sums and sends back.
-    ParameterServer,
-}
+/// How data-parallel gradients are summed: the cost model's collective
+/// algorithm (ring or parameter server), under the name lowering's
+/// `Strategy` reads it by.
+pub use autopar_cost_models::comm::Algorithm as Reduction;
 
 /// The part of a parameter a rank owns under ZeRO: part `index` of `parts`
 /// equal pieces of the flattened parameter (padded with zeros to a multiple
@@ -123,7 +121,7 @@ pub enum Instr {
     AllReduceGrad {
         param: String,
         group: Vec<usize>,
-        reduction: Reduction,
+        reduction: Algorithm,
     },
     /// Sum `param`'s gradient over `group`, keeping only this rank's shard (ZeRO-2/3).
     ReduceScatterGrad {
@@ -179,7 +177,185 @@ pub struct Program {
     pub instructions: Vec<Instr>,
 }
 
+/// What an instruction does to the transient buffers (activations,
+/// gathered weights), as far as the instruction itself says: a node's
+/// operands and a parameter's gradient tensor are named by the training
+/// graph, so those two come back as the node or parameter to look up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BufferUse<'a> {
+    /// Creates the buffer (a load, a receive, a gathered weight).
+    Creates(Buf),
+    /// Reads the buffer (a send, a loss report).
+    Reads(&'a Buf),
+    /// Drops the buffer.
+    Frees(&'a Buf),
+    /// Reads node `node`'s inputs of `micro_batch` (and the weights it
+    /// uses) and creates its outputs.
+    Node { node: &'a str, micro_batch: usize },
+    /// Reads micro-batch `micro_batch`'s gradient of `param`.
+    Gradient { param: &'a str, micro_batch: usize },
+    /// None: it touches only weights, gradient accumulators and optimizer state.
+    Nothing,
+}
+
+/// What a point-to-point transfer moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload<'a> {
+    /// A pipeline's activation or gradient.
+    Buf(&'a Buf),
+    /// A shared weight, whole.
+    Param(&'a str),
+}
+
+impl std::fmt::Display for Payload<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Payload::Buf(b) => write!(f, "{b}"),
+            Payload::Param(p) => write!(f, "{p}"),
+        }
+    }
+}
+
+/// One side of a point-to-point transfer, as the rank running it sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer<'a> {
+    /// Whether this rank sends (else it receives).
+    pub send: bool,
+    /// The other rank.
+    pub peer: usize,
+    pub payload: Payload<'a>,
+}
+
 impl Instr {
+    /// The ranks a collective instruction is issued over, this one among
+    /// them (every member issues it, in the same order); `None` for the
+    /// rest. Tensor-parallel copies and slices count too, though they
+    /// exchange nothing: their group is the tensor-parallel group.
+    pub fn group(&self) -> Option<&[usize]> {
+        match self {
+            Instr::Collective { group, .. }
+            | Instr::SumTiedGrads { group, .. }
+            | Instr::AllReduceGrad { group, .. }
+            | Instr::ReduceScatterGrad { group, .. }
+            | Instr::AllGatherParam { group, .. }
+            | Instr::GatherParam { group, .. } => Some(group),
+            Instr::Load { .. }
+            | Instr::Compute { .. }
+            | Instr::Send { .. }
+            | Instr::Recv { .. }
+            | Instr::Free { .. }
+            | Instr::AccumulateGrad { .. }
+            | Instr::OptimizerStep { .. }
+            | Instr::SendParam { .. }
+            | Instr::RecvParam { .. }
+            | Instr::ReportLoss { .. } => None,
+        }
+    }
+
+    /// The collective it runs over [`Instr::group`] and with which
+    /// algorithm; `None` where it exchanges nothing (tensor-parallel
+    /// copies and slices, everything without a group).
+    pub fn collective(&self) -> Option<(Collective, Algorithm)> {
+        let ring = |c| Some((c, Algorithm::Ring));
+        match self {
+            Instr::Collective { kind, .. } => match kind {
+                CommKind::AllReduce => ring(Collective::AllReduce),
+                CommKind::AllGather | CommKind::GatherForCompute => ring(Collective::AllGather),
+                CommKind::ReduceScatter => ring(Collective::ReduceScatter),
+                CommKind::Copy | CommKind::Slice => None,
+            },
+            Instr::SumTiedGrads { .. } => ring(Collective::AllReduce),
+            Instr::AllReduceGrad { reduction, .. } => Some((Collective::AllReduce, *reduction)),
+            Instr::ReduceScatterGrad { .. } => ring(Collective::ReduceScatter),
+            Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => ring(Collective::AllGather),
+            Instr::Load { .. }
+            | Instr::Compute { .. }
+            | Instr::Send { .. }
+            | Instr::Recv { .. }
+            | Instr::Free { .. }
+            | Instr::AccumulateGrad { .. }
+            | Instr::OptimizerStep { .. }
+            | Instr::SendParam { .. }
+            | Instr::RecvParam { .. }
+            | Instr::ReportLoss { .. } => None,
+        }
+    }
+
+    /// Its side of a point-to-point transfer, if it is one.
+    pub fn transfer(&self) -> Option<Transfer<'_>> {
+        let (send, peer, payload) = match self {
+            Instr::Send { buf, to } => (true, *to, Payload::Buf(buf)),
+            Instr::Recv { buf, from } => (false, *from, Payload::Buf(buf)),
+            Instr::SendParam { param, to } => (true, *to, Payload::Param(param)),
+            Instr::RecvParam { param, from } => (false, *from, Payload::Param(param)),
+            Instr::Load { .. }
+            | Instr::Collective { .. }
+            | Instr::Compute { .. }
+            | Instr::Free { .. }
+            | Instr::AccumulateGrad { .. }
+            | Instr::SumTiedGrads { .. }
+            | Instr::AllReduceGrad { .. }
+            | Instr::ReduceScatterGrad { .. }
+            | Instr::OptimizerStep { .. }
+            | Instr::AllGatherParam { .. }
+            | Instr::GatherParam { .. }
+            | Instr::ReportLoss { .. } => return None,
+        };
+        Some(Transfer { send, peer, payload })
+    }
+
+    /// What it does to the transient buffers.
+    pub fn buffers(&self) -> BufferUse<'_> {
+        match self {
+            Instr::Load { buf, .. } | Instr::Recv { buf, .. } => BufferUse::Creates(buf.clone()),
+            Instr::GatherParam { param, .. } => BufferUse::Creates(Buf::step(param)),
+            Instr::Send { buf, .. } | Instr::ReportLoss { buf } => BufferUse::Reads(buf),
+            Instr::Free { buf } => BufferUse::Frees(buf),
+            Instr::Compute { node, micro_batch }
+            | Instr::Collective {
+                node, micro_batch, ..
+            } => BufferUse::Node {
+                node,
+                micro_batch: *micro_batch,
+            },
+            Instr::AccumulateGrad { param, micro_batch } => BufferUse::Gradient {
+                param,
+                micro_batch: *micro_batch,
+            },
+            Instr::SumTiedGrads { .. }
+            | Instr::AllReduceGrad { .. }
+            | Instr::ReduceScatterGrad { .. }
+            | Instr::OptimizerStep { .. }
+            | Instr::AllGatherParam { .. }
+            | Instr::SendParam { .. }
+            | Instr::RecvParam { .. } => BufferUse::Nothing,
+        }
+    }
+
+    /// The parameters whose gradient or stored weight it reads or
+    /// replaces: a collective still in flight on one of them must finish
+    /// first.
+    pub fn params(&self) -> Vec<&str> {
+        match self {
+            Instr::AccumulateGrad { param, .. }
+            | Instr::AllReduceGrad { param, .. }
+            | Instr::ReduceScatterGrad { param, .. }
+            | Instr::OptimizerStep { param, .. }
+            | Instr::AllGatherParam { param, .. }
+            | Instr::GatherParam { param, .. }
+            | Instr::SendParam { param, .. }
+            | Instr::RecvParam { param, .. } => vec![param],
+            Instr::SumTiedGrads { params, .. } => params.iter().map(String::as_str).collect(),
+            Instr::Load { .. }
+            | Instr::Collective { .. }
+            | Instr::Compute { .. }
+            | Instr::Send { .. }
+            | Instr::Recv { .. }
+            | Instr::Free { .. }
+            | Instr::ReportLoss { .. } => Vec::new(),
+        }
+    }
+
     /// Whether runtimes run it on a communication stream beside the compute
     /// stream (the interpreter's worker thread, a GPU's communication
     /// stream): the data-parallel gradient reductions and parameter gathers
@@ -195,10 +371,7 @@ impl Instr {
     /// Whether it moves a tensor between two ranks (a pipeline's
     /// activations and gradients, a shared weight).
     pub fn is_transfer(&self) -> bool {
-        matches!(
-            self,
-            Instr::Send { .. } | Instr::Recv { .. } | Instr::SendParam { .. } | Instr::RecvParam { .. }
-        )
+        self.transfer().is_some()
     }
 
     /// A short description for errors and traces.
@@ -230,5 +403,150 @@ impl Instr {
             Instr::ReportLoss { buf } => format!("report loss {buf}"),
             Instr::SumTiedGrads { key, .. } => format!("sum the tied gradients of '{key}'"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn all() -> Vec<Instr> {
+        let g = vec![0, 1];
+        let b = Buf::of("x", 0);
+        let p = String::from("w");
+        vec![
+            Instr::Load {
+                buf: b.clone(),
+                feed: Feed::Tokens,
+                rows: (0, 2),
+            },
+            Instr::Collective {
+                node: "c".into(),
+                micro_batch: 1,
+                kind: CommKind::AllGather,
+                axis: 0,
+                group: g.clone(),
+            },
+            Instr::Compute {
+                node: "n".into(),
+                micro_batch: 1,
+            },
+            Instr::Send {
+                buf: b.clone(),
+                to: 1,
+            },
+            Instr::Recv {
+                buf: b.clone(),
+                from: 1,
+            },
+            Instr::Free { buf: b.clone() },
+            Instr::AccumulateGrad {
+                param: p.clone(),
+                micro_batch: 2,
+            },
+            Instr::SumTiedGrads {
+                key: "tie".into(),
+                params: vec!["a".into(), "b".into()],
+                group: g.clone(),
+            },
+            Instr::AllReduceGrad {
+                param: p.clone(),
+                group: g.clone(),
+                reduction: Algorithm::ParameterServer,
+            },
+            Instr::ReduceScatterGrad {
+                param: p.clone(),
+                group: g.clone(),
+            },
+            Instr::OptimizerStep {
+                param: p.clone(),
+                shard: None,
+            },
+            Instr::AllGatherParam {
+                param: p.clone(),
+                group: g.clone(),
+            },
+            Instr::GatherParam {
+                param: p.clone(),
+                group: g.clone(),
+            },
+            Instr::SendParam {
+                param: p.clone(),
+                to: 3,
+            },
+            Instr::RecvParam { param: p, from: 3 },
+            Instr::ReportLoss { buf: b },
+        ]
+    }
+
+    /// Each instruction's description and what each method says of it, one line each.
+    fn table() -> Vec<String> {
+        all()
+            .iter()
+            .map(|i| {
+                let transfer = i
+                    .transfer()
+                    .map(|t| format!("{} {} {}", if t.send { "to" } else { "from" }, t.peer, t.payload));
+                format!(
+                    "{} | group {:?} | {:?} | {:?} | {:?} | params {:?}",
+                    i.describe(),
+                    i.group(),
+                    i.collective(),
+                    transfer,
+                    i.buffers(),
+                    i.params()
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn instructions_describe_what_they_touch() {
+        let expected = [
+            r#"load x@mb0 | group None | None | None | Creates(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+            r#"AllGather 'c' (mb 1) | group Some([0, 1]) | Some((AllGather, Ring)) | None | Node { node: "c", micro_batch: 1 } | params []"#,
+            r#"compute 'n' (mb 1) | group None | None | None | Node { node: "n", micro_batch: 1 } | params []"#,
+            r#"send x@mb0 to rank 1 | group None | None | Some("to 1 x@mb0") | Reads(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+            r#"recv x@mb0 from rank 1 | group None | None | Some("from 1 x@mb0") | Creates(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+            r#"free x@mb0 | group None | None | None | Frees(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+            r#"accumulate grad of 'w' (mb 2) | group None | None | None | Gradient { param: "w", micro_batch: 2 } | params ["w"]"#,
+            r#"sum the tied gradients of 'tie' | group Some([0, 1]) | Some((AllReduce, Ring)) | None | Nothing | params ["a", "b"]"#,
+            r#"all-reduce (ParameterServer) grad of 'w' | group Some([0, 1]) | Some((AllReduce, ParameterServer)) | None | Nothing | params ["w"]"#,
+            r#"reduce-scatter grad of 'w' | group Some([0, 1]) | Some((ReduceScatter, Ring)) | None | Nothing | params ["w"]"#,
+            r#"optimizer step of 'w' | group None | None | None | Nothing | params ["w"]"#,
+            r#"all-gather 'w' | group Some([0, 1]) | Some((AllGather, Ring)) | None | Nothing | params ["w"]"#,
+            r#"gather 'w' | group Some([0, 1]) | Some((AllGather, Ring)) | None | Creates(Buf { tensor: "w", micro_batch: None }) | params ["w"]"#,
+            r#"send 'w' to rank 3 | group None | None | Some("to 3 w") | Nothing | params ["w"]"#,
+            r#"recv 'w' from rank 3 | group None | None | Some("from 3 w") | Nothing | params ["w"]"#,
+            r#"report loss x@mb0 | group None | None | None | Reads(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+        ];
+        assert_eq!(table(), expected);
+    }
+
+    #[test]
+    fn tensor_parallel_copies_and_slices_meet_but_exchange_nothing() {
+        for kind in [CommKind::Copy, CommKind::Slice] {
+            let i = Instr::Collective {
+                node: "c".into(),
+                micro_batch: 0,
+                kind,
+                axis: 0,
+                group: vec![0, 1],
+            };
+            assert_eq!(i.group(), Some(&[0, 1][..]));
+            assert_eq!(i.collective(), None);
+        }
+    }
+
+    #[test]
+    fn overlapped_and_transfer_instructions() {
+        let flags: Vec<(bool, bool)> = all()
+            .iter()
+            .map(|i| (i.overlaps_compute(), i.is_transfer()))
+            .collect();
+        let overlapped: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].0).collect();
+        let transfers: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].1).collect();
+        assert_eq!(overlapped, [8, 9, 11]);
+        assert_eq!(transfers, [3, 4, 13, 14]);
     }
 }

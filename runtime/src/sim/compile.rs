@@ -5,9 +5,10 @@
 
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
-use crate::lower::{Buf, Instr, Program, Reduction};
+use crate::lower::program::{Payload, Transfer};
+use crate::lower::{Buf, Instr, Program};
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, CommKind, DType, Graph, Node, Op, Role, TensorId};
+use autopar_ir::{CommGroup, DType, Graph, Node, Op, Role, TensorId};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Which stream of a rank an instruction occupies. Collectives of
@@ -164,7 +165,8 @@ struct NodeFacts {
     params: Vec<u32>,
     outputs: Vec<u32>,
     forward: bool,
-    comm: Option<(CommKind, CommGroup)>,
+    /// The group a communication node runs over.
+    comm: Option<CommGroup>,
     /// Seconds of one micro-batch (computations).
     seconds: f64,
 }
@@ -197,7 +199,7 @@ impl<'g> GraphIndex<'g> {
                 }
             }
             let comm = match &n.op {
-                Op::Comm { kind, group, .. } => Some((*kind, *group)),
+                Op::Comm { group, .. } => Some(*group),
                 _ => None,
             };
             node.insert(
@@ -381,15 +383,10 @@ impl Builder<'_, '_> {
     /// A collective over a parameter's data-parallel group on the gradient
     /// lane: it reads the parameter's `read` buffer (if any) and writes its
     /// `write` buffer (`GRADIENT`, `UPDATED` or `GATHERED`).
-    fn data_parallel(
-        &mut self,
-        param: &str,
-        collective: Collective,
-        algorithm: Algorithm,
-        group: &[usize],
-        read: Option<u32>,
-        write: u32,
-    ) {
+    fn data_parallel(&mut self, param: &str, instr: &Instr, read: Option<u32>, write: u32) {
+        let (Some((collective, algorithm)), Some(group)) = (instr.collective(), instr.group()) else {
+            return;
+        };
         let ix = self.c.index;
         let p = ix.tensor(param);
         let reads: Vec<u32> = read.map(|r| self.slot(p, r)).into_iter().collect();
@@ -420,93 +417,12 @@ impl Builder<'_, '_> {
                 let Some(f) = ix.node.get(node.as_str()) else {
                     return;
                 };
-                let mb = *micro_batch as u32;
-                let mut slots = std::mem::take(&mut self.scratch);
-                slots.clear();
-                for &t in &f.inputs {
-                    slots.push(self.slot(t, mb));
-                }
-                if ix.zero3 {
-                    for &p in &f.params {
-                        slots.push(self.slot(p, GATHERED));
-                    }
-                }
-                let n_reads = slots.len();
-                for &t in &f.outputs {
-                    slots.push(self.slot(t, mb));
-                }
-                let (reads, writes) = slots.split_at(n_reads);
-                let redo = writes.iter().any(|&w| self.written[w as usize]);
-                for &w in writes {
-                    self.written[w as usize] = true;
-                }
-                match (instr, f.comm) {
-                    (Instr::Collective { group, .. }, Some((kind, which))) => {
-                        let (collective, bytes) = match kind {
-                            CommKind::AllReduce => (Some(Collective::AllReduce), f.inputs.first()),
-                            CommKind::AllGather | CommKind::GatherForCompute => {
-                                (Some(Collective::AllGather), f.outputs.first())
-                            }
-                            CommKind::ReduceScatter => (Some(Collective::ReduceScatter), f.inputs.first()),
-                            CommKind::Copy | CommKind::Slice => (None, None),
-                        };
-                        let seconds = collective.map_or(0.0, |coll| {
-                            pr.collective(coll, Algorithm::Ring, bytes.map_or(0.0, |&t| ix.bytes(t)), group)
-                        });
-                        let activity = match which {
-                            CommGroup::Tensor => Activity::TensorComm,
-                            CommGroup::Context => Activity::ContextComm,
-                            CommGroup::Expert => Activity::ExpertComm,
-                        };
-                        let sync = if collective.is_some() {
-                            self.meet(group)
-                        } else {
-                            Sync::Local
-                        };
-                        let lane = if collective.is_some() {
-                            Lane::Collective
-                        } else {
-                            Lane::None
-                        };
-                        self.push(lane, activity, seconds, sync, reads, writes);
-                    }
-                    _ => {
-                        let activity = match (f.forward, redo) {
-                            (true, false) => Activity::Forward,
-                            (true, true) => Activity::Recompute,
-                            (false, _) => Activity::Backward,
-                        };
-                        self.push(Lane::Compute, activity, f.seconds, Sync::Local, reads, writes);
-                    }
-                }
-                self.scratch = slots;
+                self.node(instr, f, *micro_batch as u32);
             }
-            Instr::Send { buf, to } => {
-                let s = self.buf(buf);
-                let seconds = pr.transfer(self.out.slot_bytes[s as usize], rank, *to);
-                let key = message_key(ix, buf);
-                let to = c.reps.rep_of(*to);
-                self.push(
-                    Lane::Transfer,
-                    Activity::Pipeline,
-                    seconds,
-                    Sync::Send { to, key },
-                    &[s],
-                    &[],
-                );
-            }
-            Instr::Recv { buf, from } => {
-                let s = self.buf(buf);
-                let key = message_key(ix, buf);
-                let from = c.reps.rep_of(*from);
-                self.push(
-                    Lane::None,
-                    Activity::Pipeline,
-                    0.0,
-                    Sync::Recv { from, key },
-                    &[],
-                    &[s],
-                );
+            Instr::Send { .. } | Instr::Recv { .. } | Instr::SendParam { .. } | Instr::RecvParam { .. } => {
+                if let Some(t) = instr.transfer() {
+                    self.transfer(rank, t);
+                }
             }
             Instr::Free { buf } => {
                 let slot = self.buf(buf);
@@ -520,13 +436,14 @@ impl Builder<'_, '_> {
                 let from = self.slot(grad, *micro_batch as u32);
                 let acc = self.slot(p, GRADIENT);
                 let seconds = pr.accumulation(ix.bytes(grad));
+                let (reads, writes) = ([from, acc], [acc]);
                 self.push(
                     Lane::Compute,
                     Activity::Optimizer,
                     seconds,
                     Sync::Local,
-                    &[from, acc],
-                    &[acc],
+                    &reads,
+                    &writes,
                 );
             }
             Instr::SumTiedGrads { params, group, .. } => {
@@ -536,33 +453,8 @@ impl Builder<'_, '_> {
                 let sync = self.meet(group);
                 self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &slots, &slots);
             }
-            Instr::AllReduceGrad {
-                param,
-                group,
-                reduction,
-            } => {
-                let algorithm = match reduction {
-                    Reduction::Ring => Algorithm::Ring,
-                    Reduction::ParameterServer => Algorithm::ParameterServer,
-                };
-                self.data_parallel(
-                    param,
-                    Collective::AllReduce,
-                    algorithm,
-                    group,
-                    Some(GRADIENT),
-                    GRADIENT,
-                );
-            }
-            Instr::ReduceScatterGrad { param, group } => {
-                self.data_parallel(
-                    param,
-                    Collective::ReduceScatter,
-                    Algorithm::Ring,
-                    group,
-                    Some(GRADIENT),
-                    GRADIENT,
-                );
+            Instr::AllReduceGrad { param, .. } | Instr::ReduceScatterGrad { param, .. } => {
+                self.data_parallel(param, instr, Some(GRADIENT), GRADIENT);
             }
             Instr::OptimizerStep { param, shard } => {
                 let p = ix.tensor(param);
@@ -580,51 +472,96 @@ impl Builder<'_, '_> {
                     &[updated],
                 );
             }
-            Instr::AllGatherParam { param, group } => {
-                self.data_parallel(
-                    param,
-                    Collective::AllGather,
-                    Algorithm::Ring,
-                    group,
-                    Some(UPDATED),
-                    UPDATED,
-                );
-            }
-            Instr::GatherParam { param, group } => {
-                self.data_parallel(
-                    param,
-                    Collective::AllGather,
-                    Algorithm::Ring,
-                    group,
-                    None,
-                    GATHERED,
-                );
-            }
-            Instr::SendParam { param, to } => {
-                let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED);
-                let seconds = pr.transfer(ix.bytes(p), rank, *to);
-                let to = c.reps.rep_of(*to);
-                let sync = Sync::Send {
-                    to,
-                    key: (p, UPDATED),
-                };
-                self.push(Lane::Transfer, Activity::Pipeline, seconds, sync, &[updated], &[]);
-            }
-            Instr::RecvParam { param, from } => {
-                let p = ix.tensor(param);
-                let updated = self.slot(p, UPDATED);
-                let from = c.reps.rep_of(*from);
-                let sync = Sync::Recv {
-                    from,
-                    key: (p, UPDATED),
-                };
-                self.push(Lane::None, Activity::Pipeline, 0.0, sync, &[], &[updated]);
-            }
+            Instr::AllGatherParam { param, .. } => self.data_parallel(param, instr, Some(UPDATED), UPDATED),
+            Instr::GatherParam { param, .. } => self.data_parallel(param, instr, None, GATHERED),
             Instr::ReportLoss { .. } => return,
         }
         if c.labels {
             self.out.labels.push(instr.describe());
+        }
+    }
+
+    /// A node of the training graph on micro-batch `mb`: computed, or
+    /// (a communication node) run over its group.
+    fn node(&mut self, instr: &Instr, f: &NodeFacts, mb: u32) {
+        let ix = self.c.index;
+        let mut slots = std::mem::take(&mut self.scratch);
+        slots.clear();
+        for &t in &f.inputs {
+            slots.push(self.slot(t, mb));
+        }
+        if ix.zero3 {
+            for &p in &f.params {
+                slots.push(self.slot(p, GATHERED));
+            }
+        }
+        let n_reads = slots.len();
+        for &t in &f.outputs {
+            slots.push(self.slot(t, mb));
+        }
+        let (reads, writes) = slots.split_at(n_reads);
+        let redo = writes.iter().any(|&w| self.written[w as usize]);
+        for &w in writes {
+            self.written[w as usize] = true;
+        }
+        match (instr.group(), f.comm) {
+            (Some(group), Some(which)) => {
+                let collective = instr.collective();
+                // An all-gather moves its output, the others their input.
+                let tensor = match collective {
+                    Some((Collective::AllGather, _)) => f.outputs.first(),
+                    _ => f.inputs.first(),
+                };
+                let seconds = collective.map_or(0.0, |(coll, algorithm)| {
+                    let bytes = tensor.map_or(0.0, |&t| ix.bytes(t));
+                    self.c.pricing.collective(coll, algorithm, bytes, group)
+                });
+                let activity = match which {
+                    CommGroup::Tensor => Activity::TensorComm,
+                    CommGroup::Context => Activity::ContextComm,
+                    CommGroup::Expert => Activity::ExpertComm,
+                };
+                let (lane, sync) = match collective {
+                    Some(_) => (Lane::Collective, self.meet(group)),
+                    None => (Lane::None, Sync::Local),
+                };
+                self.push(lane, activity, seconds, sync, reads, writes);
+            }
+            _ => {
+                let activity = match (f.forward, redo) {
+                    (true, false) => Activity::Forward,
+                    (true, true) => Activity::Recompute,
+                    (false, _) => Activity::Backward,
+                };
+                self.push(Lane::Compute, activity, f.seconds, Sync::Local, reads, writes);
+            }
+        }
+        self.scratch = slots;
+    }
+
+    /// A pipeline transfer (an activation or gradient of a micro-batch, or
+    /// a shared weight after its update): the send takes the link's time,
+    /// the receive waits for it.
+    fn transfer(&mut self, rank: usize, t: Transfer<'_>) {
+        let ix = self.c.index;
+        let (slot, key, bytes) = match t.payload {
+            Payload::Buf(buf) => {
+                let s = self.buf(buf);
+                (s, message_key(ix, buf), self.out.slot_bytes[s as usize])
+            }
+            Payload::Param(param) => {
+                let p = ix.tensor(param);
+                (self.slot(p, UPDATED), (p, UPDATED), ix.bytes(p))
+            }
+        };
+        let peer = self.c.reps.rep_of(t.peer);
+        if t.send {
+            let seconds = self.c.pricing.transfer(bytes, rank, t.peer);
+            let sync = Sync::Send { to: peer, key };
+            self.push(Lane::Transfer, Activity::Pipeline, seconds, sync, &[slot], &[]);
+        } else {
+            let sync = Sync::Recv { from: peer, key };
+            self.push(Lane::None, Activity::Pipeline, 0.0, sync, &[], &[slot]);
         }
     }
 }

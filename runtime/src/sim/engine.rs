@@ -7,7 +7,7 @@
 //! discrete-event run with one compute and one communication stream per
 //! rank (links are not shared between concurrent transfers).
 
-use super::compile::{Activity, Compiled, Lane, MessageKey, Sync};
+use super::compile::{Activity, Compiled, Lane, MessageKey, Step, Sync};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BTreeMap;
@@ -84,6 +84,54 @@ struct Meeting {
     complete: bool,
 }
 
+/// What ranks wait on across each other: messages sent and not yet
+/// received, and collectives some members have reached.
+#[derive(Default)]
+struct Rendezvous {
+    messages: HashMap<(u32, u32, MessageKey), f64>,
+    meetings: HashMap<(u32, u32), Meeting>,
+}
+
+impl Rendezvous {
+    /// When a step of rank `me` that could start at `start` on its own
+    /// starts after waiting on its peers (`sync`), and whether the wait was
+    /// for another stage rather than the communication itself; `None`
+    /// while a peer has not come this far.
+    fn wait(&mut self, me: usize, st: &mut RankState, step: &Step, start: f64) -> Option<(f64, bool)> {
+        match step.sync {
+            Sync::Recv { from, key } => {
+                let arrival = self.messages.remove(&(from, me as u32, key))?;
+                Some((start.max(arrival), false))
+            }
+            Sync::Meet { group, size } => {
+                let size = size as usize;
+                let seq = st.met.get(&group).copied().unwrap_or(0);
+                let m = self.meetings.entry((group, seq)).or_default();
+                if !m.complete {
+                    if !m.arrived.contains(&(me as u32)) {
+                        m.arrived.push(me as u32);
+                        m.latest = m.latest.max(start);
+                    }
+                    if m.arrived.len() < size {
+                        return None;
+                    }
+                    m.complete = true;
+                }
+                // Waiting for another stage to arrive is pipeline time, not communication.
+                let peer_wait = m.latest - start > step.seconds;
+                let start = m.latest;
+                m.passed += 1;
+                if m.passed == size {
+                    self.meetings.remove(&(group, seq));
+                }
+                st.met.insert(group, seq + 1);
+                Some((start, peer_wait))
+            }
+            Sync::Local | Sync::Send { .. } | Sync::Free { .. } => Some((start, false)),
+        }
+    }
+}
+
 /// Replays `programs`, one per class of ranks.
 pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
     let mut states: Vec<RankState> = programs
@@ -101,123 +149,13 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             t: Timeline::default(),
         })
         .collect();
-    let mut messages: HashMap<(u32, u32, MessageKey), f64> = HashMap::default();
-    let mut meetings: HashMap<(u32, u32), Meeting> = HashMap::default();
+    let mut rendezvous = Rendezvous::default();
     loop {
         let mut moved = false;
         let mut done = true;
         for (me, p) in programs.iter().enumerate() {
-            let keep_curve = !p.labels.is_empty();
             let st = &mut states[me];
-            while st.pc < p.steps.len() {
-                let step = &p.steps[st.pc];
-                let reads = p.reads(step);
-                let (ready, binding) = reads.iter().fold((0.0f64, None), |(t, b), &s| {
-                    let r = st.ready[s as usize];
-                    if r > t {
-                        (r, Some(s))
-                    } else {
-                        (t, b)
-                    }
-                });
-                let mut peer_wait = false;
-                let mut start = step.lane.index().map_or(ready, |l| st.lane_free[l].max(ready));
-                match step.sync {
-                    Sync::Recv { from, key } => {
-                        let Some(arrival) = messages.remove(&(from, me as u32, key)) else {
-                            break;
-                        };
-                        start = start.max(arrival);
-                    }
-                    Sync::Meet { group, size } => {
-                        let size = size as usize;
-                        let seq = st.met.get(&group).copied().unwrap_or(0);
-                        let m = meetings.entry((group, seq)).or_default();
-                        if !m.complete {
-                            if !m.arrived.contains(&(me as u32)) {
-                                m.arrived.push(me as u32);
-                                m.latest = m.latest.max(start);
-                            }
-                            if m.arrived.len() < size {
-                                break;
-                            }
-                            m.complete = true;
-                        }
-                        // Waiting for another stage to arrive is pipeline time, not communication.
-                        if m.latest - start > step.seconds {
-                            peer_wait = true;
-                        }
-                        start = m.latest;
-                        m.passed += 1;
-                        if m.passed == size {
-                            meetings.remove(&(group, seq));
-                        }
-                        st.met.insert(group, seq + 1);
-                    }
-                    _ => {}
-                }
-                let end = start + step.seconds;
-                if step.lane == Lane::Compute && start > st.lane_free[0] {
-                    let cause = binding.map_or(Activity::Pipeline, |s| st.cause[s as usize]);
-                    let from = st.lane_free[0];
-                    st.t.stretch(from, start, cause);
-                }
-                if let Some(l) = step.lane.index() {
-                    st.lane_free[l] = end;
-                }
-                match step.lane {
-                    Lane::Compute => {
-                        if step.activity.is_communication() {
-                            st.t.comm_busy_s += step.seconds;
-                        } else {
-                            st.t.busy_s += step.seconds;
-                        }
-                        st.t.stretch(start, end, step.activity);
-                    }
-                    Lane::None => {}
-                    _ => st.t.comm_busy_s += step.seconds,
-                }
-                if !p.labels.is_empty() && step.lane != Lane::None {
-                    st.t.spans.push((step.lane, st.pc, start, step.seconds));
-                }
-                for &s in reads {
-                    let u = &mut st.last_use[s as usize];
-                    *u = u.max(end);
-                }
-                let carried = binding.map(|s| st.cause[s as usize]);
-                for &s in p.writes(step) {
-                    st.ready[s as usize] = end;
-                    st.last_use[s as usize] = end;
-                    st.cause[s as usize] = match (step.lane, carried) {
-                        _ if peer_wait => Activity::Pipeline,
-                        (Lane::None, Some(c)) if !matches!(step.sync, Sync::Recv { .. }) => c,
-                        _ => step.activity,
-                    };
-                    let bytes = p.slot_bytes[s as usize];
-                    if bytes > 0.0 {
-                        st.live += bytes;
-                        st.peak = st.peak.max(st.live);
-                        if keep_curve {
-                            st.events.push((start, bytes));
-                        }
-                    }
-                }
-                match step.sync {
-                    Sync::Send { to, key } => {
-                        messages.insert((me as u32, to, key), end);
-                    }
-                    Sync::Free { slot } => {
-                        let bytes = p.slot_bytes[slot as usize];
-                        if bytes > 0.0 {
-                            st.live -= bytes;
-                            if keep_curve {
-                                st.events.push((st.last_use[slot as usize], -bytes));
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                st.pc += 1;
+            while st.pc < p.steps.len() && advance(st, p, me, &mut rendezvous) {
                 moved = true;
             }
             done &= st.pc >= p.steps.len();
@@ -258,6 +196,96 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             st.t
         })
         .collect())
+}
+
+/// Runs rank `me`'s next step if its inputs, lane and peers allow;
+/// false where it waits on a peer.
+fn advance(st: &mut RankState, p: &Compiled, me: usize, rendezvous: &mut Rendezvous) -> bool {
+    let step = &p.steps[st.pc];
+    let reads = p.reads(step);
+    let (ready, binding) = reads.iter().fold((0.0f64, None), |(t, b), &s| {
+        let r = st.ready[s as usize];
+        if r > t {
+            (r, Some(s))
+        } else {
+            (t, b)
+        }
+    });
+    let start = step.lane.index().map_or(ready, |l| st.lane_free[l].max(ready));
+    let Some((start, peer_wait)) = rendezvous.wait(me, st, step, start) else {
+        return false;
+    };
+    let end = start + step.seconds;
+    account_time(st, p, step, start, binding);
+    for &s in reads {
+        let u = &mut st.last_use[s as usize];
+        *u = u.max(end);
+    }
+    let carried = binding.map(|s| st.cause[s as usize]);
+    let keep_curve = !p.labels.is_empty();
+    for &s in p.writes(step) {
+        st.ready[s as usize] = end;
+        st.last_use[s as usize] = end;
+        st.cause[s as usize] = match (step.lane, carried) {
+            _ if peer_wait => Activity::Pipeline,
+            (Lane::None, Some(c)) if !matches!(step.sync, Sync::Recv { .. }) => c,
+            _ => step.activity,
+        };
+        let bytes = p.slot_bytes[s as usize];
+        if bytes > 0.0 {
+            st.live += bytes;
+            st.peak = st.peak.max(st.live);
+            if keep_curve {
+                st.events.push((start, bytes));
+            }
+        }
+    }
+    match step.sync {
+        Sync::Send { to, key } => {
+            rendezvous.messages.insert((me as u32, to, key), end);
+        }
+        Sync::Free { slot } => {
+            let bytes = p.slot_bytes[slot as usize];
+            if bytes > 0.0 {
+                st.live -= bytes;
+                if keep_curve {
+                    st.events.push((st.last_use[slot as usize], -bytes));
+                }
+            }
+        }
+        Sync::Local | Sync::Recv { .. } | Sync::Meet { .. } => {}
+    }
+    st.pc += 1;
+    true
+}
+
+/// A step's time on its lane: the compute lane's idle stretch before it
+/// (charged to what it waited for, `binding`'s cause) and its busy time.
+fn account_time(st: &mut RankState, p: &Compiled, step: &Step, start: f64, binding: Option<u32>) {
+    let end = start + step.seconds;
+    if step.lane == Lane::Compute && start > st.lane_free[0] {
+        let cause = binding.map_or(Activity::Pipeline, |s| st.cause[s as usize]);
+        let from = st.lane_free[0];
+        st.t.stretch(from, start, cause);
+    }
+    if let Some(l) = step.lane.index() {
+        st.lane_free[l] = end;
+    }
+    match step.lane {
+        Lane::Compute => {
+            if step.activity.is_communication() {
+                st.t.comm_busy_s += step.seconds;
+            } else {
+                st.t.busy_s += step.seconds;
+            }
+            st.t.stretch(start, end, step.activity);
+        }
+        Lane::None => {}
+        Lane::Collective | Lane::Transfer | Lane::Gradient => st.t.comm_busy_s += step.seconds,
+    }
+    if !p.labels.is_empty() && step.lane != Lane::None {
+        st.t.spans.push((step.lane, st.pc, start, step.seconds));
+    }
 }
 
 /// The rank's memory peak (weights, gradients and optimizer state plus

@@ -11,4 +11,4 @@ mod random;
 
 pub use data::{DataError, TokenSource};
 pub use init::{initialize, InitError, INIT_STD};
-pub use optim::{decays, OptimError, Optimizer, State, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
+pub use optim::{decays, Corrections, OptimError, Optimizer, State, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};

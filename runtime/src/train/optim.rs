@@ -63,6 +63,19 @@ pub enum OptimError {
     Slots { want: usize, got: usize },
 }
 
+/// AdamW's factors for one update, formed once in f64 so that every
+/// backend rounds the same numbers (the CPU to its master type, the GPU
+/// to f32) and their updates agree by construction.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Corrections {
+    /// `lr / (1 − β₁ᵗ)`: the step size with the first moment's bias correction.
+    pub step_size: f64,
+    /// `√(1 − β₂ᵗ)`: the second moment's bias correction, under its root.
+    pub bc2_sqrt: f64,
+    /// `1 − lr·weight_decay`: the decoupled decay of the weights.
+    pub decay: f64,
+}
+
 /// Whether a parameter of rank `param_rank` should get weight decay.
 ///
 /// The convention of GPT-2/nanoGPT and most LLM recipes: matrices (linear
@@ -214,6 +227,28 @@ impl Optimizer {
         }
     }
 
+    /// AdamW's bias corrections and decay at update `step` (1-based);
+    /// `None` for SGD, which has none.
+    pub fn corrections(&self, step: u64) -> Option<Corrections> {
+        match *self {
+            Optimizer::AdamW {
+                lr,
+                beta1,
+                beta2,
+                weight_decay,
+                ..
+            } => {
+                let t = step as f64;
+                Some(Corrections {
+                    step_size: lr / (1.0 - beta1.powf(t)),
+                    bc2_sqrt: (1.0 - beta2.powf(t)).sqrt(),
+                    decay: 1.0 - lr * weight_decay,
+                })
+            }
+            Optimizer::Sgd { .. } => None,
+        }
+    }
+
     /// Applies update number `step` (1-based) to an `f32` master copy.
     pub fn step_f32(
         &self,
@@ -285,16 +320,13 @@ impl Optimizer {
                 }
             }
             Optimizer::AdamW {
-                lr,
-                beta1,
-                beta2,
-                eps,
-                weight_decay,
+                beta1, beta2, eps, ..
             } => {
-                let t = step as f64;
-                let step_size = T::of(lr / (1.0 - beta1.powf(t)));
-                let bc2_sqrt = T::of((1.0 - beta2.powf(t)).sqrt());
-                let (decay, b2, eps) = (T::of(1.0 - lr * weight_decay), T::of(beta2), T::of(eps));
+                let Some(c) = self.corrections(step) else {
+                    unreachable!("AdamW has corrections")
+                };
+                let (step_size, bc2_sqrt) = (T::of(c.step_size), T::of(c.bc2_sqrt));
+                let (decay, b2, eps) = (T::of(c.decay), T::of(beta2), T::of(eps));
                 let (w1, w2) = (1.0 - beta1, T::of(1.0 - beta2));
                 let [m, v] = slots else {
                     unreachable!("slot count checked above")
@@ -608,5 +640,26 @@ mod tests {
             opt.step_f32(&mut sgd_state, 1, &mut p, &[0.0; 2]),
             Err(OptimError::Slots { want: 2, got: 0 })
         );
+    }
+
+    #[test]
+    fn adamw_corrections_follow_the_step_and_sgd_has_none() {
+        let opt = Optimizer::AdamW {
+            lr: 0.5,
+            beta1: 0.5,
+            beta2: 0.75,
+            eps: 1e-8,
+            weight_decay: 0.5,
+        };
+        let table: Vec<(f64, f64, f64)> = [1, 2]
+            .iter()
+            .map(|&t| {
+                opt.corrections(t)
+                    .map(|c| (c.step_size, c.bc2_sqrt, c.decay))
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(table, [(1.0, 0.5, 0.75), (0.5 / 0.75, 0.4375f64.sqrt(), 0.75)]);
+        assert_eq!(Optimizer::sgd(0.1).corrections(1), None);
     }
 }

@@ -4,13 +4,47 @@
 //! keeps host values and runs the reference kernels, the CUDA backend keeps
 //! device buffers and runs cuBLAS and NVRTC kernels. Communication goes
 //! through host buffers on the in-process fabric, so ranks that share a
-//! machine (or one GPU) run any plan.
+//! machine (or one GPU) run any plan, unless the backend offers collectives
+//! of its own ([`Backend::device_comms`]).
 
 use crate::cpu::{widen_op, Precision};
-use crate::train::{Optimizer, State};
+use crate::train::{OptimError, Optimizer, State};
 use autopar_ir::{DType, Data, Op, Value};
 use std::ops::Range;
 use std::sync::Arc;
+
+/// Why a backend could not hold, move, compute or update a tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A node's kernel refused its inputs or failed.
+    #[error("node '{node}': {message}")]
+    Node { node: String, message: String },
+    /// A node without a device kernel failed in the reference kernels.
+    #[error("node '{node}' (on the host): {message}")]
+    HostNode { node: String, message: String },
+    /// Micro-batches' gradients of one parameter differ in element count.
+    #[error("gradient shapes differ between micro-batches")]
+    GradientShapes,
+    /// An optimizer step's weight and gradient differ in type.
+    #[error("weight and gradient types differ")]
+    UpdateTypes,
+    #[error(transparent)]
+    Optimizer(#[from] OptimError),
+    /// A collective was asked for what it cannot do (a group this rank is
+    /// not in, slices that do not divide).
+    #[error("{0}")]
+    Collective(String),
+    /// The device, its driver or its collectives library failed.
+    #[error("{0}")]
+    Device(String),
+}
+
+/// The device layers below a backend (driver calls, NCCL) report text.
+impl From<String> for BackendError {
+    fn from(message: String) -> BackendError {
+        BackendError::Device(message)
+    }
+}
 
 /// A rank's tensors and kernels.
 pub trait Backend {
@@ -20,14 +54,14 @@ pub trait Backend {
     type State;
 
     /// Holds a host value (already in the run's precision).
-    fn upload(&mut self, v: Value) -> Result<Self::Tensor, String>;
+    fn upload(&mut self, v: Value) -> Result<Self::Tensor, BackendError>;
     /// Holds a parameter's initial value. A backend that computes in a
     /// narrower type keeps the original for its master copy.
-    fn upload_weight(&mut self, v: Value) -> Result<Self::Tensor, String> {
+    fn upload_weight(&mut self, v: Value) -> Result<Self::Tensor, BackendError> {
         self.upload(v)
     }
     /// The tensor as a host value (the run's precision).
-    fn download(&mut self, x: &Self::Tensor) -> Result<Arc<Value>, String>;
+    fn download(&mut self, x: &Self::Tensor) -> Result<Arc<Value>, BackendError>;
     /// The tensor's size where it is held.
     fn bytes(&self, x: &Self::Tensor) -> u64;
     /// The tensor's element count.
@@ -38,13 +72,13 @@ pub trait Backend {
         node: &str,
         op: &Op,
         args: &[Option<&Self::Tensor>],
-    ) -> Result<Vec<Self::Tensor>, String>;
+    ) -> Result<Vec<Self::Tensor>, BackendError>;
     /// A copy that later in-place updates of either do not share.
-    fn duplicate(&mut self, x: &Self::Tensor) -> Result<Self::Tensor, String>;
+    fn duplicate(&mut self, x: &Self::Tensor) -> Result<Self::Tensor, BackendError>;
     /// `acc += g` (same element count).
-    fn accumulate(&mut self, acc: &mut Self::Tensor, g: &Self::Tensor) -> Result<(), String>;
+    fn accumulate(&mut self, acc: &mut Self::Tensor, g: &Self::Tensor) -> Result<(), BackendError>;
     /// Fresh optimizer state for `len` elements.
-    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<Self::State, String>;
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<Self::State, BackendError>;
     /// One optimizer step (`step` counts from 1) of `weight[w]` by `grad[g]`
     /// (flattened ranges of equal length).
     #[allow(clippy::too_many_arguments)]
@@ -57,125 +91,82 @@ pub trait Backend {
         w: Range<usize>,
         grad: &Self::Tensor,
         g: Range<usize>,
-    ) -> Result<(), String>;
+    ) -> Result<(), BackendError>;
     /// Waits for queued work, so step times are wall times.
-    fn synchronize(&mut self) -> Result<(), String> {
+    fn synchronize(&mut self) -> Result<(), BackendError> {
         Ok(())
     }
+    /// The backend's own collectives and transfers between ranks (NCCL
+    /// between GPUs, where staging through host memory would cost two
+    /// copies over PCIe and the host network); `None` where it has none:
+    /// the interpreter then stages all communication through host memory
+    /// and the fabric.
+    fn device_comms(&mut self) -> Option<&mut dyn DeviceCollectives<Self::Tensor>> {
+        None
+    }
+}
+
+/// Collectives and point-to-point transfers a backend runs on its own
+/// tensors. Each says where it has none for a group (`Ok(false)` or
+/// `None`, every member alike); the interpreter then stages that one
+/// through host memory and the fabric. Every member must get the same
+/// answer, and calls on one group come in the same order on every member.
+pub trait DeviceCollectives<T> {
     /// Sums `x` in place over the ranks of `group` (global ranks, this one
-    /// among them) with the backend's own collectives: NCCL between GPUs,
-    /// where staging through host memory would cost two copies over PCIe
-    /// and the host network. `Ok(false)` where it has none for `group`; the
-    /// interpreter then sums through host memory and the fabric. Every
-    /// member must get the same answer, and calls on one group come in the
-    /// same order on every member. Other handles sharing `x`'s storage keep
-    /// their values (the backend sums into a copy of a shared tensor).
-    fn all_reduce(&mut self, x: &mut Self::Tensor, group: &[usize], order: Order) -> Result<bool, String> {
-        let _ = (x, group, order);
-        Ok(false)
-    }
-    /// ZeRO's gradient reduce-scatter, as [`Backend::all_reduce`] routes
-    /// all-reduces: `x` flattened and zero-padded to a multiple of the
-    /// group's size, summed over `group`, and this member's part of the
-    /// sum (shape `[padded / group size]`, parts in group order); `None`
-    /// where the backend has no collectives for `group`.
-    fn reduce_scatter(
-        &mut self,
-        x: &Self::Tensor,
-        group: &[usize],
-        order: Order,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, order);
-        Ok(None)
-    }
+    /// among them). Other handles sharing `x`'s storage keep their values
+    /// (the backend sums into a copy of a shared tensor).
+    fn all_reduce(&mut self, x: &mut T, group: &[usize], order: Order) -> Result<bool, BackendError>;
+    /// ZeRO's gradient reduce-scatter: `x` flattened and zero-padded to a
+    /// multiple of the group's size, summed over `group`, and this member's
+    /// part of the sum (shape `[padded / group size]`, parts in group order).
+    fn reduce_scatter(&mut self, x: &T, group: &[usize], order: Order) -> Result<Option<T>, BackendError>;
     /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
-    /// concatenated in group order, cut to the whole weight's `shape`;
-    /// `None` where the backend has no collectives for `group`.
-    fn all_gather(
-        &mut self,
-        part: &Self::Tensor,
-        group: &[usize],
-        shape: &[usize],
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (part, group, shape);
-        Ok(None)
-    }
+    /// concatenated in group order, cut to the whole weight's `shape`.
+    fn all_gather(&mut self, part: &T, group: &[usize], shape: &[usize]) -> Result<Option<T>, BackendError>;
     /// ZeRO-1/2's weight refresh after a sharded optimizer step: every
     /// member holds the whole `w` but updated only its own part of it (`w`
     /// flattened, zero-padded to a multiple of the group's size and split
     /// evenly, parts in group order); replaces each part of `w` by its
-    /// owner's. `Ok(false)` where the backend has no collectives for `group`.
-    fn all_gather_parts(
-        &mut self,
-        w: &mut Self::Tensor,
-        group: &[usize],
-        order: Order,
-    ) -> Result<bool, String> {
-        let _ = (w, group, order);
-        Ok(false)
-    }
+    /// owner's.
+    fn all_gather_parts(&mut self, w: &mut T, group: &[usize], order: Order) -> Result<bool, BackendError>;
     /// Every member's `x` (equal shapes) concatenated along `axis` in
     /// group order: the gathers of sequence, context and expert
-    /// parallelism. `None` where the backend has no collectives for
-    /// `group` (every member alike).
-    fn gather_along(
-        &mut self,
-        x: &Self::Tensor,
-        group: &[usize],
-        axis: usize,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, axis);
-        Ok(None)
-    }
+    /// parallelism.
+    fn gather_along(&mut self, x: &T, group: &[usize], axis: usize) -> Result<Option<T>, BackendError>;
     /// The sum of every member's `x` (equal shapes), cut along `axis` into
     /// as many equal slices as `group` has members: this member's slice
     /// (by its position in `group`). The conjugate of
-    /// [`Backend::gather_along`]; `None` where it has none.
+    /// [`DeviceCollectives::gather_along`].
     fn reduce_scatter_along(
         &mut self,
-        x: &Self::Tensor,
+        x: &T,
         group: &[usize],
         axis: usize,
-    ) -> Result<Option<Self::Tensor>, String> {
-        let _ = (x, group, axis);
-        Ok(None)
-    }
+    ) -> Result<Option<T>, BackendError>;
     /// Orders everything issued after it behind the collectives issued
     /// [`Order::Overlapped`] so far. The interpreter calls it before an
     /// instruction touches a tensor one of them reads or writes, and at
     /// the end of each step.
-    fn join_collectives(&mut self) -> Result<(), String> {
-        Ok(())
-    }
+    fn join(&mut self) -> Result<(), BackendError>;
     /// Posts `x` for rank `to` (a pipeline's activations or gradients, a
-    /// shared weight) with the backend's own transport; `Ok(false)` where
-    /// it has none (then the peer's [`Backend::recv`] has none either).
-    /// Transfers posted between two [`Backend::flush_transfers`] form one
+    /// shared weight); `Ok(false)` where it has no transport for it (then
+    /// the peer's [`DeviceCollectives::recv`] has none either). Transfers
+    /// posted between two [`DeviceCollectives::flush_transfers`] form one
     /// group, which completes when every peer has posted its side.
-    fn send(&mut self, x: &Self::Tensor, to: usize) -> Result<bool, String> {
-        let _ = (x, to);
-        Ok(false)
-    }
+    fn send(&mut self, x: &T, to: usize) -> Result<bool, BackendError>;
     /// Posts a receive of a `dtype` tensor of `shape` from rank `from`:
     /// the tensor, whose contents arrive in the backend's order once its
-    /// group is flushed; `None` where the backend has no transport.
-    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<Self::Tensor>, String> {
-        let _ = (from, dtype, shape);
-        Ok(None)
-    }
+    /// group is flushed.
+    fn recv(&mut self, from: usize, dtype: DType, shape: &[usize]) -> Result<Option<T>, BackendError>;
     /// Issues the transfers posted since the last flush as one group. The
     /// interpreter flushes before each instruction that does not continue a
     /// run of transfers ([`crate::lower::blocking::continues_transfers`])
     /// and at the end of a step.
-    fn flush_transfers(&mut self) -> Result<(), String> {
-        Ok(())
-    }
-    /// Bytes this rank sent through the backend's own collectives and
-    /// transfers, counted as the fabric counts its own (per algorithm), so
-    /// a run reports the same traffic whichever carried it.
-    fn bytes_sent(&self) -> u64 {
-        0
-    }
+    fn flush_transfers(&mut self) -> Result<(), BackendError>;
+    /// Bytes this rank sent through these collectives and transfers,
+    /// counted as the fabric counts its own (per algorithm), so a run
+    /// reports the same traffic whichever carried it.
+    fn bytes_sent(&self) -> u64;
 }
 
 /// When a backend collective may run, relative to the computation issued
@@ -185,7 +176,7 @@ pub enum Order {
     /// Before it: the next instructions read the result (tensor-parallel
     /// sums, ZeRO-3's weight gathers), or overlap is switched off.
     Inline,
-    /// Beside it, until [`Backend::join_collectives`]: gradient reductions
+    /// Beside it, until [`DeviceCollectives::join`]: gradient reductions
     /// and the ZeRO weight refresh, which the cost model overlaps with the
     /// backward pass. The backend may run these on a stream of their own;
     /// the tensors they read or write stay untouched until the join.
@@ -201,11 +192,11 @@ impl Backend for CpuBackend {
     type Tensor = Arc<Value>;
     type State = State;
 
-    fn upload(&mut self, v: Value) -> Result<Arc<Value>, String> {
+    fn upload(&mut self, v: Value) -> Result<Arc<Value>, BackendError> {
         Ok(Arc::new(v))
     }
 
-    fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+    fn download(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, BackendError> {
         Ok(x.clone())
     }
 
@@ -222,19 +213,27 @@ impl Backend for CpuBackend {
         x.numel()
     }
 
-    fn eval(&mut self, node: &str, op: &Op, args: &[Option<&Arc<Value>>]) -> Result<Vec<Arc<Value>>, String> {
+    fn eval(
+        &mut self,
+        node: &str,
+        op: &Op,
+        args: &[Option<&Arc<Value>>],
+    ) -> Result<Vec<Arc<Value>>, BackendError> {
         let refs: Vec<Option<&Value>> = args.iter().map(|a| a.map(|v| &**v)).collect();
         let outs = widen_op(op, self.precision)
             .eval(&refs)
-            .map_err(|e| format!("node '{node}': {e}"))?;
+            .map_err(|e| BackendError::Node {
+                node: node.to_string(),
+                message: e.to_string(),
+            })?;
         Ok(outs.into_iter().map(Arc::new).collect())
     }
 
-    fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, String> {
+    fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, BackendError> {
         Ok(Arc::new((**x).clone()))
     }
 
-    fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), String> {
+    fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), BackendError> {
         match (&mut Arc::make_mut(acc).data, &g.data) {
             (Data::F32(a), Data::F32(b)) if a.len() == b.len() => {
                 a.iter_mut().zip(b).for_each(|(a, b)| *a += b)
@@ -242,12 +241,12 @@ impl Backend for CpuBackend {
             (Data::F64(a), Data::F64(b)) if a.len() == b.len() => {
                 a.iter_mut().zip(b).for_each(|(a, b)| *a += b)
             }
-            _ => return Err("gradient shapes differ between micro-batches".into()),
+            _ => return Err(BackendError::GradientShapes),
         }
         Ok(())
     }
 
-    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, String> {
+    fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, BackendError> {
         Ok(State::new(optimizer, len, self.precision))
     }
 
@@ -260,12 +259,12 @@ impl Backend for CpuBackend {
         w: Range<usize>,
         grad: &Arc<Value>,
         g: Range<usize>,
-    ) -> Result<(), String> {
+    ) -> Result<(), BackendError> {
         let result = match (&mut Arc::make_mut(weight).data, &grad.data) {
             (Data::F32(wv), Data::F32(gv)) => optimizer.step_f32(state, step, &mut wv[w], &gv[g]),
             (Data::F64(wv), Data::F64(gv)) => optimizer.step_f64(state, step, &mut wv[w], &gv[g]),
-            _ => return Err("weight and gradient types differ".into()),
+            _ => return Err(BackendError::UpdateTypes),
         };
-        result.map_err(|e| e.to_string())
+        Ok(result?)
     }
 }

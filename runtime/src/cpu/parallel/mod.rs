@@ -11,7 +11,7 @@ mod overlap;
 mod rank;
 mod slices;
 
-pub use backend::{Backend, CpuBackend, Order};
+pub use backend::{Backend, BackendError, CpuBackend, DeviceCollectives, Order};
 pub use distributed::{train_rank, train_rank_on, RankResult};
 
 use crate::collective::{fabric, CommError};
@@ -305,7 +305,7 @@ fn whole_gradient(
     by_tp: &BTreeMap<usize, Vec<(Option<crate::lower::Shard>, Value)>>,
 ) -> Option<Value> {
     let Some(slice) = t.slices.get(param).or_else(|| t.expert_slices.get(param)) else {
-        return rank::assemble(by_tp.values().next()?);
+        return crate::collective::values::assemble(by_tp.values().next()?);
     };
     let local = t
         .graph
@@ -319,7 +319,7 @@ fn whole_gradient(
     let pieces = by_tp
         .values()
         .map(|p| {
-            let mut v = rank::assemble(p)?;
+            let mut v = crate::collective::values::assemble(p)?;
             v.shape = dims.clone();
             Some(v)
         })

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 /// One collective to run off the compute thread.
 pub(super) struct Job {
-    pub op: Op,
+    pub kind: JobKind,
     pub group: Vec<usize>,
     pub data: Buffer,
     pub tag: String,
@@ -28,7 +28,7 @@ pub(super) struct Job {
 
 /// Which collective a [`Job`] runs.
 #[derive(Debug, Clone, Copy)]
-pub(super) enum Op {
+pub(super) enum JobKind {
     AllReduce(Algorithm),
     ReduceScatter,
     AllGather,
@@ -181,17 +181,17 @@ fn run(endpoint: &Endpoint, job: Job) -> Outcome {
 
 fn collective(endpoint: &Endpoint, job: Job) -> Result<Buffer, CommError> {
     let Job {
-        op,
+        kind,
         group,
         mut data,
         tag,
         what,
     } = job;
-    match op {
-        Op::AllReduce(algorithm) => endpoint
+    match kind {
+        JobKind::AllReduce(algorithm) => endpoint
             .all_reduce(&group, &mut data, algorithm, &tag, &what)
             .map(|()| data),
-        Op::ReduceScatter => endpoint.reduce_scatter(&group, &data, &tag, &what),
-        Op::AllGather => endpoint.all_gather(&group, &data, &tag, &what),
+        JobKind::ReduceScatter => endpoint.reduce_scatter(&group, &data, &tag, &what),
+        JobKind::AllGather => endpoint.all_gather(&group, &data, &tag, &what),
     }
 }

@@ -1,0 +1,181 @@
+//! The data-parallel end of a rank's step: gradient reductions (early,
+//! in the backward pass, where a parameter's last accumulation allows),
+//! optimizer steps and parameter traffic as the ZeRO stage asks, and the
+//! sums and copies of weights shared between pipeline stages.
+
+use super::Emitter;
+use crate::lower::program::{Instr, ParamSlot, Shard};
+use crate::lower::LowerError;
+use autopar_cost_models::comm::Algorithm;
+use std::collections::{BTreeMap, BTreeSet};
+
+impl Emitter<'_, '_> {
+    /// The virtual stages this rank runs.
+    pub(super) fn my_stages(&self) -> BTreeSet<usize> {
+        let s = self.l.s;
+        (0..s.chunks).map(|c| c * s.pp + self.coord.pp).collect()
+    }
+
+    /// The ranks (of this replica) holding a parameter used on virtual stages `users`.
+    pub(super) fn holders(&self, users: &BTreeSet<usize>) -> BTreeSet<usize> {
+        users.iter().map(|&vs| self.stage_rank(vs)).collect()
+    }
+
+    /// The parameters this rank alone updates whose gradients cross a
+    /// data-parallel group, with the accumulations each gets per step (one
+    /// per micro-batch): their reduction can start in the backward pass.
+    /// Tied parameters wait for [`Instr::SumTiedGrads`] after it.
+    pub(super) fn early_reductions(&mut self) -> BTreeMap<String, usize> {
+        let l = self.l;
+        let s = l.s;
+        let my_vs = self.my_stages();
+        let tied: BTreeSet<&String> = l.t.tied.iter().flat_map(|(a, b)| [a, b]).collect();
+        let mut early = BTreeMap::new();
+        for (param, users) in &l.param_users {
+            let holders = self.holders(users);
+            let owned = l
+                .param_owner
+                .get(param)
+                .is_some_and(|&vs| self.stage_rank(vs) == self.rank);
+            if users.is_disjoint(&my_vs) || tied.contains(param) || !owned || holders.len() > 1 {
+                continue;
+            }
+            if self.dp_group(param).len() > 1 {
+                early.insert(param.clone(), s.micro_batches);
+            }
+        }
+        early
+    }
+
+    /// After an accumulation into `param`'s gradient: emits its reduction
+    /// if that was the step's last accumulation and it reduces early.
+    pub(super) fn reduce_if_complete(&mut self, param: &str) {
+        let Some(left) = self.reduce_early.get_mut(param) else {
+            return;
+        };
+        *left -= 1;
+        if *left == 0 {
+            self.reduce_early.remove(param);
+            let group = self.dp_group(param);
+            let reduction = self.reduction(param, group);
+            self.out.push(reduction);
+            self.reduced.insert(param.to_string());
+        }
+    }
+
+    /// The gradient reduction the ZeRO stage asks for: an all-reduce
+    /// (ZeRO-0/1), or a reduce-scatter that leaves each rank its shard.
+    pub(super) fn reduction(&self, param: &str, group: Vec<usize>) -> Instr {
+        let s = self.l.s;
+        let param = param.to_string();
+        match s.zero {
+            0 => Instr::AllReduceGrad {
+                param,
+                group,
+                reduction: s.reduction,
+            },
+            1 => Instr::AllReduceGrad {
+                param,
+                group,
+                reduction: Algorithm::Ring,
+            },
+            _ => Instr::ReduceScatterGrad { param, group },
+        }
+    }
+
+    /// The reduction (unless emitted in the backward pass), optimizer step
+    /// and gather of one parameter the ZeRO stage asks for: ZeRO-0
+    /// all-reduces and steps the whole parameter; ZeRO-1 all-reduces, steps
+    /// its shard and all-gathers the weights; ZeRO-2 reduce-scatters
+    /// instead; ZeRO-3 keeps only the shard.
+    pub(super) fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
+        let s = self.l.s;
+        let p = param.to_string();
+        if group.len() == 1 {
+            self.out.push(Instr::OptimizerStep {
+                param: p,
+                shard: None,
+            });
+            return;
+        }
+        let group = group.to_vec();
+        if !self.reduced.contains(param) {
+            self.out.push(self.reduction(param, group.clone()));
+        }
+        self.out.push(Instr::OptimizerStep {
+            param: p.clone(),
+            shard,
+        });
+        if s.zero == 1 || s.zero == 2 {
+            self.out.push(Instr::AllGatherParam { param: p, group });
+        }
+    }
+
+    /// Gradient reduction (of what was not reduced in the backward pass),
+    /// optimizer steps and parameter traffic after the last backward pass;
+    /// returns the parameters this rank holds.
+    pub(super) fn optimizer(&mut self) -> Result<Vec<ParamSlot>, LowerError> {
+        let s = self.l.s;
+        let my_vs = self.my_stages();
+        let mut slots = Vec::new();
+        for (original, copy) in &self.l.t.tied {
+            let owners: BTreeMap<usize, Vec<String>> = [original, copy]
+                .into_iter()
+                .filter_map(|p| {
+                    let vs = *self.l.param_owner.get(p)?;
+                    Some((self.stage_rank(vs), p.clone()))
+                })
+                .fold(BTreeMap::new(), |mut m, (r, p)| {
+                    m.entry(r).or_insert_with(Vec::new).push(p);
+                    m
+                });
+            if let Some(params) = owners.get(&self.rank) {
+                self.out.push(Instr::SumTiedGrads {
+                    key: original.clone(),
+                    params: params.clone(),
+                    group: owners.keys().copied().collect(),
+                });
+            }
+        }
+        let mut receives = Vec::new();
+        let l = self.l;
+        for (param, users) in &l.param_users {
+            if users.is_disjoint(&my_vs) {
+                continue;
+            }
+            let group = self.dp_group(param);
+            let shard = (s.zero > 0).then(|| Shard {
+                index: group.iter().position(|&r| r == self.rank).unwrap_or(0),
+                parts: group.len(),
+            });
+            slots.push(ParamSlot {
+                name: param.clone(),
+                stored_shard: if s.zero == 3 { shard } else { None },
+            });
+            let Some(&owner_vs) = l.param_owner.get(param) else {
+                continue;
+            };
+            let holders = self.holders(users);
+            let owner = self.stage_rank(owner_vs);
+            if holders.len() > 1 && s.zero == 3 {
+                return Err(LowerError::Unsupported(format!(
+                    "parameter '{param}' is used on two pipeline stages; ZeRO-3 with weights shared across stages"
+                )));
+            }
+            if owner != self.rank {
+                receives.push(Instr::RecvParam {
+                    param: param.clone(),
+                    from: owner,
+                });
+                continue;
+            }
+            let p = param.clone();
+            self.update(&p, &group, shard);
+            for &to in holders.iter().filter(|&&r| r != self.rank) {
+                self.out.push(Instr::SendParam { param: p.clone(), to });
+            }
+        }
+        self.out.extend(receives);
+        Ok(slots)
+    }
+}
