@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch baseline for `cargo bench -p autopar-runtime --bench train_step`.
 
-Builds the zoo GPT of a `gpt:` spec the way `ir/src/zoo/gpt.rs` does
+Builds the zoo GPT of a `gpt:` spec the way `import/src/zoo/gpt.rs` does
 (learned positions, pre-LayerNorm layers, fused QKV with bias, causal
 attention, GELU(tanh) MLP of `ffn` = 4·hidden by default, LM head tied to the
 token embedding by default and without bias, no final LayerNorm unless

@@ -8,7 +8,8 @@
 
 use crate::model;
 use anyhow::{bail, Context, Result};
-use autopar_ir::{onnx::read_tensor_file, Value};
+use autopar_import::onnx::read_tensor_file;
+use autopar_ir::Value;
 use autopar_runtime::cpu::{self, Precision};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -73,7 +74,7 @@ pub fn run(
 ) -> Result<CheckReport> {
     let m = model::load(model_arg)?;
     let graph = if rewrite {
-        autopar_ir::canonicalize(&m.graph)?.0
+        autopar_rewrite::canonicalize(&m.graph)?.0
     } else {
         m.graph
     };

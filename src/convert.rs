@@ -8,7 +8,7 @@ use std::path::Path;
 pub fn run(model: &str, out: &Path, rewrite: bool) -> Result<()> {
     let m = model::load(model)?;
     let graph = if rewrite {
-        autopar_ir::canonicalize(&m.graph)?.0
+        autopar_rewrite::canonicalize(&m.graph)?.0
     } else {
         m.graph
     };

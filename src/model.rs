@@ -2,7 +2,9 @@
 //! autopar `.json` graph, or a model-zoo spec string (`gpt:layers=...`).
 
 use anyhow::{bail, Context, Result};
-use autopar_ir::{canonicalize, detect_blocks, json, onnx, zoo::ModelSpec, Bindings, Graph};
+use autopar_import::{onnx, zoo::ModelSpec};
+use autopar_ir::{json, Bindings, Graph};
+use autopar_rewrite::{canonicalize, detect_blocks};
 use std::path::Path;
 
 /// Where a model came from.

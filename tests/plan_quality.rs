@@ -15,7 +15,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
     for (i, r) in published::megatron_sc21().iter().enumerate() {
         let graph = r
             .model_spec()
-            .parse::<autopar_ir::ModelSpec>()
+            .parse::<autopar_import::ModelSpec>()
             .unwrap()
             .build()
             .unwrap();

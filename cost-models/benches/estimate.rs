@@ -5,7 +5,8 @@
 //! of several runs.
 
 use autopar_cost_models::{estimate, published, Calibration, Cluster, TrainingConfig, Workload};
-use autopar_ir::{Graph, ModelSpec};
+use autopar_import::ModelSpec;
+use autopar_ir::Graph;
 use std::time::{Duration, Instant};
 
 fn median<T>(runs: usize, mut f: impl FnMut() -> T) -> Duration {

@@ -5,7 +5,7 @@
 
 use autopar_cost_models::memory::layer_activations;
 use autopar_cost_models::{AttentionKernel, Recompute, Sharding, Workload, WorkloadOptions};
-use autopar_ir::ModelSpec;
+use autopar_import::ModelSpec;
 
 const S: f64 = 512.0;
 const B: f64 = 2.0;

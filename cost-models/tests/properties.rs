@@ -53,7 +53,7 @@ fn cases() -> impl Strategy<Value = Case> {
 }
 
 fn workload(c: &Case, attention: AttentionKernel) -> Workload {
-    let spec: autopar_ir::ModelSpec = format!(
+    let spec: autopar_import::ModelSpec = format!(
         "gpt:layers={},hidden={},heads={},vocab=512,seq={},dtype=bf16",
         c.layers,
         c.heads * c.head_dim,

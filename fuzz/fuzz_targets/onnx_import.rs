@@ -1,7 +1,7 @@
 //! Any bytes given to the ONNX importer yield a graph or an error, never a panic.
 #![no_main]
 
-use autopar_ir::onnx::{import_model_bytes, ImportOptions};
+use autopar_import::onnx::{import_model_bytes, ImportOptions};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

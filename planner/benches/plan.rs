@@ -6,7 +6,7 @@
 //! runs per row.
 
 use autopar_cost_models::{estimate, published, Calibration, Cluster, Workload};
-use autopar_ir::ModelSpec;
+use autopar_import::ModelSpec;
 use autopar_planner::{search, SearchOptions};
 use std::time::{Duration, Instant};
 

@@ -4,8 +4,10 @@
 //! Target: the whole model's sharding well under a second (at most 5 s).
 
 use autopar_cost_models::{Calibration, Cluster};
-use autopar_ir::{canonicalize, detect_blocks, onnx, Graph, NodeIndex};
+use autopar_import::onnx;
+use autopar_ir::{Graph, NodeIndex};
 use autopar_planner::sharding::{solve, ShardingProblem};
+use autopar_rewrite::{canonicalize, detect_blocks};
 use std::collections::HashSet;
 use std::error::Error;
 use std::time::Instant;

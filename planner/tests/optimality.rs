@@ -9,7 +9,8 @@ use autopar_cost_models::{
     AttentionKernel, Calibration, Cluster, Evaluator, GradReduce, Mesh, MeshOrder, Recompute, Schedule,
     Sharding, StageSpec, TrainingConfig, Workload, WorkloadOptions,
 };
-use autopar_ir::{DType, Graph, ModelSpec};
+use autopar_import::ModelSpec;
+use autopar_ir::{DType, Graph};
 use autopar_planner::{search, SearchOptions};
 
 fn divisors(n: usize) -> Vec<usize> {

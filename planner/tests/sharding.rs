@@ -4,7 +4,8 @@
 
 use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
 use autopar_cost_models::{Calibration, Cluster};
-use autopar_ir::{Bindings, Graph, ModelSpec, NodeIndex};
+use autopar_import::ModelSpec;
+use autopar_ir::{Bindings, Graph, NodeIndex};
 use autopar_planner::sharding::{solve, solve_pinned, ShardingError, ShardingProblem, ShardingSolution};
 use autopar_planner::spec::DimSpec;
 use std::collections::{BTreeMap, HashMap};
@@ -42,9 +43,9 @@ impl Setup {
     /// Every node of a fixture model, canonicalised.
     fn fixture(file: &str) -> Setup {
         let path = format!("{}/../fixtures/models/{file}", env!("CARGO_MANIFEST_DIR"));
-        let model = autopar_ir::onnx::load_model(std::path::Path::new(&path)).unwrap();
-        let mut graph = autopar_ir::canonicalize(&model).unwrap().0;
-        graph.blocks = autopar_ir::detect_blocks(&graph).unwrap();
+        let model = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
+        let mut graph = autopar_rewrite::canonicalize(&model).unwrap().0;
+        graph.blocks = autopar_rewrite::detect_blocks(&graph).unwrap();
         let nodes = graph.topo_order().unwrap();
         Setup::new(graph, nodes, Bindings::new())
     }

@@ -25,7 +25,7 @@ fn main() {
     {
         let started = Instant::now();
         let cfg = r.config();
-        let g = autopar_ir::zoo::build(&r.model_spec()).expect("zoo spec");
+        let g = autopar_import::zoo::build(&r.model_spec()).expect("zoo spec");
         let mut s =
             Strategy::new(cfg.dp, cfg.pp, r.layers, 1, cfg.global_batch / cfg.dp).with_tp(cfg.tp, false);
         s.chunks = cfg.virtual_stages;

@@ -14,7 +14,9 @@
 //! build; the zoo GPT takes a few seconds a step on a small machine).
 //! `scripts/torch_train_step.py` times the same zoo GPT step in PyTorch.
 
-use autopar_ir::{canonicalize, detect_blocks, onnx, Graph};
+use autopar_import::onnx;
+use autopar_ir::Graph;
+use autopar_rewrite::{canonicalize, detect_blocks};
 use autopar_runtime::cpu::parallel::{train, TrainOptions};
 use autopar_runtime::cpu::Precision;
 use autopar_runtime::lower::{lower, training_graph, Strategy};
@@ -86,7 +88,7 @@ fn models() -> Result<Vec<Model>> {
     let tiny = onnx_model(ONNX_MODEL)?;
     let batch = fixed_input_dim(&tiny, 0).ok_or("gpt2-tiny: batch is not fixed")?;
     let seq = fixed_input_dim(&tiny, 1).ok_or("gpt2-tiny: seq is not fixed")?;
-    let mut zoo = autopar_ir::zoo::build(ZOO_MODEL).map_err(|e| format!("{ZOO_MODEL}: {e}"))?;
+    let mut zoo = autopar_import::zoo::build(ZOO_MODEL).map_err(|e| format!("{ZOO_MODEL}: {e}"))?;
     initialize(&mut zoo, SEED).map_err(|e| format!("{ZOO_MODEL}: {e}"))?;
     let zoo_seq = *zoo.bindings.get("seq").ok_or("zoo model without a seq binding")?;
     Ok(vec![

@@ -398,7 +398,7 @@ fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
 }
 
 fn lowered_model(spec: &str, s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let mut g: Graph = autopar_ir::zoo::build(spec).unwrap();
+    let mut g: Graph = autopar_import::zoo::build(spec).unwrap();
     initialize(&mut g, 7).unwrap();
     let t = for_strategy(&g, s, SEQ).unwrap();
     let programs = lower(&t, s).unwrap();

@@ -21,7 +21,7 @@ const LAYERS: usize = 4;
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
     let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
-    let mut g: Graph = autopar_ir::zoo::build(&spec).unwrap();
+    let mut g: Graph = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 7).unwrap();
     let t = for_strategy(&g, s, SEQ).unwrap();
     let programs = lower(&t, s).unwrap();

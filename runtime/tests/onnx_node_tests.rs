@@ -7,7 +7,7 @@
 //! does: `|actual − expected| ≤ 1e-7 + 1e-3·|expected|` element-wise, exact for
 //! integers and booleans.
 
-use autopar_ir::onnx::{import_model_bytes, read_tensor_file, ImportOptions};
+use autopar_import::onnx::{import_model_bytes, read_tensor_file, ImportOptions};
 use autopar_ir::Value;
 use autopar_runtime::cpu::{self, Precision};
 use std::collections::{BTreeMap, BTreeSet};

@@ -18,7 +18,7 @@ const LAYERS: usize = 4;
 
 fn model() -> Graph {
     let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
-    let mut g = autopar_ir::zoo::build(&spec).unwrap();
+    let mut g = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 7).unwrap();
     g
 }
@@ -269,7 +269,7 @@ fn context_parallel() {
 
 fn expert_parallel() {
     let spec = format!("moe:layers=2,hidden=32,ffn=48,heads=4,experts=4,top_k=2,vocab=64,seq={SEQ}");
-    let mut g = autopar_ir::zoo::build(&spec).unwrap();
+    let mut g = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 5).unwrap();
     let run = |s: &Strategy, optimizer: Optimizer, steps: usize| {
         let t = for_strategy(&g, s, SEQ).unwrap();
@@ -303,10 +303,10 @@ fn the_bundled_onnx_models_train_in_parallel() {
     // GPT-2 (tied embeddings across pipeline stages) and Llama (rotary) as exported by PyTorch.
     for file in ["gpt2-tiny.ts.onnx", "llama-tiny.dynamo.onnx"] {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
-        let mut g = autopar_ir::onnx::load_model(std::path::Path::new(&path)).unwrap();
-        let (canonical, _) = autopar_ir::canonicalize(&g).unwrap();
+        let mut g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
+        let (canonical, _) = autopar_rewrite::canonicalize(&g).unwrap();
         g = canonical;
-        g.blocks = autopar_ir::detect_blocks(&g).unwrap();
+        g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
         let layers = g.blocks.len();
         let run = |s: &Strategy| {
             let t = for_strategy(&g, s, 16).unwrap();
@@ -332,9 +332,9 @@ fn expert_parallel_on_mixtral_tiny() {
         env!("CARGO_MANIFEST_DIR"),
         "/../fixtures/models/mixtral-tiny.dynamo.onnx"
     );
-    let g = autopar_ir::onnx::load_model(std::path::Path::new(path)).unwrap();
-    let (mut g, _) = autopar_ir::canonicalize(&g).unwrap();
-    g.blocks = autopar_ir::detect_blocks(&g).unwrap();
+    let g = autopar_import::onnx::load_model(std::path::Path::new(path)).unwrap();
+    let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
+    g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
     let layers = g.blocks.len();
     let run = |s: &Strategy, optimizer: Optimizer, steps: usize| {
         let t = for_strategy(&g, s, 16).unwrap();

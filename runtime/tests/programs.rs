@@ -27,7 +27,7 @@ const VOCAB: usize = 64;
 /// A tiny GPT (tied embeddings) whose every dimension divides by 4.
 fn model() -> Graph {
     let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab={VOCAB},seq={SEQ}");
-    let mut g = autopar_ir::zoo::build(&spec).unwrap();
+    let mut g = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 7).unwrap();
     g
 }

@@ -19,7 +19,7 @@ fn run(s: &Strategy, every_rank: bool) -> Simulation {
 }
 
 fn run_with(s: &Strategy, every_rank: bool, calibration: &Calibration) -> Simulation {
-    let g = autopar_ir::zoo::build(ZOO).unwrap();
+    let g = autopar_import::zoo::build(ZOO).unwrap();
     let t = for_strategy(&g, s, 16).unwrap();
     let cluster = Cluster::preset("dgx-a100-80g")
         .unwrap()
@@ -81,7 +81,7 @@ fn pipelines_idle_in_fill_and_drain_and_more_micro_batches_shrink_it() {
 fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate() {
     for r in megatron_sc21().iter().filter(|r| r.pp == 1) {
         let cfg = r.config();
-        let g = autopar_ir::zoo::build(&r.model_spec()).unwrap();
+        let g = autopar_import::zoo::build(&r.model_spec()).unwrap();
         let mut s =
             Strategy::new(cfg.dp, cfg.pp, r.layers, 1, cfg.global_batch / cfg.dp).with_tp(cfg.tp, false);
         s.recompute = vec![Recompute::Full; cfg.pp];

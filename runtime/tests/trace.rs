@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 #[test]
 fn a_hybrid_run_traces_every_rank_and_stream() {
-    let mut g = autopar_ir::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    let mut g = autopar_import::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
     initialize(&mut g, 1).unwrap();
     // dp2·tp2 with sequence parallelism on 4 ranks, and dp2·tp2·pp2 on 8.
     for s in [
@@ -76,7 +76,7 @@ fn check_trace(json: &serde_json::Value, ranks: &[usize]) {
 
 #[test]
 fn a_simulated_hybrid_plan_traces_every_rank_and_stream() {
-    let g = autopar_ir::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    let g = autopar_import::zoo::build("gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8").unwrap();
     // dp2·pp2 and tp2·pp2 on 4 ranks, every rank replayed.
     for s in [
         Strategy::new(2, 2, 4, 1, 4),

@@ -343,7 +343,7 @@ mod tests {
     use autopar_ir::{Role, Shape, TensorType};
 
     fn build(spec: &str, tp: usize, sp: bool, ep: usize) -> Workload {
-        let spec: autopar_ir::ModelSpec = spec.parse().unwrap();
+        let spec: autopar_import::ModelSpec = spec.parse().unwrap();
         let opts = WorkloadOptions {
             micro_batch: Some(2),
             seq: None,
@@ -424,7 +424,7 @@ mod tests {
         };
         assert_eq!(gemm_flops(&two), gemm_flops(&one) / 2.0);
         assert_eq!(one.param_elements(), {
-            let g: autopar_ir::ModelSpec = LLAMA.parse().unwrap();
+            let g: autopar_import::ModelSpec = LLAMA.parse().unwrap();
             g.build().unwrap().float_parameter_elements(&Default::default()) as f64
         });
     }

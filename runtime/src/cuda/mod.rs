@@ -292,7 +292,7 @@ mod tests {
         };
         assert!(why.to_string().contains(expected), "{why}");
         assert!(profile(0, true, None).unwrap_err().to_string().contains(expected));
-        let g = autopar_ir::zoo::build("gpt:layers=1,hidden=16,heads=2,vocab=32,seq=4").unwrap();
+        let g = autopar_import::zoo::build("gpt:layers=1,hidden=16,heads=2,vocab=32,seq=4").unwrap();
         let s = Strategy::new(1, 1, 1, 1, 1);
         let t = for_strategy(&g, &s, 4).unwrap();
         let programs = lower(&t, &s).unwrap();

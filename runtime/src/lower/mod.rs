@@ -69,7 +69,7 @@ pub fn lower_ranks<R: Send>(
 #[cfg(test)]
 pub(crate) fn tiny_gpt_programs(layers: usize, s: &Strategy) -> Vec<Program> {
     let spec = format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8");
-    let g = autopar_ir::zoo::build(&spec).unwrap();
+    let g = autopar_import::zoo::build(&spec).unwrap();
     let t = for_strategy(&g, s, 8).unwrap();
     lower(&t, s).unwrap()
 }

@@ -908,7 +908,8 @@ mod layer_tests {
 
     fn gpt(layers: usize) -> Graph {
         let mut g =
-            autopar_ir::zoo::build(&format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8")).unwrap();
+            autopar_import::zoo::build(&format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8"))
+                .unwrap();
         g.bindings.insert("batch".into(), 2);
         g.bindings.insert("seq".into(), 8);
         g

@@ -398,7 +398,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn tiny_gpt() -> Graph {
-        let mut g = autopar_ir::zoo::build("gpt:layers=2,hidden=16,heads=2,vocab=32,seq=8").unwrap();
+        let mut g = autopar_import::zoo::build("gpt:layers=2,hidden=16,heads=2,vocab=32,seq=8").unwrap();
         crate::train::initialize(&mut g, 1).unwrap();
         g
     }

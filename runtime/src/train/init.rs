@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn every_gpt_parameter_gets_data_of_its_shape() {
-        let mut g = autopar_ir::zoo::build(GPT).unwrap();
+        let mut g = autopar_import::zoo::build(GPT).unwrap();
         let want = g.tensors().filter(|(_, t)| t.role == Role::Parameter).count();
         assert_eq!(initialize(&mut g, 0), Ok(want));
         for (_, t) in g.tensors().filter(|(_, t)| t.role == Role::Parameter) {
@@ -241,7 +241,7 @@ mod tests {
 
     #[test]
     fn norm_scales_are_ones_biases_zeros_matrices_small_normals() {
-        let mut g = autopar_ir::zoo::build(GPT).unwrap();
+        let mut g = autopar_import::zoo::build(GPT).unwrap();
         initialize(&mut g, 0).unwrap();
         assert!(param(&g, "h.1.ln_2.weight")
             .to_f64_vec()
@@ -264,7 +264,7 @@ mod tests {
     #[test]
     fn values_depend_on_seed_and_name_not_graph_order() {
         let build = |spec: &str, seed| {
-            let mut g = autopar_ir::zoo::build(spec).unwrap();
+            let mut g = autopar_import::zoo::build(spec).unwrap();
             initialize(&mut g, seed).unwrap();
             g
         };
@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn llama_rms_scales_are_ones() {
         let mut g =
-            autopar_ir::zoo::build("llama:layers=1,hidden=64,ffn=128,heads=4,vocab=128,seq=16").unwrap();
+            autopar_import::zoo::build("llama:layers=1,hidden=64,ffn=128,heads=4,vocab=128,seq=16").unwrap();
         initialize(&mut g, 0).unwrap();
         let (_, norm) = g
             .tensors()
@@ -301,7 +301,7 @@ mod tests {
 
     #[test]
     fn symbolic_parameters_are_named_and_leave_the_graph_unchanged() {
-        let mut g = autopar_ir::zoo::build(GPT).unwrap();
+        let mut g = autopar_import::zoo::build(GPT).unwrap();
         let ty = TensorType {
             dtype: DType::F32,
             shape: Shape(vec![Dim::Fixed(4), Dim::Sym("n".into())]),
@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn narrow_float_parameters_hold_values_of_their_type() {
         let mut g =
-            autopar_ir::zoo::build("gpt:layers=1,hidden=32,heads=2,vocab=64,seq=8,dtype=bf16").unwrap();
+            autopar_import::zoo::build("gpt:layers=1,hidden=32,heads=2,vocab=64,seq=8,dtype=bf16").unwrap();
         initialize(&mut g, 0).unwrap();
         let w = param(&g, "h.0.mlp.fc.weight");
         assert_eq!(w.dtype, DType::Bf16);

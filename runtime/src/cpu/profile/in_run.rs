@@ -13,7 +13,8 @@ use crate::trace::TraceEvent;
 use crate::train::{initialize, Optimizer, TokenSource};
 use autopar_cost_models::calibration::InterpreterCost;
 use autopar_cost_models::{Calibration, Cluster};
-use autopar_ir::{ModelSpec, NodeIndex};
+use autopar_import::ModelSpec;
+use autopar_ir::NodeIndex;
 use std::collections::HashMap;
 
 /// Steps run; the first (warm-up) is left out, and each figure is the
@@ -33,7 +34,7 @@ pub(super) fn interpreter_cost(plan: &Plan, cal: &Calibration) -> Result<Interpr
         ModelSpec::Llama(c) => (c.layers, c.seq, c.vocab),
         ModelSpec::Bert(c) => (c.layers, c.seq, c.vocab),
     };
-    let mut g = autopar_ir::zoo::build(spec).map_err(|e| model_error(e.to_string()))?;
+    let mut g = autopar_import::zoo::build(spec).map_err(|e| model_error(e.to_string()))?;
     initialize(&mut g, 1).map_err(|e| model_error(e.to_string()))?;
     let s = Strategy::new(1, 1, layers, plan.micro_batch, 1);
     let t = for_strategy(&g, &s, seq).map_err(|e| model_error(e.to_string()))?;

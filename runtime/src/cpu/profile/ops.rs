@@ -25,7 +25,8 @@ use crate::lower::{training_graph, Feed, TrainingGraph};
 use crate::train::{initialize, TokenSource};
 use autopar_cost_models::calibration::OpRate;
 use autopar_cost_models::Calibration;
-use autopar_ir::{DType, ModelSpec, NodeIndex, Value};
+use autopar_import::ModelSpec;
+use autopar_ir::{DType, NodeIndex, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;
 

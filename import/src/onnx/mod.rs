@@ -1,0 +1,19 @@
+//! ONNX import: model files → [`autopar_ir::Graph`], and ONNX tensor files →
+//! [`autopar_ir::Value`].
+//!
+//! The protobuf messages are hand-written prost structs (no protoc). Import
+//! maps every ai.onnx node to the one op set, types each node by shape
+//! inference, folds constant subgraphs and drops dead nodes; unsupported op
+//! types are all reported in one error.
+
+mod attrs;
+mod error;
+mod import;
+mod ops;
+mod ops_attention;
+pub mod proto;
+mod tensor;
+
+pub use error::OnnxError;
+pub use import::{import_model_bytes, load_model, ImportOptions};
+pub use tensor::read_tensor_file;
