@@ -5,9 +5,10 @@
 use crate::units::{binary, flop_rate, seconds};
 use crate::{model, output};
 use anyhow::{Context, Result};
+use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
-use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel, PlanContext};
-use autopar_planner::{search, DegreeLimits, Plan, SearchOptions};
+use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel};
+use autopar_planner::{plan_model, DegreeLimits, ModelId, Plan, SearchOptions};
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -65,24 +66,11 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         dropout: r.dropout,
         top: r.top,
     };
-    let found = search(&graph, &cluster, &calibration, &opts, progress).with_context(|| r.model.clone())?;
-    let best = &found.ranked[0];
-    let sharding =
-        autopar_planner::layer_sharding::for_config(&graph, &cluster, &calibration, &best.config, r.seq)
-            .context("per-op sharding of the chosen plan")?;
-    let cx = PlanContext {
-        model: &r.model,
-        model_hash: model_hash(&r.model)?,
-        cluster: &cluster,
-        global_batch: r.global_batch,
-        seq: r.seq,
-        max_memory_fraction: r.max_memory_fraction,
-        layers: graph.blocks.len(),
-        configs_evaluated: found.configs_evaluated,
-        seconds: found.seconds,
-        memory_limit_bytes: found.memory_limit_bytes,
+    let model = ModelId {
+        arg: &r.model,
+        hash: model_hash(&r.model)?,
     };
-    Plan::new(&cx, &found.ranked, sharding).context("the search returned no plan")
+    plan_model(&graph, &model, &cluster, &calibration, &opts, progress).with_context(|| r.model.clone())
 }
 
 /// The model's identity: its file's bytes, or the spec text.
@@ -165,10 +153,9 @@ pub fn render(plan: &Plan, output: &Path) -> String {
 
 /// How gradients cross replicas: `ring`, `ps`, with `+bf16` when compressed.
 fn grads(p: &Parallel) -> String {
-    let algorithm = if p.grad_reduce == "parameter-server" {
-        "ps"
-    } else {
-        "ring"
+    let algorithm = match p.grad_reduce {
+        Algorithm::ParameterServer => "ps",
+        Algorithm::Ring | Algorithm::Tree => p.grad_reduce.name(),
     };
     match &p.grad_compression {
         Some(d) => format!("{algorithm}+{d}"),

@@ -8,7 +8,7 @@ use crate::{model, output, plan, simulate};
 use anyhow::{bail, Context, Result};
 use autopar_cost_models::{AttentionKernel, Calibration};
 use autopar_ir::Graph;
-use autopar_planner::{DegreeLimits, Plan};
+use autopar_planner::{DegreeLimits, Parallel, Plan};
 use autopar_runtime::collective::connect;
 use autopar_runtime::cpu::parallel::{train, train_rank, StepReport, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
@@ -181,23 +181,12 @@ pub struct GpuSummary {
     pub predicted_here_bytes: u64,
 }
 
-/// The plan's degrees and knobs, in short.
+/// The plan a run follows: the plan file's own degrees and knobs (the
+/// report's `plan` object has their keys) and the step time it predicts.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanSummary {
-    pub dp: usize,
-    pub tp: usize,
-    pub pp: usize,
-    pub cp: usize,
-    pub ep: usize,
-    pub sp: bool,
-    pub schedule: String,
-    pub virtual_stages: usize,
-    pub zero: u8,
-    pub micro_batch: usize,
-    pub micro_batches: usize,
-    pub global_batch: usize,
-    pub recompute: String,
-    pub grad_reduce: String,
+    #[serde(flatten)]
+    pub parallel: Parallel,
     pub predicted_step_time_s: f64,
 }
 
@@ -352,22 +341,8 @@ pub fn run(
     let mut opts = TrainOptions::new(r.host_precision(), optimizer, r.steps);
     opts.trace = r.trace.is_some();
     opts.overlap_comm = r.overlap;
-    let par = &p.parallel;
     let summary = PlanSummary {
-        dp: par.dp,
-        tp: par.tp,
-        pp: par.pp,
-        cp: par.cp,
-        ep: par.ep,
-        sp: par.sp,
-        schedule: par.schedule.clone(),
-        virtual_stages: par.virtual_stages,
-        zero: par.zero,
-        micro_batch: par.micro_batch,
-        micro_batches: par.micro_batches,
-        global_batch: par.global_batch,
-        recompute: par.recompute.clone(),
-        grad_reduce: par.grad_reduce.clone(),
+        parallel: p.parallel.clone(),
         predicted_step_time_s: p.predicted.step_time_s,
     };
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
@@ -511,7 +486,8 @@ fn vocab_of(g: &Graph) -> Result<usize> {
 }
 
 /// The plan in one line, printed before training.
-pub fn plan_line(p: &PlanSummary, ranks: usize) -> String {
+pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
+    let p = &summary.parallel;
     let mut s = format!("plan: dp {} · tp {} · pp {}", p.dp, p.tp, p.pp);
     if p.cp > 1 || p.ep > 1 {
         let _ = write!(s, " · cp {} · ep {}", p.cp, p.ep);
@@ -532,7 +508,7 @@ pub fn plan_line(p: &PlanSummary, ranks: usize) -> String {
         p.recompute,
         p.grad_reduce,
         ranks,
-        seconds(p.predicted_step_time_s)
+        seconds(summary.predicted_step_time_s)
     );
     s
 }
@@ -619,21 +595,13 @@ mod tests {
     /// the runtime's plan and the cost model's prediction.
     #[test]
     fn a_gpu_summary_compares_measured_planned_and_predicted_memory() {
-        let plan = PlanSummary {
+        let cfg = autopar_cost_models::TrainingConfig {
             dp: 2,
-            tp: 1,
-            pp: 1,
-            cp: 1,
-            ep: 1,
-            sp: false,
-            schedule: "1f1b".into(),
-            virtual_stages: 1,
-            zero: 0,
-            micro_batch: 1,
-            micro_batches: 1,
             global_batch: 2,
-            recompute: "none".into(),
-            grad_reduce: "ring".into(),
+            ..Default::default()
+        };
+        let plan = PlanSummary {
+            parallel: Parallel::of(&cfg, 1),
             predicted_step_time_s: 0.1,
         };
         let gib = 1u64 << 30;

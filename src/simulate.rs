@@ -129,13 +129,8 @@ pub fn simulate_plan(
     opts: &SimOptions,
 ) -> Result<(Simulation, bool)> {
     let cluster = plan_cluster(p, plan_arg)?;
-    let attention = p
-        .parallel
-        .attention
-        .parse()
-        .map_err(|e: String| anyhow::anyhow!("{plan_arg}: parallel.attention: {e}"))?;
     let pricing_opts = PricingOptions {
-        attention,
+        attention: p.parallel.attention,
         dropout: p.parallel.dropout,
         precision,
     };
@@ -158,9 +153,7 @@ fn analytic_estimate(
     plan_arg: &str,
 ) -> Result<autopar_cost_models::Estimate> {
     let cluster = &plan_cluster(p, plan_arg)?;
-    let cfg = p
-        .training_config()
-        .map_err(|e| anyhow::anyhow!("{plan_arg}: {e}"))?;
+    let cfg = p.training_config();
     let opts = WorkloadOptions {
         micro_batch: Some(cfg.micro_batch),
         seq: cfg.seq,

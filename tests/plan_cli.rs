@@ -95,7 +95,7 @@ fn json_has_the_contract_keys_and_explain_reads_it() {
         "gpt.json",
     );
     assert_eq!(v["format"], "autopar-plan");
-    assert_eq!(v["version"], 1);
+    assert_eq!(v["version"], 2);
     for key in ["step_time_s", "mfu", "memory_per_gpu_bytes"] {
         assert!(v["predicted"][key].as_f64().is_some(), "predicted.{key}");
     }

@@ -35,6 +35,8 @@ pub enum Algorithm {
     ParameterServer,
 }
 
+crate::config::keyword_enum!(Algorithm, "reduction algorithm", "ring" => Algorithm::Ring, "tree" => Algorithm::Tree, "parameter-server" => Algorithm::ParameterServer);
+
 /// Why a collective cannot be priced.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum CommError {

@@ -3,8 +3,6 @@
 //! cluster and the model before anything is priced.
 
 use crate::workload::AttentionKernel;
-use std::fmt;
-use std::str::FromStr;
 
 /// What activations the backward pass recomputes instead of storing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -29,29 +27,64 @@ pub enum Schedule {
     Interleaved,
 }
 
+/// Declares, from one list of `"name" => Variant` pairs, everything that
+/// reads or writes a configuration keyword: `FromStr` and `Display` (CLI
+/// flags and messages; `Display` pads, so tables can align it), serde as the
+/// same string (plan files) and a JSON Schema whose `enum` lists the names.
+/// Every reader goes through `FromStr`, so a flag and a plan file refuse an
+/// unknown name with the same message, which lists the names allowed.
 macro_rules! keyword_enum {
-    ($ty:ty, $what:literal, $($name:literal => $value:path),+ $(,)?) => {
-        impl FromStr for $ty {
+    ($ty:ident, $what:literal, $($name:literal => $value:path),+ $(,)?) => {
+        impl $ty {
+            /// The names this keyword accepts, in declaration order.
+            pub const NAMES: &'static [&'static str] = &[$($name),+];
+
+            /// The keyword's name, as plan files and flags spell it.
+            pub fn name(self) -> &'static str {
+                match self { $($value => $name,)+ }
+            }
+        }
+        impl std::str::FromStr for $ty {
             type Err = String;
             fn from_str(s: &str) -> Result<Self, String> {
                 match s {
                     $($name => Ok($value),)+
-                    _ => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), s, [$($name),+].join(", "))),
+                    _ => Err(format!(concat!("unknown ", $what, " '{}' (expected {})"), s, Self::NAMES.join(", "))),
                 }
             }
         }
-        impl fmt::Display for $ty {
-            fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                let name = match self { $($value => $name,)+ };
-                f.write_str(name)
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.pad(self.name())
+            }
+        }
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let name = String::deserialize(d)?;
+                name.parse().map_err(<D::Error as serde::de::Error>::custom)
+            }
+        }
+        impl schemars::JsonSchema for $ty {
+            fn schema_name() -> std::borrow::Cow<'static, str> {
+                stringify!($ty).into()
+            }
+            fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+                schemars::json_schema!({ "type": "string", "enum": Self::NAMES })
             }
         }
     };
 }
+pub(crate) use keyword_enum;
 
 keyword_enum!(Recompute, "recompute policy", "none" => Recompute::None, "selective" => Recompute::Selective, "full" => Recompute::Full);
 keyword_enum!(Schedule, "schedule", "gpipe" => Schedule::Gpipe, "1f1b" => Schedule::OneFOneB, "interleaved" => Schedule::Interleaved);
 keyword_enum!(AttentionKernel, "attention kernel", "fused" => AttentionKernel::Fused, "unfused" => AttentionKernel::Unfused);
+keyword_enum!(MeshOrder, "mesh order", "dp-inner" => MeshOrder::DataInner, "pp-inner" => MeshOrder::PipelineInner);
 
 /// Everything that defines one training step's execution. Degrees multiply:
 /// `dp · tp · pp · cp` ranks; `ep` divides `dp` (experts are spread over
@@ -341,6 +374,27 @@ mod tests {
             .parse::<Schedule>()
             .unwrap_err()
             .contains("gpipe, 1f1b, interleaved"));
+        // `Display` pads, so tables can align keywords.
+        assert_eq!(format!("[{:<6}]", Recompute::Full), "[full  ]");
+    }
+
+    #[test]
+    fn keywords_are_json_strings_listed_in_the_schema() {
+        let json = serde_json::to_string(&[MeshOrder::DataInner, MeshOrder::PipelineInner]).unwrap();
+        assert_eq!(json, r#"["dp-inner","pp-inner"]"#);
+        let back: Vec<MeshOrder> = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, [MeshOrder::DataInner, MeshOrder::PipelineInner]);
+        let algorithm: crate::comm::Algorithm = serde_json::from_str(r#""parameter-server""#).unwrap();
+        assert_eq!(algorithm, crate::comm::Algorithm::ParameterServer);
+        let err = serde_json::from_str::<Schedule>(r#""2f2b""#)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("unknown schedule '2f2b' (expected gpipe, 1f1b, interleaved)"),
+            "{err}"
+        );
+        let schema = serde_json::to_value(schemars::schema_for!(Recompute)).unwrap();
+        assert_eq!(schema["enum"], serde_json::json!(["none", "selective", "full"]));
     }
 
     #[test]

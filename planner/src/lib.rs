@@ -1,7 +1,9 @@
 //! Parallel-plan search: enumerate parallel degrees and knobs with pruning,
 //! split layers into pipeline stages, shard ops inside a stage, keep the
-//! Pareto front of step time and memory, and emit a [`Plan`].
+//! Pareto front of step time and memory, and emit a [`Plan`]
+//! ([`plan_model`] does all of it).
 
+pub mod assemble;
 pub mod layer_sharding;
 pub mod plan;
 pub mod search;
@@ -9,5 +11,6 @@ pub mod sharding;
 pub mod spec;
 pub mod stages;
 
-pub use plan::{Plan, PlanError};
+pub use assemble::{mesh_of, plan_model, stages_of, ModelId, PlanningError};
+pub use plan::{Parallel, Plan, PlanError};
 pub use search::{search, Candidate, DegreeLimits, SearchError, SearchOptions, SearchResult};

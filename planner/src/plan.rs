@@ -1,16 +1,20 @@
 //! The plan file: everything the runtime needs to execute a parallel plan
 //! and everything a person needs to trust it, as versioned JSON.
 
-use crate::search::Candidate;
 use crate::spec::OpSharding;
 use autopar_cost_models::comm::Algorithm;
-use autopar_cost_models::{Cluster, Estimate, MeshOrder, Recompute, TrainingConfig};
+use autopar_cost_models::{AttentionKernel, Estimate, MeshOrder, Recompute, Schedule, TrainingConfig};
+use autopar_ir::DType;
 use serde::{Deserialize, Serialize};
 
 /// The `format` tag of plan files.
 pub const FORMAT: &str = "autopar-plan";
-/// The plan format version this code writes and reads.
-pub const VERSION: u32 = 1;
+/// The plan format version this code writes.
+pub const VERSION: u32 = 2;
+/// The versions this code reads. Version 2 has version 1's keys and values;
+/// it only declares the knobs' allowed values (and readers refuse others),
+/// so a valid version-1 file reads as it is.
+pub const READS: &[u32] = &[1, VERSION];
 
 /// A parallel plan.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -90,21 +94,21 @@ pub struct Parallel {
     pub ep: usize,
     pub sp: bool,
     pub virtual_stages: usize,
-    pub schedule: String,
+    pub schedule: Schedule,
     pub zero: u8,
     /// The strongest recomputation any stage uses (per-stage policies are in `stages`).
-    pub recompute: String,
+    pub recompute: Recompute,
     pub micro_batch: usize,
     pub micro_batches: usize,
     pub global_batch: usize,
-    pub attention: String,
+    pub attention: AttentionKernel,
     pub dropout: bool,
-    /// `ring` or `parameter-server`.
-    pub grad_reduce: String,
+    /// How gradients cross the data-parallel group.
+    pub grad_reduce: Algorithm,
     /// Gradients sent as this type, if compressed.
-    pub grad_compression: Option<String>,
+    pub grad_compression: Option<DType>,
     /// `dp-inner` (tp, cp, dp, pp) or `pp-inner` (tp, cp, pp, dp).
-    pub mesh_order: String,
+    pub mesh_order: MeshOrder,
 }
 
 /// One pipeline stage.
@@ -117,7 +121,7 @@ pub struct StagePlan {
     pub layers: [usize; 2],
     pub holds_pre: bool,
     pub holds_post: bool,
-    pub recompute: String,
+    pub recompute: Recompute,
     /// The global ranks of the stage.
     pub ranks: Vec<usize>,
 }
@@ -139,55 +143,22 @@ pub struct Alternative {
     pub predicted: Estimate,
 }
 
-fn recompute_name(r: Recompute) -> String {
-    r.to_string()
-}
-
-fn algorithm_name(a: Algorithm) -> String {
-    match a {
-        Algorithm::Ring => "ring",
-        Algorithm::Tree => "tree",
-        Algorithm::ParameterServer => "parameter-server",
-    }
-    .into()
-}
-
 impl Plan {
     /// The configuration the plan records, for pricing it again (under
     /// another calibration, or to set a simulation next to it). Gradient
     /// reduction is taken as overlapped with the last backward pass, as the
     /// search always plans it.
-    pub fn training_config(&self) -> Result<TrainingConfig, String> {
+    pub fn training_config(&self) -> TrainingConfig {
         let p = &self.parallel;
-        let field = |name: &str, e: String| format!("plan field '{name}': {e}");
         let stages = self
             .stages
             .iter()
-            .map(|s| {
-                Ok(autopar_cost_models::StageSpec {
-                    layers: s.layers[1] - s.layers[0],
-                    recompute: s.recompute.parse().map_err(|e| field("stages[].recompute", e))?,
-                })
+            .map(|s| autopar_cost_models::StageSpec {
+                layers: s.layers[1].saturating_sub(s.layers[0]),
+                recompute: s.recompute,
             })
-            .collect::<Result<Vec<_>, String>>()?;
-        let algorithm = match p.grad_reduce.as_str() {
-            "ring" => Algorithm::Ring,
-            "tree" => Algorithm::Tree,
-            "parameter-server" => Algorithm::ParameterServer,
-            other => {
-                return Err(field(
-                    "parallel.grad_reduce",
-                    format!("unknown reduction '{other}'"),
-                ))
-            }
-        };
-        if let Some(c) = &p.grad_compression {
-            return Err(field(
-                "parallel.grad_compression",
-                format!("'{c}' cannot be priced again here"),
-            ));
-        }
-        Ok(TrainingConfig {
+            .collect();
+        TrainingConfig {
             dp: p.dp,
             tp: p.tp,
             pp: p.pp,
@@ -196,55 +167,47 @@ impl Plan {
             cp: p.cp,
             ep: p.ep,
             zero: p.zero,
-            recompute: p.recompute.parse().map_err(|e| field("parallel.recompute", e))?,
-            schedule: p.schedule.parse().map_err(|e| field("parallel.schedule", e))?,
+            recompute: p.recompute,
+            schedule: p.schedule,
             micro_batch: p.micro_batch,
             global_batch: p.global_batch,
             seq: self.inputs.seq,
-            attention: p.attention.parse().map_err(|e| field("parallel.attention", e))?,
+            attention: p.attention,
             dropout: p.dropout,
             overlap_grad_reduce: true,
             grad_reduce: autopar_cost_models::GradReduce {
-                algorithm,
-                compression: None,
+                algorithm: p.grad_reduce,
+                compression: p.grad_compression,
             },
-            mesh_order: match p.mesh_order.as_str() {
-                "pp-inner" => MeshOrder::PipelineInner,
-                _ => MeshOrder::DataInner,
-            },
+            mesh_order: p.mesh_order,
             stages: Some(stages),
-        })
+        }
     }
 }
 
-/// The degrees and knobs of `cfg` as recorded in plans.
-pub fn parallel_of(cfg: &TrainingConfig, micro_batches: usize) -> Parallel {
-    Parallel {
-        dp: cfg.dp,
-        tp: cfg.tp,
-        pp: cfg.pp,
-        cp: cfg.cp,
-        ep: cfg.ep,
-        sp: cfg.sp,
-        virtual_stages: cfg.virtual_stages,
-        schedule: cfg.schedule.to_string(),
-        zero: cfg.zero,
-        recompute: recompute_name(cfg.recompute),
-        micro_batch: cfg.micro_batch,
-        micro_batches,
-        global_batch: cfg.global_batch,
-        attention: cfg.attention.to_string(),
-        dropout: cfg.dropout,
-        grad_reduce: algorithm_name(cfg.grad_reduce.algorithm),
-        grad_compression: cfg
-            .grad_reduce
-            .compression
-            .map(|d| format!("{d:?}").to_lowercase()),
-        mesh_order: match cfg.mesh_order {
-            MeshOrder::DataInner => "dp-inner",
-            MeshOrder::PipelineInner => "pp-inner",
+impl Parallel {
+    /// The degrees and knobs of `cfg` as recorded in plans.
+    pub fn of(cfg: &TrainingConfig, micro_batches: usize) -> Parallel {
+        Parallel {
+            dp: cfg.dp,
+            tp: cfg.tp,
+            pp: cfg.pp,
+            cp: cfg.cp,
+            ep: cfg.ep,
+            sp: cfg.sp,
+            virtual_stages: cfg.virtual_stages,
+            schedule: cfg.schedule,
+            zero: cfg.zero,
+            recompute: cfg.recompute,
+            micro_batch: cfg.micro_batch,
+            micro_batches,
+            global_batch: cfg.global_batch,
+            attention: cfg.attention,
+            dropout: cfg.dropout,
+            grad_reduce: cfg.grad_reduce.algorithm,
+            grad_compression: cfg.grad_reduce.compression,
+            mesh_order: cfg.mesh_order,
         }
-        .into(),
     }
 }
 
@@ -258,132 +221,11 @@ pub fn fnv1a_hex(bytes: &[u8]) -> String {
     format!("{h:016x}")
 }
 
-/// Mesh axes and rank places of `cfg` on `cluster`.
-pub fn mesh_of(cfg: &TrainingConfig, cluster: &Cluster) -> MeshLayout {
-    let mesh = autopar_cost_models::Mesh::of(cfg);
-    let outer = match cfg.mesh_order {
-        MeshOrder::DataInner => [("dp", cfg.dp), ("pp", cfg.pp)],
-        MeshOrder::PipelineInner => [("pp", cfg.pp), ("dp", cfg.dp)],
-    };
-    let axes = [("tp", cfg.tp), ("cp", cfg.cp), outer[0], outer[1]]
-        .into_iter()
-        .map(|(name, size)| MeshAxis {
-            name: name.into(),
-            size,
-        })
-        .collect();
-    let mut ranks = Vec::with_capacity(cluster.gpus());
-    for pp in 0..cfg.pp {
-        for dp in 0..cfg.dp {
-            for cp in 0..cfg.cp {
-                for tp in 0..cfg.tp {
-                    let rank = mesh.rank(tp, cp, dp, pp);
-                    ranks.push(RankPlace {
-                        rank,
-                        node: rank / cluster.gpus_per_node,
-                        gpu: rank % cluster.gpus_per_node,
-                        tp,
-                        cp,
-                        dp,
-                        pp,
-                    });
-                }
-            }
-        }
-    }
-    ranks.sort_by_key(|r| r.rank);
-    MeshLayout { axes, ranks }
-}
-
-/// The stages of `cfg` with their layer ranges and ranks.
-pub fn stages_of(cfg: &TrainingConfig, layers: usize, mesh: &MeshLayout) -> Vec<StagePlan> {
-    let specs = cfg.stages.clone().unwrap_or_else(|| {
-        autopar_cost_models::pipeline::stages(layers, cfg.pp, cfg.virtual_stages, cfg.recompute)
-            .iter()
-            .map(|s| autopar_cost_models::StageSpec {
-                layers: s.layers,
-                recompute: s.recompute,
-            })
-            .collect()
-    });
-    let mut start = 0;
-    specs
-        .iter()
-        .enumerate()
-        .map(|(s, spec)| {
-            let range = [start, start + spec.layers];
-            start += spec.layers;
-            StagePlan {
-                index: s,
-                layers: range,
-                holds_pre: s == 0,
-                holds_post: s + 1 == cfg.pp,
-                recompute: recompute_name(spec.recompute),
-                ranks: mesh.ranks.iter().filter(|r| r.pp == s).map(|r| r.rank).collect(),
-            }
-        })
-        .collect()
-}
-
-/// What [`Plan::new`] needs besides the chosen candidate.
-pub struct PlanContext<'a> {
-    pub model: &'a str,
-    pub model_hash: String,
-    pub cluster: &'a Cluster,
-    pub global_batch: usize,
-    pub seq: Option<usize>,
-    pub max_memory_fraction: f64,
-    pub layers: usize,
-    pub configs_evaluated: usize,
-    pub seconds: f64,
-    pub memory_limit_bytes: f64,
-}
-
 impl Plan {
-    /// The plan for `ranked[0]`, remembering the others as alternatives.
-    pub fn new(cx: &PlanContext, ranked: &[Candidate], sharding: Vec<OpSharding>) -> Option<Plan> {
-        let best = ranked.first()?;
-        let mesh = mesh_of(&best.config, cx.cluster);
-        let stages = stages_of(&best.config, cx.layers, &mesh);
-        let c = cx.cluster;
-        Some(Plan {
-            format: FORMAT.into(),
-            version: VERSION,
-            inputs: Inputs {
-                model: cx.model.into(),
-                model_hash: cx.model_hash.clone(),
-                cluster: ClusterSummary {
-                    name: c.name.clone(),
-                    nodes: c.nodes,
-                    gpus_per_node: c.gpus_per_node,
-                    device: c.device.name.clone(),
-                    memory_bytes: c.device.memory_bytes,
-                },
-                global_batch: cx.global_batch,
-                seq: cx.seq,
-                max_memory_fraction: cx.max_memory_fraction,
-            },
-            mesh,
-            parallel: parallel_of(&best.config, best.estimate.micro_batches),
-            stages,
-            sharding,
-            predicted: best.estimate.clone(),
-            search: SearchSummary {
-                configs_evaluated: cx.configs_evaluated,
-                seconds: cx.seconds,
-                memory_limit_bytes: cx.memory_limit_bytes,
-                top: ranked
-                    .iter()
-                    .map(|c| Alternative {
-                        parallel: parallel_of(&c.config, c.estimate.micro_batches),
-                        predicted: c.estimate.clone(),
-                    })
-                    .collect(),
-            },
-        })
-    }
-
-    /// Reads a plan file's JSON, checking its format and version.
+    /// Reads a plan file's JSON, checking its format and version. A value
+    /// that does not fit its field (an unknown `mesh_order`, say) is refused
+    /// naming the field's path and the values allowed there. A version-1
+    /// file reads as the current version: the keys and values are the same.
     pub fn from_json(text: &str) -> Result<Plan, PlanError> {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| PlanError::Parse(e.to_string()))?;
@@ -392,10 +234,23 @@ impl Plan {
             return Err(PlanError::Format(format.to_string()));
         }
         let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
-        if version != u64::from(VERSION) {
+        if !READS.iter().any(|&v| u64::from(v) == version) {
             return Err(PlanError::Version(version));
         }
-        serde_json::from_value(value).map_err(|e| PlanError::Parse(e.to_string()))
+        // Read from the text, not `value`, so messages keep line and column.
+        let mut reader = serde_json::Deserializer::from_str(text);
+        let mut plan: Plan = serde_path_to_error::deserialize(&mut reader).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().to_string();
+            // The root's path is `.`: a missing top-level key names itself.
+            if path == "." {
+                PlanError::Parse(message)
+            } else {
+                PlanError::Field { path, message }
+            }
+        })?;
+        plan.version = VERSION;
+        Ok(plan)
     }
 
     /// The JSON Schema of plan files.
@@ -411,40 +266,124 @@ pub enum PlanError {
     Parse(String),
     #[error("'format' is '{0}', expected '{FORMAT}'")]
     Format(String),
-    #[error("plan format version {0} is not supported (this autopar reads version {VERSION})")]
+    #[error("plan format version {0} is not supported (this autopar reads versions {versions})", versions = versions_read())]
     Version(u64),
+    #[error("plan field '{path}': {message}")]
+    Field { path: String, message: String },
+}
+
+/// [`READS`], for messages: `1, 2`.
+fn versions_read() -> String {
+    READS.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// A plan `autopar plan` wrote in format version 1.
+    const V1: &str = include_str!("../../fixtures/plans/v1.json");
+
+    /// The version-1 plan with `field` of `parallel` (or of the first stage) set to `value`.
+    fn edited(section: &str, field: &str, value: serde_json::Value) -> String {
+        let mut v: serde_json::Value = serde_json::from_str(V1).unwrap();
+        match section {
+            "parallel" => v["parallel"][field] = value,
+            "stages" => v["stages"][0][field] = value,
+            "top-level" => v[field] = value,
+            other => panic!("no section {other}"),
+        }
+        serde_json::to_string_pretty(&v).unwrap()
+    }
+
     #[test]
-    fn ranks_follow_the_mesh_order() {
-        let cluster = Cluster::preset("dgx-a100-80g").unwrap().with_gpus(16).unwrap();
-        let cfg = TrainingConfig {
-            dp: 2,
-            tp: 4,
-            pp: 2,
-            global_batch: 8,
-            ..TrainingConfig::default()
-        };
-        let mesh = mesh_of(&cfg, &cluster);
-        assert_eq!(mesh.ranks.len(), 16);
-        // tp fastest, then dp, then pp.
-        let r5 = &mesh.ranks[5];
-        assert_eq!((r5.tp, r5.dp, r5.pp, r5.node, r5.gpu), (1, 1, 0, 0, 5));
-        let pipeline_inner = TrainingConfig {
-            mesh_order: MeshOrder::PipelineInner,
-            ..cfg
-        };
-        let mesh = mesh_of(&pipeline_inner, &cluster);
-        let r5 = &mesh.ranks[5];
-        assert_eq!((r5.tp, r5.pp, r5.dp), (1, 1, 0));
-        let stages = stages_of(&pipeline_inner, 6, &mesh);
-        assert_eq!(stages[0].layers, [0, 3]);
-        assert_eq!(stages[1].layers, [3, 6]);
-        assert_eq!(stages[1].ranks, vec![4, 5, 6, 7, 12, 13, 14, 15]);
+    fn a_version_1_file_reads_as_the_current_version() {
+        let plan = Plan::from_json(V1).unwrap();
+        assert_eq!(plan.version, VERSION);
+        assert_eq!(plan.parallel.schedule, Schedule::OneFOneB);
+        assert_eq!(plan.parallel.mesh_order, MeshOrder::DataInner);
+        assert_eq!(plan.parallel.grad_reduce, Algorithm::Ring);
+        // Written again, it has the same keys and values, only a newer version.
+        let mut written = serde_json::to_value(&plan).unwrap();
+        let mut read: serde_json::Value = serde_json::from_str(V1).unwrap();
+        written["version"] = 0.into();
+        read["version"] = 0.into();
+        assert_eq!(written, read);
+    }
+
+    #[test]
+    fn unknown_knob_values_name_the_field_and_the_values_allowed() {
+        let cases = [
+            (
+                "parallel",
+                "mesh_order",
+                "parallel.mesh_order",
+                "dp-inner, pp-inner",
+            ),
+            (
+                "parallel",
+                "schedule",
+                "parallel.schedule",
+                "gpipe, 1f1b, interleaved",
+            ),
+            (
+                "parallel",
+                "recompute",
+                "parallel.recompute",
+                "none, selective, full",
+            ),
+            (
+                "parallel",
+                "grad_reduce",
+                "parallel.grad_reduce",
+                "ring, tree, parameter-server",
+            ),
+            ("parallel", "attention", "parallel.attention", "fused, unfused"),
+            (
+                "stages",
+                "recompute",
+                "stages[0].recompute",
+                "none, selective, full",
+            ),
+        ];
+        for (section, field, path, allowed) in cases {
+            let err = Plan::from_json(&edited(section, field, "bogus".into())).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(&err, PlanError::Field { path: p, .. } if p == path),
+                "{field}: {text}"
+            );
+            assert!(text.contains(&format!("plan field '{path}'")), "{text}");
+            assert!(text.contains(&format!("'bogus' (expected {allowed})")), "{text}");
+        }
+        let err = Plan::from_json(&edited("parallel", "grad_compression", "bf17".into())).unwrap_err();
+        assert!(
+            err.to_string().contains("plan field 'parallel.grad_compression'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn unsupported_versions_are_refused_naming_them() {
+        let err = Plan::from_json(&edited("top-level", "version", 99.into())).unwrap_err();
+        assert_eq!(err, PlanError::Version(99));
+        assert_eq!(
+            err.to_string(),
+            "plan format version 99 is not supported (this autopar reads versions 1, 2)"
+        );
+        let current = Plan::from_json(&edited("top-level", "version", VERSION.into())).unwrap();
+        assert_eq!(current, Plan::from_json(V1).unwrap());
+    }
+
+    #[test]
+    fn the_typed_configuration_round_trips() {
+        let plan = Plan::from_json(V1).unwrap();
+        let cfg = plan.training_config();
+        assert_eq!(Parallel::of(&cfg, plan.parallel.micro_batches), plan.parallel);
+        assert_eq!(
+            cfg.stages.unwrap().iter().map(|s| s.layers).sum::<usize>(),
+            plan.stages.last().unwrap().layers[1]
+        );
     }
 
     #[test]
@@ -455,6 +394,13 @@ mod tests {
             Err(PlanError::Version(9))
         ));
         assert!(matches!(Plan::from_json("nope"), Err(PlanError::Parse(_))));
+        let no_stages = Plan::from_json(r#"{"format": "autopar-plan", "version": 2}"#).unwrap_err();
+        assert!(
+            no_stages
+                .to_string()
+                .starts_with("not a plan file: missing field"),
+            "{no_stages}"
+        );
         assert_eq!(fnv1a_hex(b""), "cbf29ce484222325");
     }
 }

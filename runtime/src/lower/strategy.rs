@@ -3,6 +3,7 @@
 //! mesh. Tests build one directly; `autopar run` reads it from a plan file.
 
 use super::program::{Coord, Reduction};
+use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
 use autopar_planner::Plan;
 
@@ -124,29 +125,33 @@ impl Strategy {
     /// The plan's strategy, checked for what lowering supports.
     pub fn from_plan(plan: &Plan) -> Result<Strategy, StrategyError> {
         let p = &plan.parallel;
-        let schedule: Schedule = p
-            .schedule
-            .parse()
-            .map_err(|e: String| field("parallel.schedule", e))?;
-        let reduction = match p.grad_reduce.as_str() {
-            "ring" => Reduction::Ring,
-            "parameter-server" => Reduction::ParameterServer,
-            other => {
-                return Err(field(
-                    "parallel.grad_reduce",
-                    format!("unknown reduction '{other}'"),
-                ))
+        let reduction = match p.grad_reduce {
+            Algorithm::Ring => Reduction::Ring,
+            Algorithm::ParameterServer => Reduction::ParameterServer,
+            Algorithm::Tree => {
+                return Err(StrategyError::NotLowered(format!(
+                    "gradient reduction '{}' (parallel.grad_reduce)",
+                    p.grad_reduce
+                )))
             }
         };
-        if p.grad_compression.is_some() {
-            return Err(StrategyError::NotLowered("gradient compression".into()));
+        if let Some(dtype) = p.grad_compression {
+            return Err(StrategyError::NotLowered(format!(
+                "gradient compression to {dtype} (parallel.grad_compression)"
+            )));
         }
-        let recompute = plan
+        let stage_layers = plan
             .stages
             .iter()
-            .map(|s| s.recompute.parse::<Recompute>())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| field("stages[].recompute", e))?;
+            .map(|s| {
+                s.layers[1].checked_sub(s.layers[0]).ok_or_else(|| {
+                    field(
+                        "stages[].layers",
+                        format!("stage {} ends before it starts", s.index),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let ranks = plan
             .mesh
             .ranks
@@ -172,18 +177,18 @@ impl Strategy {
             ep: p.ep,
             pp: p.pp,
             sp: p.sp,
-            chunks: if schedule == Schedule::Interleaved {
+            chunks: if p.schedule == Schedule::Interleaved {
                 p.virtual_stages
             } else {
                 1
             },
-            schedule,
+            schedule: p.schedule,
             zero: p.zero,
             micro_batch: p.micro_batch,
             micro_batches: p.micro_batches,
             reduction,
-            stage_layers: plan.stages.iter().map(|s| s.layers[1] - s.layers[0]).collect(),
-            recompute,
+            stage_layers,
+            recompute: plan.stages.iter().map(|s| s.recompute).collect(),
             ranks,
         };
         s.check()?;
@@ -313,6 +318,36 @@ mod tests {
         assert_eq!(s.layer_virtual_stages(), vec![0, 0, 1, 1, 2, 2, 3, 3]);
         let plain = Strategy::new(1, 3, 7, 1, 4);
         assert_eq!(plain.layer_virtual_stages(), vec![0, 0, 0, 1, 1, 2, 2]);
+    }
+
+    #[test]
+    fn plans_with_what_lowering_lacks_are_refused_naming_it() {
+        let mut plan = Plan::from_json(include_str!("../../../fixtures/plans/v1.json")).unwrap();
+        let s = Strategy::from_plan(&plan).unwrap();
+        assert_eq!(
+            (s.dp, s.schedule, s.reduction),
+            (8, Schedule::OneFOneB, Reduction::Ring)
+        );
+        assert_eq!(s.recompute, vec![Recompute::None]);
+        plan.parallel.zero = 0;
+        plan.parallel.grad_reduce = Algorithm::ParameterServer;
+        assert_eq!(
+            Strategy::from_plan(&plan).unwrap().reduction,
+            Reduction::ParameterServer
+        );
+        plan.parallel.grad_reduce = Algorithm::Tree;
+        let err = Strategy::from_plan(&plan).unwrap_err();
+        assert!(
+            matches!(&err, StrategyError::NotLowered(what) if what.contains("gradient reduction 'tree'")),
+            "{err}"
+        );
+        plan.parallel.grad_reduce = Algorithm::Ring;
+        plan.parallel.grad_compression = Some(autopar_ir::DType::Bf16);
+        let err = Strategy::from_plan(&plan).unwrap_err();
+        assert!(
+            matches!(&err, StrategyError::NotLowered(what) if what.contains("compression to bf16")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,0 +1,189 @@
+//! Plan assembly, the planner's front door: search the configurations,
+//! shard the chosen one's ops, and record it with its mesh, stages and
+//! runners-up as a [`Plan`]. Callers (the CLI, `autopar run --plan auto`)
+//! only gather the inputs and write the result.
+
+use crate::layer_sharding;
+use crate::plan::{
+    Alternative, ClusterSummary, Inputs, MeshAxis, MeshLayout, Parallel, Plan, RankPlace, SearchSummary,
+    StagePlan, FORMAT, VERSION,
+};
+use crate::search::{search, SearchError, SearchOptions};
+use crate::sharding::ShardingError;
+use autopar_cost_models::{Calibration, Cluster, MeshOrder, TrainingConfig};
+use autopar_ir::Graph;
+
+/// The model a plan is made for, as its plan file names it.
+#[derive(Debug, Clone)]
+pub struct ModelId<'a> {
+    /// The model argument as given (file or zoo spec).
+    pub arg: &'a str,
+    /// Its identity: [`crate::plan::fnv1a_hex`] of the file's bytes, or of the spec.
+    pub hash: String,
+}
+
+/// Why no plan came out.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanningError {
+    #[error(transparent)]
+    Search(#[from] SearchError),
+    #[error("per-op sharding of the chosen plan: {0}")]
+    Sharding(#[from] ShardingError),
+}
+
+/// The fastest plan for `graph` (canonical, with its blocks detected) on
+/// `cluster` (sized to the GPUs to plan for) that fits, with the runners-up
+/// `opts.top` keeps. `progress` hears (meshes done, meshes in all).
+pub fn plan_model(
+    graph: &Graph,
+    model: &ModelId,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    opts: &SearchOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<Plan, PlanningError> {
+    let found = search(graph, cluster, calibration, opts, progress)?;
+    let best = found
+        .ranked
+        .first()
+        .ok_or_else(|| SearchError::Empty("the search ranked no plan".into()))?;
+    let sharding = layer_sharding::for_config(graph, cluster, calibration, &best.config, opts.seq)?;
+    let mesh = mesh_of(&best.config, cluster);
+    let stages = stages_of(&best.config, graph.blocks.len(), &mesh);
+    Ok(Plan {
+        format: FORMAT.into(),
+        version: VERSION,
+        inputs: Inputs {
+            model: model.arg.into(),
+            model_hash: model.hash.clone(),
+            cluster: ClusterSummary {
+                name: cluster.name.clone(),
+                nodes: cluster.nodes,
+                gpus_per_node: cluster.gpus_per_node,
+                device: cluster.device.name.clone(),
+                memory_bytes: cluster.device.memory_bytes,
+            },
+            global_batch: opts.global_batch,
+            seq: opts.seq,
+            max_memory_fraction: opts.max_memory_fraction,
+        },
+        mesh,
+        parallel: Parallel::of(&best.config, best.estimate.micro_batches),
+        stages,
+        sharding,
+        predicted: best.estimate.clone(),
+        search: SearchSummary {
+            configs_evaluated: found.configs_evaluated,
+            seconds: found.seconds,
+            memory_limit_bytes: found.memory_limit_bytes,
+            top: found
+                .ranked
+                .iter()
+                .map(|c| Alternative {
+                    parallel: Parallel::of(&c.config, c.estimate.micro_batches),
+                    predicted: c.estimate.clone(),
+                })
+                .collect(),
+        },
+    })
+}
+
+/// Mesh axes and rank places of `cfg` on `cluster`.
+pub fn mesh_of(cfg: &TrainingConfig, cluster: &Cluster) -> MeshLayout {
+    let mesh = autopar_cost_models::Mesh::of(cfg);
+    let outer = match cfg.mesh_order {
+        MeshOrder::DataInner => [("dp", cfg.dp), ("pp", cfg.pp)],
+        MeshOrder::PipelineInner => [("pp", cfg.pp), ("dp", cfg.dp)],
+    };
+    let axes = [("tp", cfg.tp), ("cp", cfg.cp), outer[0], outer[1]]
+        .into_iter()
+        .map(|(name, size)| MeshAxis {
+            name: name.into(),
+            size,
+        })
+        .collect();
+    let mut ranks = Vec::with_capacity(cluster.gpus());
+    for pp in 0..cfg.pp {
+        for dp in 0..cfg.dp {
+            for cp in 0..cfg.cp {
+                for tp in 0..cfg.tp {
+                    let rank = mesh.rank(tp, cp, dp, pp);
+                    ranks.push(RankPlace {
+                        rank,
+                        node: rank / cluster.gpus_per_node,
+                        gpu: rank % cluster.gpus_per_node,
+                        tp,
+                        cp,
+                        dp,
+                        pp,
+                    });
+                }
+            }
+        }
+    }
+    ranks.sort_by_key(|r| r.rank);
+    MeshLayout { axes, ranks }
+}
+
+/// The stages of `cfg` with their layer ranges and ranks.
+pub fn stages_of(cfg: &TrainingConfig, layers: usize, mesh: &MeshLayout) -> Vec<StagePlan> {
+    let specs = cfg.stages.clone().unwrap_or_else(|| {
+        autopar_cost_models::pipeline::stages(layers, cfg.pp, cfg.virtual_stages, cfg.recompute)
+            .iter()
+            .map(|s| autopar_cost_models::StageSpec {
+                layers: s.layers,
+                recompute: s.recompute,
+            })
+            .collect()
+    });
+    let mut start = 0;
+    specs
+        .iter()
+        .enumerate()
+        .map(|(s, spec)| {
+            let range = [start, start + spec.layers];
+            start += spec.layers;
+            StagePlan {
+                index: s,
+                layers: range,
+                holds_pre: s == 0,
+                holds_post: s + 1 == cfg.pp,
+                recompute: spec.recompute,
+                ranks: mesh.ranks.iter().filter(|r| r.pp == s).map(|r| r.rank).collect(),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_follow_the_mesh_order() {
+        let cluster = Cluster::preset("dgx-a100-80g").unwrap().with_gpus(16).unwrap();
+        let cfg = TrainingConfig {
+            dp: 2,
+            tp: 4,
+            pp: 2,
+            global_batch: 8,
+            ..TrainingConfig::default()
+        };
+        let mesh = mesh_of(&cfg, &cluster);
+        assert_eq!(mesh.ranks.len(), 16);
+        // tp fastest, then dp, then pp.
+        let r5 = &mesh.ranks[5];
+        assert_eq!((r5.tp, r5.dp, r5.pp, r5.node, r5.gpu), (1, 1, 0, 0, 5));
+        let pipeline_inner = TrainingConfig {
+            mesh_order: MeshOrder::PipelineInner,
+            ..cfg
+        };
+        let mesh = mesh_of(&pipeline_inner, &cluster);
+        let r5 = &mesh.ranks[5];
+        assert_eq!((r5.tp, r5.pp, r5.dp), (1, 1, 0));
+        let stages = stages_of(&pipeline_inner, 6, &mesh);
+        assert_eq!(stages[0].layers, [0, 3]);
+        assert_eq!(stages[1].layers, [3, 6]);
+        assert_eq!(stages[1].ranks, vec![4, 5, 6, 7, 12, 13, 14, 15]);
+    }
+}
