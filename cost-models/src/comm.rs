@@ -8,7 +8,6 @@
 //! rank sends and receives at once at its link's per-direction bandwidth.
 
 use crate::Cluster;
-use serde::{Deserialize, Serialize};
 
 /// A collective (or point-to-point) operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -22,8 +21,7 @@ pub enum Collective {
 }
 
 /// How a collective is carried out.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
     /// Ring (bandwidth-optimal; all-to-all as pairwise exchange).
     Ring,

@@ -6,11 +6,12 @@
 //! skipped with a message where there is no GPU). CUDA computes in f32, so
 //! its copies compare in f32 with a GPU tolerance where the CPU ones use f64.
 
+use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
 use autopar_ir::Graph;
 use autopar_runtime::cpu::parallel::{TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
-use autopar_runtime::lower::{for_strategy, lower, Reduction, Strategy};
+use autopar_runtime::lower::{for_strategy, lower, Strategy};
 use autopar_runtime::train::{initialize, Optimizer, TokenSource};
 
 const SEQ: usize = 8;
@@ -187,7 +188,7 @@ fn data_parallel_ring() {
 fn data_parallel_parameter_server() {
     check_on(ON,
         with(Strategy::new(4, 1, LAYERS, 1, 2), |s| {
-            s.reduction = Reduction::ParameterServer
+            s.reduction = Algorithm::ParameterServer
         }),
         Precision::F64,
     );

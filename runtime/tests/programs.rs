@@ -14,7 +14,7 @@ use autopar_ir::Graph;
 use autopar_runtime::collective::Buffer;
 use autopar_runtime::cpu::parallel::{train, ExecError, Fault, TrainOptions, TrainReport};
 use autopar_runtime::cpu::Precision;
-use autopar_runtime::lower::{lower, training_graph, Instr, Program, Reduction, Strategy, TrainingGraph};
+use autopar_runtime::lower::{lower, training_graph, Instr, Program, Strategy, TrainingGraph};
 use autopar_runtime::trace::{Stream, TraceEvent};
 use autopar_runtime::train::{initialize, Optimizer, TokenSource};
 use std::collections::{HashMap, HashSet};
@@ -278,7 +278,7 @@ fn ring_all_reduce_sends_what_the_model_says() {
 fn parameter_server_sends_what_the_model_says() {
     for n in [2, 3] {
         let s = with(Strategy::new(n, 1, LAYERS, 1, 1), |s| {
-            s.reduction = Reduction::ParameterServer
+            s.reduction = Algorithm::ParameterServer
         });
         let (t, programs) = lowered(&s);
         let report = run_ok(&t, &programs);
@@ -445,7 +445,7 @@ fn programs_round_trip_through_json() {
         with(Strategy::new(2, 2, LAYERS, 1, 2), |s| s.zero = 1),
         with(Strategy::new(2, 1, LAYERS, 1, 2), |s| s.zero = 3),
         with(Strategy::new(2, 1, LAYERS, 1, 2), |s| {
-            s.reduction = Reduction::ParameterServer
+            s.reduction = Algorithm::ParameterServer
         }),
         with(Strategy::new(1, 2, LAYERS, 1, 4), |s| {
             s.schedule = Schedule::Interleaved;

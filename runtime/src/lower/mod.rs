@@ -15,7 +15,7 @@ pub mod strategy;
 pub mod tensor_parallel;
 pub mod training;
 
-pub use program::{Buf, Coord, Instr, ParamSlot, Program, Reduction, Shard};
+pub use program::{Buf, Coord, Instr, ParamSlot, Program, Shard};
 pub use strategy::{Strategy, StrategyError};
 pub use tensor_parallel::WeightSlice;
 pub use training::{for_strategy, training_graph, Feed, TrainingError, TrainingGraph};

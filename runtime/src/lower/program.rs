@@ -52,11 +52,6 @@ impl std::fmt::Display for Buf {
     }
 }
 
-/// How data-parallel gradients are summed: the cost model's collective
-/// algorithm (ring or parameter server), under the name lowering's
-/// `Strategy` reads it by.
-pub use autopar_cost_models::comm::Algorithm as Reduction;
-
 /// The part of a parameter a rank owns under ZeRO: part `index` of `parts`
 /// equal pieces of the flattened parameter (padded with zeros to a multiple
 /// of `parts`).

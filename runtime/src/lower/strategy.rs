@@ -2,7 +2,7 @@
 //! stage, micro-batching, stage splits and where each rank sits on the
 //! mesh. Tests build one directly; `autopar run` reads it from a plan file.
 
-use super::program::{Coord, Reduction};
+use super::program::Coord;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
 use autopar_planner::Plan;
@@ -23,7 +23,7 @@ pub struct Strategy {
     pub zero: u8,
     pub micro_batch: usize,
     pub micro_batches: usize,
-    pub reduction: Reduction,
+    pub reduction: Algorithm,
     /// Repeated layers per stage (over all of its chunks).
     pub stage_layers: Vec<usize>,
     pub recompute: Vec<Recompute>,
@@ -67,7 +67,7 @@ impl Strategy {
             zero: 0,
             micro_batch,
             micro_batches,
-            reduction: Reduction::Ring,
+            reduction: Algorithm::Ring,
             stage_layers,
             recompute: vec![Recompute::None; pp],
             ranks: (0..pp)
@@ -126,8 +126,7 @@ impl Strategy {
     pub fn from_plan(plan: &Plan) -> Result<Strategy, StrategyError> {
         let p = &plan.parallel;
         let reduction = match p.grad_reduce {
-            Algorithm::Ring => Reduction::Ring,
-            Algorithm::ParameterServer => Reduction::ParameterServer,
+            Algorithm::Ring | Algorithm::ParameterServer => p.grad_reduce,
             Algorithm::Tree => {
                 return Err(StrategyError::NotLowered(format!(
                     "gradient reduction '{}' (parallel.grad_reduce)",
@@ -247,7 +246,7 @@ impl Strategy {
                 format!("ZeRO stage {} does not exist", self.zero),
             ));
         }
-        if self.zero > 0 && self.reduction == Reduction::ParameterServer {
+        if self.zero > 0 && self.reduction == Algorithm::ParameterServer {
             return Err(field(
                 "parallel.zero",
                 "ZeRO shards gradients with reduce-scatter; it cannot use a parameter server",
@@ -326,14 +325,14 @@ mod tests {
         let s = Strategy::from_plan(&plan).unwrap();
         assert_eq!(
             (s.dp, s.schedule, s.reduction),
-            (8, Schedule::OneFOneB, Reduction::Ring)
+            (8, Schedule::OneFOneB, Algorithm::Ring)
         );
         assert_eq!(s.recompute, vec![Recompute::None]);
         plan.parallel.zero = 0;
         plan.parallel.grad_reduce = Algorithm::ParameterServer;
         assert_eq!(
             Strategy::from_plan(&plan).unwrap().reduction,
-            Reduction::ParameterServer
+            Algorithm::ParameterServer
         );
         plan.parallel.grad_reduce = Algorithm::Tree;
         let err = Strategy::from_plan(&plan).unwrap_err();
@@ -371,7 +370,7 @@ mod tests {
             .contains("context parallelism (cp = 2) together"));
         let mut s = Strategy::new(2, 1, 2, 1, 1);
         s.zero = 2;
-        s.reduction = Reduction::ParameterServer;
+        s.reduction = Algorithm::ParameterServer;
         assert!(s.check().unwrap_err().to_string().contains("parameter server"));
     }
 }
