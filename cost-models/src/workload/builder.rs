@@ -393,6 +393,36 @@ impl<'g> Builder<'g> {
         }
     }
 
+    /// The cross-entropy the runtime computes on vocabulary-split logits
+    /// (each graph output still split when the walk ends): forward, the
+    /// ranks' maxima are all-gathered and the sum of exponentials and the
+    /// target's logit all-reduced; backward, the log-sum-exp's gradient is
+    /// all-reduced. Each moves one value per token, so the logits are never
+    /// gathered.
+    pub(super) fn add_loss_comms(&mut self) {
+        let s = self.opts.sharding;
+        if s.tp == 1 {
+            return;
+        }
+        for &t in &self.graph.outputs {
+            let (Some(p), true) = (self.graph.producer(t), self.layouts[t.index()] == Layout::Split) else {
+                continue;
+            };
+            let Some(u) = self.unit_of(p) else { continue };
+            let vocab = self.dims[t.index()].last().copied().unwrap_or(1).max(1) as f64;
+            let per_token = self.full_bytes(t) / vocab / s.cp as f64;
+            let comms = [
+                (Some(Collective::AllGather), None, per_token * s.tp as f64),
+                (Some(Collective::AllReduce), None, per_token),
+                (Some(Collective::AllReduce), None, per_token),
+                (None, Some(Collective::AllReduce), per_token),
+            ];
+            for (fwd, bwd, bytes) in comms {
+                self.units[u].comms.push(tensor_comm(fwd, bwd, bytes));
+            }
+        }
+    }
+
     /// Bytes on one rank of what the second layer reads from the first.
     pub(super) fn boundary_bytes(&self) -> f64 {
         let graph = self.graph;

@@ -3,7 +3,8 @@
 //! representative layer, the part after), each op's kernels with their
 //! FLOPs and bytes on that rank, the activations it keeps for the backward
 //! pass, its parameter shards, and the collectives tensor, context and
-//! expert parallelism add.
+//! expert parallelism add (with tensor parallelism, those of the
+//! vocabulary-parallel cross-entropy on the split logits too).
 //!
 //! Tensor-parallel layouts follow [`layout`]; sequence parallelism splits
 //! the replicated activations along the sequence; context parallelism splits
@@ -177,6 +178,7 @@ impl Workload {
         for &idx in &l.order {
             b.visit(idx)?;
         }
+        b.add_loss_comms();
         let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;

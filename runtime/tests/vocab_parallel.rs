@@ -1,0 +1,277 @@
+//! Vocabulary-parallel ends, priced and lowered alike: the tensor-parallel
+//! bytes each rank sends in one step are what the cost model's workload
+//! says (the pin), the vocabulary-parallel cross-entropy sends fewer bytes
+//! than gathering the logits would, and a CPU run sends what the programs
+//! say. (That the losses and gradients equal one rank's is checked with the
+//! other strategies in `parallel.rs`.)
+
+use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
+use autopar_cost_models::workload::{Group, Unit};
+use autopar_cost_models::{AttentionKernel, Sharding, Workload, WorkloadOptions};
+use autopar_ir::{CommKind, Graph, Op};
+use autopar_runtime::cpu::parallel::TrainOptions;
+use autopar_runtime::cpu::Precision;
+use autopar_runtime::lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
+use autopar_runtime::train::{initialize, Optimizer, TokenSource};
+use std::collections::HashMap;
+
+const MICRO_BATCH: usize = 2;
+
+fn fixture(file: &str) -> Graph {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
+    let g = autopar_ir::onnx::load_model(std::path::Path::new(&path)).unwrap();
+    let (mut g, _) = autopar_ir::canonicalize(&g).unwrap();
+    g.blocks = autopar_ir::detect_blocks(&g).unwrap();
+    g
+}
+
+fn zoo_gpt() -> Graph {
+    let mut g = autopar_ir::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    initialize(&mut g, 7).unwrap();
+    g
+}
+
+/// The models of the pin: `(name, graph, sequence length)`. BERT's two
+/// heads do not split four ways, so it is pinned at tp 2 only.
+fn models() -> Vec<(&'static str, Graph, usize)> {
+    let mut m = vec![("zoo gpt", zoo_gpt(), 8)];
+    for file in [
+        "gpt2-tiny.ts.onnx",
+        "gpt2-tiny.dynamo.onnx",
+        "llama-tiny.ts.onnx",
+        "llama-tiny.dynamo.onnx",
+        "bert-tiny.ts.onnx",
+        "bert-tiny.dynamo.onnx",
+        "mixtral-tiny.dynamo.onnx",
+    ] {
+        m.push((file, fixture(file), 16));
+    }
+    m
+}
+
+fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
+    Strategy::new(1, 1, layers, MICRO_BATCH, 2).with_tp(tp, sp)
+}
+
+/// The collective a comm kind runs and the logical buffer it moves
+/// (`None`: it sends nothing).
+fn collective(kind: CommKind) -> Option<Collective> {
+    match kind {
+        CommKind::AllReduce => Some(Collective::AllReduce),
+        CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
+        CommKind::ReduceScatter => Some(Collective::ReduceScatter),
+        CommKind::Copy | CommKind::Slice => None,
+    }
+}
+
+/// Bytes rank 0 sends on its tensor-parallel group per micro-batch, by
+/// the node's name (the buffer convention of `autopar_cost_models::comm`:
+/// the whole tensor, the gathered output, the scattered input).
+fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap<String, f64> {
+    let g = &t.graph;
+    let nodes: HashMap<&str, _> = g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect();
+    let mut bytes = HashMap::new();
+    let mut micro_batches = std::collections::BTreeSet::new();
+    for instr in &program.instructions {
+        let Instr::Collective {
+            node,
+            kind,
+            micro_batch,
+            ..
+        } = instr
+        else {
+            continue;
+        };
+        micro_batches.insert(*micro_batch);
+        let Some(c) = collective(*kind) else { continue };
+        let n = g.node(nodes[node.as_str()]);
+        let buffer = match kind {
+            CommKind::ReduceScatter => n.inputs[0].unwrap(),
+            _ => n.outputs[0],
+        };
+        let ty = &g.tensor(buffer).ty;
+        let numel: usize = ty.shape.0.iter().map(|d| d.fixed().unwrap()).product();
+        let size = (numel * ty.dtype.size_bits() / 8) as f64;
+        *bytes.entry(node.clone()).or_insert(0.0) += bytes_sent(c, Algorithm::Ring, tp, size).unwrap()[0];
+    }
+    let micro_batches = micro_batches.len().max(1) as f64;
+    bytes.values_mut().for_each(|b| *b /= micro_batches);
+    bytes
+}
+
+/// Tensor-parallel bytes one rank sends per micro-batch, as the workload
+/// prices them: the part before the layers, every layer, the part after.
+fn priced_bytes(model: &Graph, seq: usize, tp: usize, sp: bool) -> f64 {
+    let opts = WorkloadOptions {
+        micro_batch: Some(MICRO_BATCH),
+        seq: Some(seq),
+        sharding: Sharding { tp, sp, cp: 1, ep: 1 },
+        attention: AttentionKernel::Fused,
+        dropout: false,
+    };
+    let w = Workload::build(model, &opts).unwrap();
+    let unit = |u: &Unit| -> f64 {
+        u.comms
+            .iter()
+            .filter(|c| c.group == Group::Tensor)
+            .flat_map(|c| {
+                [c.forward, c.backward]
+                    .into_iter()
+                    .flatten()
+                    .map(|k| (k, c.bytes))
+            })
+            .map(|(k, b)| bytes_sent(k, Algorithm::Ring, tp, b).unwrap()[0])
+            .sum()
+    };
+    unit(&w.pre) + w.layers as f64 * unit(&w.layer) + unit(&w.post)
+}
+
+fn lowered(model: &Graph, seq: usize, tp: usize, sp: bool) -> (TrainingGraph, Vec<Program>) {
+    let s = strategy(model.blocks.len(), tp, sp);
+    let t = for_strategy(model, &s, seq).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    (t, programs)
+}
+
+/// The cases where pricing and lowering agree today: `(model, tp, sp)`.
+/// Elsewhere the programs send more than the cost model prices (see the
+/// pin): under sequence parallelism the gradients of the weights read on
+/// sequence slices (norm scales, row-parallel biases) are all-reduced but
+/// not priced; the Llama and Mixtral exports and the dynamo GPT-2 and BERT
+/// exports lower some ops whole (gathers the pricing does not have).
+const AGREE: &[(&str, usize, bool)] = &[
+    ("zoo gpt", 2, false),
+    ("zoo gpt", 4, false),
+    ("gpt2-tiny.ts.onnx", 2, false),
+    ("gpt2-tiny.ts.onnx", 4, false),
+    ("bert-tiny.ts.onnx", 2, false),
+];
+
+/// The pin: for every fixture at tp 2 and 4, with and without sequence
+/// parallelism, what the lowered programs send on the tensor-parallel group
+/// is what the cost model prices where [`AGREE`] says so, and never less
+/// elsewhere (the known gaps are unpriced collectives).
+#[test]
+fn priced_tensor_parallel_bytes_are_what_the_programs_send() {
+    let (mut checked, mut wrong) = (0, Vec::new());
+    for (name, model, seq) in models() {
+        let heads_split_4 = !name.starts_with("bert");
+        for tp in [2, 4].into_iter().filter(|&tp| tp == 2 || heads_split_4) {
+            for sp in [false, true] {
+                let (t, programs) = lowered(&model, seq, tp, sp);
+                let sent: f64 = lowered_bytes(&t, &programs[0], tp).values().sum();
+                let priced = priced_bytes(&model, seq, tp, sp);
+                let agree = AGREE.contains(&(name, tp, sp));
+                let ok = if agree {
+                    (sent - priced).abs() <= 1e-9 * priced
+                } else {
+                    sent > priced
+                };
+                if !ok {
+                    wrong.push(format!(
+                        "{name} tp {tp} sp {sp}: programs send {sent} bytes per rank, the cost model prices {priced} (expected {})",
+                        if agree { "equal" } else { "more sent" }
+                    ));
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    assert_eq!(checked, 28);
+}
+
+/// The loss's collectives move one value per token (the maxima, the sum of
+/// exponentials, the target's logit, the log-sum-exp's gradient), far less
+/// than the `b·s·V·(tp−1)/tp` elements an all-gather of the logits sends.
+#[test]
+fn the_vocabulary_parallel_loss_sends_less_than_gathering_the_logits() {
+    for (name, model, seq) in models().into_iter().filter(|(n, ..)| !n.starts_with("bert")) {
+        for tp in [2, 4] {
+            let (t, programs) = lowered(&model, seq, tp, false);
+            let logits = t
+                .graph
+                .tensors()
+                .find(|(_, x)| x.name == "loss/log_softmax")
+                .map(|(id, _)| id);
+            let vocab = t.graph.tensor(logits.expect("the loss's log-softmax")).ty.shape.0[2]
+                .fixed()
+                .unwrap()
+                * tp;
+            let sent = lowered_bytes(&t, &programs[0], tp);
+            let loss_nodes: f64 = sent
+                .iter()
+                .filter(|(node, _)| is_loss_collective(&t, node))
+                .map(|(_, b)| b)
+                .sum();
+            let tokens = (MICRO_BATCH * seq) as f64;
+            let per_token = 4.0 * (tp - 1) as f64 / tp as f64;
+            // All-gather of the maxima ([b, s, tp]) plus three all-reduces of [b, s, 1].
+            assert_eq!(
+                loss_nodes,
+                tokens * per_token * (tp as f64 + 3.0 * 2.0),
+                "{name} tp {tp}"
+            );
+            let gather = tokens * vocab as f64 * per_token;
+            let total: f64 = sent.values().sum();
+            assert!(
+                total < total - loss_nodes + gather,
+                "{name} tp {tp}: {total} bytes per rank, {} with the logits gathered",
+                total - loss_nodes + gather
+            );
+            eprintln!(
+                "{name} tp {tp}: {total} bytes per rank per micro-batch; {} with the logits gathered",
+                total - loss_nodes + gather
+            );
+        }
+    }
+}
+
+/// A collective on a per-token tensor after the head (the loss's).
+fn is_loss_collective(t: &TrainingGraph, node: &str) -> bool {
+    let g = &t.graph;
+    let Some(i) = g.node_indices().find(|&i| g.node(i).name == node) else {
+        return false;
+    };
+    let n = g.node(i);
+    let Op::Comm { kind, .. } = n.op else {
+        return false;
+    };
+    let tensor = match kind {
+        CommKind::ReduceScatter => n.inputs[0].unwrap(),
+        _ => n.outputs[0],
+    };
+    let dims = &g.tensor(tensor).ty.shape.0;
+    let last = dims.last().and_then(|d| d.fixed()).unwrap_or(0);
+    let tp = t.tp;
+    dims.len() == 3 && (last == 1 || last == tp) && !matches!(kind, CommKind::ReduceScatter)
+}
+
+/// A CPU run sends what the programs say: counted bytes are not a model
+/// of the run but the run's own.
+#[test]
+fn a_cpu_run_sends_what_the_programs_count() {
+    let model = zoo_gpt();
+    for (tp, sp) in [(2, false), (4, true)] {
+        let (t, programs) = lowered(&model, 8, tp, sp);
+        let counted: f64 = lowered_bytes(&t, &programs[0], tp).values().sum();
+        let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
+        let report = autopar_runtime::cpu::parallel::train(
+            &t,
+            &programs,
+            &TokenSource::synthetic(64, 3),
+            &opts,
+            &|_| {},
+        )
+        .unwrap();
+        let micro_batches = 2.0;
+        for rank in &report.ranks {
+            assert_eq!(
+                rank.bytes_sent as f64,
+                counted * micro_batches,
+                "tp {tp} sp {sp} rank {}",
+                rank.rank
+            );
+        }
+    }
+}
