@@ -24,6 +24,8 @@ pub(super) struct Builder<'g> {
     column_inputs: HashSet<TensorId>,
     /// Storage already counted as saved for backward.
     saved: HashSet<TensorId>,
+    /// Whole weights read on sequence slices whose gradient all-reduce is counted.
+    sequence_params: HashSet<TensorId>,
     pub(super) units: [Unit; 3],
     pub(super) compute_dtype: Option<DType>,
     pub(super) fixed_batch: Option<usize>,
@@ -75,6 +77,7 @@ impl<'g> Builder<'g> {
             produced: vec![None; count],
             column_inputs: HashSet::new(),
             saved: HashSet::new(),
+            sequence_params: HashSet::new(),
             units: Default::default(),
             compute_dtype: None,
             fixed_batch,
@@ -257,6 +260,7 @@ impl<'g> Builder<'g> {
         self.units[u].ops.extend(priced);
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);
+        self.sequence_parallel_grads(idx, u, d);
         self.extra_comms(idx, u, d);
         Ok(())
     }
@@ -319,6 +323,39 @@ impl<'g> Builder<'g> {
                     expert,
                 };
                 self.units[u].params.entry(p.index()).or_insert(shard);
+            }
+        }
+    }
+
+    /// Under sequence parallelism an op outside the split regions runs on
+    /// the rank's slice of the sequence, so the gradient of each whole
+    /// weight it reads (norm scales and shifts, a row-parallel layer's bias
+    /// added after the reduce-scatter) is a share, all-reduced backward
+    /// over the tensor-parallel group (as Megatron-LM does for its
+    /// `sequence_parallel` parameters).
+    fn sequence_parallel_grads(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
+        let s = self.opts.sharding;
+        if !s.sp || s.tp == 1 {
+            return;
+        }
+        let node = self.graph.node(idx);
+        let slots: Vec<usize> = match (d.weight_sharded, d.output) {
+            (false, Layout::Replicated) => (0..node.inputs.len()).collect(),
+            (true, Layout::Partial) if matches!(node.op, Op::Linear) => vec![2],
+            _ => return,
+        };
+        let params: Vec<TensorId> = slots
+            .into_iter()
+            .filter_map(|slot| node.inputs.get(slot).copied().flatten())
+            .flat_map(|t| self.parameter_sources(t))
+            .filter(|p| self.graph.tensor(*p).ty.dtype.is_float())
+            .collect();
+        for p in params {
+            if self.sequence_params.insert(p) {
+                let bytes = self.full_bytes(p);
+                self.units[u]
+                    .comms
+                    .push(tensor_comm(None, Some(Collective::AllReduce), bytes));
             }
         }
     }

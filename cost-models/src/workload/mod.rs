@@ -393,13 +393,53 @@ mod tests {
     }
 
     #[test]
+    fn the_loss_on_split_logits_moves_one_value_per_token() {
+        use Collective::*;
+        let w = build(GPT, 2, false, 1);
+        // Two rows of 16 tokens, bf16 logits.
+        let per_token = 2.0 * 16.0 * 2.0;
+        let loss: Vec<_> = w
+            .post
+            .comms
+            .iter()
+            .filter(|c| c.bytes <= 2.0 * per_token)
+            .map(|c| (c.forward, c.backward, c.bytes))
+            .collect();
+        assert_eq!(
+            loss,
+            vec![
+                (Some(AllGather), None, 2.0 * per_token),
+                (Some(AllReduce), None, per_token),
+                (Some(AllReduce), None, per_token),
+                (None, Some(AllReduce), per_token),
+            ]
+        );
+        assert!(build(GPT, 1, false, 1)
+            .post
+            .comms
+            .iter()
+            .all(|c| c.bytes > 2.0 * per_token));
+    }
+
+    #[test]
     fn sequence_parallelism_swaps_all_reduces_for_gathers_and_scatters() {
         use Collective::*;
         let w = build(GPT, 2, true, 1);
         let mut layer = collectives(&w.layer, Group::Tensor);
         layer.sort_by_key(|c| format!("{c:?}"));
+        // The weights read on sequence slices (two norms' scales and
+        // shifts, two row-parallel biases) all-reduce their gradients.
+        let (weights, activations) = layer.split_at(6);
+        assert_eq!(weights, vec![(None, Some(AllReduce)); 6]);
+        let bias_bytes = 64.0 * 2.0;
+        assert!(w
+            .layer
+            .comms
+            .iter()
+            .filter(|c| c.forward.is_none())
+            .all(|c| c.bytes == bias_bytes));
         assert_eq!(
-            layer,
+            activations,
             vec![
                 (Some(AllGather), Some(ReduceScatter)),
                 (Some(AllGather), Some(ReduceScatter)),

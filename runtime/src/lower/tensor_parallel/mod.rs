@@ -383,6 +383,10 @@ impl Rewriter<'_> {
             Op::Split { axis, outputs, .. } if acts.len() == 1 => {
                 self.split(idx, ins, *axis, *outputs, first)
             }
+            Op::Slice if acts.len() == 1 => self.slice(idx, ins, first),
+            Op::Concat { axis } => self.concat(idx, ins, *axis),
+            Op::Unsqueeze { .. } if acts.len() == 1 => self.unsqueeze(idx, ins, first),
+            Op::Expand if acts.len() == 1 => self.expand(idx, ins, first),
             Op::Unary { .. } | Op::Gelu { .. } | Op::Silu | Op::Cast { .. } if acts.len() == 1 => {
                 self.emit(idx, n.op.clone(), ins, Some(first))?;
                 Ok(())
@@ -391,35 +395,54 @@ impl Rewriter<'_> {
                 self.broadcast_split(idx, ins, one_split.expect("checked"))
             }
             Op::LayerNorm { axis, .. } | Op::RmsNorm { axis, .. } if acts.len() == 1 => {
-                let rank = self.dims(ins[0].expect("norm input")).len();
-                match first {
-                    Layout::Split {
-                        axis: a,
-                        blocks: WHOLE,
-                    } if a < norm(*axis, rank) => {
-                        let mut ins = ins;
-                        for slot in ins.iter_mut().skip(1) {
-                            if let Some(w) = *slot {
-                                *slot = Some(self.copied_in(w)?);
-                            }
-                        }
-                        self.emit(idx, n.op.clone(), ins, Some(first))?;
-                        Ok(())
-                    }
-                    _ => self.whole(idx, ins),
-                }
+                self.row_norm(idx, ins, *axis, first)
             }
-            Op::Softmax { axis } | Op::LogSoftmax { axis } => {
-                let rank = self.dims(ins[0].expect("softmax input")).len();
-                match first {
-                    Layout::Split { axis: a, .. } if a != norm(*axis, rank) => {
-                        self.emit(idx, n.op.clone(), ins, Some(first))?;
-                        Ok(())
-                    }
-                    _ => self.whole(idx, ins),
-                }
-            }
-            _ => self.whole(idx, ins),
+            Op::Softmax { axis } | Op::LogSoftmax { axis } => self.softmax(idx, ins, *axis, first),
+            // Named one by one so a new op must choose its rule here.
+            Op::Linear
+            | Op::Reshape { .. }
+            | Op::Split { .. }
+            | Op::Slice
+            | Op::Unsqueeze { .. }
+            | Op::Expand
+            | Op::Unary { .. }
+            | Op::Gelu { .. }
+            | Op::Silu
+            | Op::Cast { .. }
+            | Op::Binary { .. }
+            | Op::Where
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Clip
+            | Op::MatMul
+            | Op::Gemm { .. }
+            | Op::RotaryEmbedding { .. }
+            | Op::MoeRouter { .. }
+            | Op::MoeExperts { .. }
+            | Op::AttentionGrad { .. }
+            | Op::MoeExpertsGrad { .. }
+            | Op::NormGrad { .. }
+            | Op::ActivationGrad { .. }
+            | Op::SoftmaxGrad { .. }
+            | Op::Comm { .. }
+            | Op::Reduce { .. }
+            | Op::ArgMax { .. }
+            | Op::TopK { .. }
+            | Op::CumSum { .. }
+            | Op::Squeeze { .. }
+            | Op::Flatten { .. }
+            | Op::Shape { .. }
+            | Op::Size
+            | Op::Trilu { .. }
+            | Op::Gather { .. }
+            | Op::GatherElements { .. }
+            | Op::GatherNd { .. }
+            | Op::Embedding
+            | Op::GatherGrad { .. }
+            | Op::GatherElementsGrad { .. }
+            | Op::GatherNdGrad { .. }
+            | Op::ConstantOfShape { .. }
+            | Op::Range => self.whole(idx, ins),
         }
     }
 

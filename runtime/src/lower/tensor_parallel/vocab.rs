@@ -75,8 +75,9 @@ impl Rewriter<'_> {
 
     /// `log_softmax(x)` along the split vocabulary: `x − (m + log Σ exp(x − m))`
     /// with `m` the floor of the global maximum (any shift near the maximum
-    /// keeps the exponentials finite; the floor has no gradient, so nothing
-    /// flows back through the ranks' maxima) and the sum all-reduced. The
+    /// keeps the exponentials finite; the floor has no gradient, so the
+    /// backward pass stops there instead of flowing through the ranks'
+    /// maxima) and the sum all-reduced. The
     /// log-sum-exp is copied into the split subtraction, so its gradient,
     /// a share on each rank, is all-reduced.
     fn log_softmax(
@@ -96,13 +97,10 @@ impl Rewriter<'_> {
             noop_with_empty_axes: false,
         };
         let local_max = self.helper("local_max", reduce(ReduceKind::Max), vec![Some(x)])?;
-        let floor = self.helper(
-            "max_floor",
-            Op::Unary { func: UnaryOp::Floor },
-            vec![Some(local_max)],
-        )?;
-        let maxima = self.comm(floor, CommKind::AllGather, a, Layout::Replicated)?;
-        let max = self.helper("max", reduce(ReduceKind::Max), vec![Some(maxima)])?;
+        let maxima = self.comm(local_max, CommKind::AllGather, a, Layout::Replicated)?;
+        let global = self.helper("global_max", reduce(ReduceKind::Max), vec![Some(maxima)])?;
+        let floor = Op::Unary { func: UnaryOp::Floor };
+        let max = self.helper("max_floor", floor, vec![Some(global)])?;
         let sub = Op::Binary { func: BinaryOp::Sub };
         let shifted = self.helper("shifted", sub.clone(), vec![Some(x), Some(max)])?;
         let exp = self.helper("exp", Op::Unary { func: UnaryOp::Exp }, vec![Some(shifted)])?;
