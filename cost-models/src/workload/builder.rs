@@ -26,6 +26,8 @@ pub(super) struct Builder<'g> {
     saved: HashSet<TensorId>,
     /// Whole weights read on sequence slices whose gradient all-reduce is counted.
     sequence_params: HashSet<TensorId>,
+    /// Bytes of those gradients in each unit.
+    sequence_grad_bytes: [f64; 3],
     pub(super) units: [Unit; 3],
     pub(super) compute_dtype: Option<DType>,
     pub(super) fixed_batch: Option<usize>,
@@ -78,6 +80,7 @@ impl<'g> Builder<'g> {
             column_inputs: HashSet::new(),
             saved: HashSet::new(),
             sequence_params: HashSet::new(),
+            sequence_grad_bytes: [0.0; 3],
             units: Default::default(),
             compute_dtype: None,
             fixed_batch,
@@ -352,9 +355,18 @@ impl<'g> Builder<'g> {
             .collect();
         for p in params {
             if self.sequence_params.insert(p) {
-                let bytes = self.full_bytes(p);
-                self.units[u]
-                    .comms
+                self.sequence_grad_bytes[u] += self.full_bytes(p);
+            }
+        }
+    }
+
+    /// One all-reduce per unit of the gradients [`Self::sequence_parallel_grads`]
+    /// found: the bytes the runtime's per-weight all-reduces send, with the
+    /// latency of one collective (Megatron-LM coalesces them into one buffer).
+    pub(super) fn add_sequence_parallel_grad_comms(&mut self) {
+        for (unit, &bytes) in self.units.iter_mut().zip(&self.sequence_grad_bytes) {
+            if bytes > 0.0 {
+                unit.comms
                     .push(tensor_comm(None, Some(Collective::AllReduce), bytes));
             }
         }

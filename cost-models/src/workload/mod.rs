@@ -179,6 +179,7 @@ impl Workload {
             b.visit(idx)?;
         }
         b.add_loss_comms();
+        b.add_sequence_parallel_grad_comms();
         let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;
@@ -428,16 +429,17 @@ mod tests {
         let mut layer = collectives(&w.layer, Group::Tensor);
         layer.sort_by_key(|c| format!("{c:?}"));
         // The weights read on sequence slices (two norms' scales and
-        // shifts, two row-parallel biases) all-reduce their gradients.
-        let (weights, activations) = layer.split_at(6);
-        assert_eq!(weights, vec![(None, Some(AllReduce)); 6]);
-        let bias_bytes = 64.0 * 2.0;
-        assert!(w
+        // shifts, two row-parallel biases) all-reduce their gradients at once.
+        let (weights, activations) = layer.split_at(1);
+        assert_eq!(weights, [(None, Some(AllReduce))]);
+        let grads: Vec<f64> = w
             .layer
             .comms
             .iter()
             .filter(|c| c.forward.is_none())
-            .all(|c| c.bytes == bias_bytes));
+            .map(|c| c.bytes)
+            .collect();
+        assert_eq!(grads, [6.0 * 64.0 * 2.0]);
         assert_eq!(
             activations,
             vec![

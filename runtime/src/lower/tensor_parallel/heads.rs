@@ -28,8 +28,7 @@ impl Rewriter<'_> {
         if let Some(Some(m)) = ins.get(3).copied() {
             ins[3] = Some(self.copied_in(m)?);
         }
-        self.emit(idx, self.src.node(idx).op.clone(), ins, Some(heads))?;
-        Ok(())
+        self.keep(idx, ins, heads)
     }
 
     /// A reshape carries a split dim to the output dim at the same offset.
@@ -50,13 +49,7 @@ impl Rewriter<'_> {
         let Some(j) = reshape_axis(&in_dims, axis, &out_dims, self.parts) else {
             return self.whole(idx, ins);
         };
-        let mut local: Vec<i64> = out_dims.iter().map(|&d| d as i64).collect();
-        local[j] /= self.parts as i64;
-        self.count += 1;
-        let c = self.g.add_constant(
-            format!("tp/shape{}", self.count),
-            Value::i64(vec![local.len()], local).expect("1-D shape"),
-        );
+        let c = self.local_shape(&out_dims, j);
         let split = Layout::Split {
             axis: j,
             blocks: WHOLE,
@@ -82,9 +75,7 @@ impl Rewriter<'_> {
                 let rank = self.dims(ins[0].expect("transpose input")).len();
                 let perm: Vec<usize> = perm.map_or_else(|| (0..rank).rev().collect(), <[usize]>::to_vec);
                 let to = perm.iter().position(|&p| p == axis).unwrap_or(axis);
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(Layout::Split { axis: to, blocks }))?;
-                Ok(())
+                self.keep(idx, ins, Layout::Split { axis: to, blocks })
             }
             Layout::Replicated | Layout::Partial => self.whole(idx, ins),
         }
@@ -104,9 +95,7 @@ impl Rewriter<'_> {
         let along = norm(axis, rank);
         match first {
             Layout::Split { axis: a, blocks } if a != along => {
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(Layout::Split { axis: a, blocks }))?;
-                Ok(())
+                self.keep(idx, ins, Layout::Split { axis: a, blocks })
             }
             Layout::Split { axis: a, blocks } if blocks == outputs && self.equal_split(idx) => {
                 let op = Op::Split {
@@ -154,11 +143,7 @@ impl Rewriter<'_> {
         };
         let data_only = ins.iter().skip(1).flatten().all(|&t| self.layout(t).is_none());
         match axes {
-            Some(axes) if data_only && !axes.contains(&a) => {
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(first))?;
-                Ok(())
-            }
+            Some(axes) if data_only && !axes.contains(&a) => self.keep(idx, ins, first),
             _ => self.whole(idx, ins),
         }
     }
@@ -179,9 +164,7 @@ impl Rewriter<'_> {
                     blocks: WHOLE,
                 },
             ) if a != norm(axis, rank) && layouts.iter().all(|&l| l == Some(split)) => {
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(split))?;
-                Ok(())
+                self.keep(idx, ins, split)
             }
             _ => self.whole(idx, ins),
         }
@@ -205,13 +188,11 @@ impl Rewriter<'_> {
         let Some(j) = to else {
             return self.whole(idx, ins);
         };
-        let op = n.op.clone();
         let split = Layout::Split {
             axis: j,
             blocks: WHOLE,
         };
-        self.emit(idx, op, ins, Some(split))?;
-        Ok(())
+        self.keep(idx, ins, split)
     }
 
     /// Broadcasting other dims leaves a split dim split: the target shape
@@ -237,13 +218,7 @@ impl Rewriter<'_> {
         if out_dims[j] != in_dims[axis] || !shape_is_data {
             return self.whole(idx, ins);
         }
-        let mut local: Vec<i64> = out_dims.iter().map(|&d| d as i64).collect();
-        local[j] /= self.parts as i64;
-        self.count += 1;
-        let c = self.g.add_constant(
-            format!("tp/shape{}", self.count),
-            Value::i64(vec![local.len()], local).expect("1-D shape"),
-        );
+        let c = self.local_shape(&out_dims, j);
         let split = Layout::Split {
             axis: j,
             blocks: WHOLE,
@@ -273,9 +248,7 @@ impl Rewriter<'_> {
                         *slot = Some(self.copied_in(w)?);
                     }
                 }
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(first))?;
-                Ok(())
+                self.keep(idx, ins, first)
             }
             Layout::Split { .. } | Layout::Replicated | Layout::Partial => self.whole(idx, ins),
         }
@@ -291,12 +264,26 @@ impl Rewriter<'_> {
     ) -> Result<(), TpError> {
         let rank = self.dims(ins[0].expect("softmax input")).len();
         match first {
-            Layout::Split { axis: a, .. } if a != norm(axis, rank) => {
-                let op = self.src.node(idx).op.clone();
-                self.emit(idx, op, ins, Some(first))?;
-                Ok(())
-            }
+            Layout::Split { axis: a, .. } if a != norm(axis, rank) => self.keep(idx, ins, first),
             Layout::Split { .. } | Layout::Replicated | Layout::Partial => self.whole(idx, ins),
         }
+    }
+
+    /// Runs the node as it is, its outputs laid out as `layout`.
+    fn keep(&mut self, idx: NodeIndex, ins: Vec<Option<TensorId>>, layout: Layout) -> Result<(), TpError> {
+        let op = self.src.node(idx).op.clone();
+        self.emit(idx, op, ins, Some(layout))?;
+        Ok(())
+    }
+
+    /// A shape constant: `dims` with dim `j` cut to the rank's part.
+    fn local_shape(&mut self, dims: &[usize], j: usize) -> TensorId {
+        let mut local: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        local[j] /= self.parts as i64;
+        self.count += 1;
+        self.g.add_constant(
+            format!("tp/shape{}", self.count),
+            Value::i64(vec![local.len()], local).expect("1-D shape"),
+        )
     }
 }
