@@ -144,10 +144,11 @@ fn lowered(model: &Graph, seq: usize, tp: usize, sp: bool) -> (TrainingGraph, Ve
 /// Where the programs and the pricing still differ, and why: `(model
 /// prefix, tp, sp, reason)`. Everything else must agree exactly.
 const GAPS: &[(&str, usize, bool, &str)] = &[
-    // The dynamo exports keep the attention mask's constants (`zeros`,
-    // `val_46`, ...) as float initializers the importer makes parameters:
-    // the lowering all-reduces the mask's gradient, the pricing has no
-    // gradient for a mask.
+    // The dynamo exports keep the attention mask's constants as float
+    // initializers the importer makes parameters (GPT-2's `zeros` and
+    // `val_46`; the Llama and BERT gaps are of the same kind by size, not
+    // traced node by node): the lowering all-reduces the mask's gradient,
+    // the pricing has no gradient for a mask.
     ("gpt2-tiny.dynamo", 2, false, "mask gradient"),
     ("gpt2-tiny.dynamo", 2, true, "mask gradient"),
     ("gpt2-tiny.dynamo", 4, false, "mask gradient"),
@@ -156,13 +157,18 @@ const GAPS: &[(&str, usize, bool, &str)] = &[
     ("llama-tiny.dynamo", 2, true, "mask gradient"),
     ("bert-tiny.dynamo", 2, false, "mask gradient"),
     ("bert-tiny.dynamo", 2, true, "mask gradient"),
-    // Ops the TP rewrite runs whole on sequence slices under SP (gathers
-    // the pricing keeps split).
+    // Under SP, position (and BERT's token-type) embeddings looked up from
+    // constant ids are added to the token embedding's pending sum: the
+    // pricing keeps the sum pending (an added weight does not reduce it) and
+    // prices no exchange for their gradient; the lowering reduce-scatters
+    // the sum first and slices the position rows per rank, whose gradient
+    // ([1, s, h]) is all-gathered. BERT's output (its last hidden state, no
+    // vocabulary head) is also gathered for the loss, unpriced.
     ("gpt2-tiny.ts", 2, true, "sequence-parallel gathers"),
     ("gpt2-tiny.ts", 4, true, "sequence-parallel gathers"),
     ("bert-tiny.ts", 2, true, "sequence-parallel gathers"),
-    // The TP rewrite runs MoE experts whole; the pricing splits each
-    // expert column- then row-parallel.
+    // The TP rewrite runs MoE experts whole (sending less); the pricing
+    // splits each expert column- then row-parallel.
     ("mixtral-tiny", 2, false, "experts whole"),
     ("mixtral-tiny", 2, true, "experts whole"),
 ];
