@@ -255,6 +255,7 @@ fn tensor_parallel() {
 
 fn tensor_and_sequence_parallel() {
     check_on(ON, Strategy::new(1, 1, LAYERS, 2, 2).with_tp(2, true), Precision::F64);
+    check_on(ON, Strategy::new(1, 1, LAYERS, 2, 1).with_tp(4, true), Precision::F64);
 }
 
 fn hybrid_dp2_tp2_pp2_on_8_ranks() {
@@ -301,8 +302,15 @@ fn expert_parallel() {
 }
 
 fn the_bundled_onnx_models_train_in_parallel() {
-    // GPT-2 (tied embeddings across pipeline stages) and Llama (rotary) as exported by PyTorch.
-    for file in ["gpt2-tiny.ts.onnx", "llama-tiny.dynamo.onnx"] {
+    // GPT-2 (tied embeddings across pipeline stages) and Llama (rotary) as
+    // exported by PyTorch, with the largest tensor-parallel degree their
+    // (key/value) heads allow.
+    for (file, max_tp) in [
+        ("gpt2-tiny.ts.onnx", 4),
+        ("gpt2-tiny.dynamo.onnx", 4),
+        ("llama-tiny.ts.onnx", 2),
+        ("llama-tiny.dynamo.onnx", 2),
+    ] {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
         let mut g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
         let (canonical, _) = autopar_rewrite::canonicalize(&g).unwrap();
@@ -317,11 +325,13 @@ fn the_bundled_onnx_models_train_in_parallel() {
             train(ON, &t, &programs, &TokenSource::synthetic(1000, 3), &opts)
         };
         let single = run(&Strategy::new(1, 1, layers, 2, 2));
-        for s in [
-            Strategy::new(1, 2, layers, 2, 2),
-            Strategy::new(1, 1, layers, 2, 2).with_tp(2, false),
-            Strategy::new(1, 1, layers, 2, 2).with_tp(2, true),
-        ] {
+        let mut strategies = vec![Strategy::new(1, 2, layers, 2, 2)];
+        for tp in [2, 4].into_iter().filter(|&tp| tp <= max_tp) {
+            for sp in [false, true] {
+                strategies.push(Strategy::new(1, 1, layers, 2, 2).with_tp(tp, sp));
+            }
+        }
+        for s in strategies {
             eprintln!("{file}: pp {} tp {} sp {}", s.pp, s.tp, s.sp);
             assert_same_step(&single, &run(&s), tol(ON, Precision::F64));
         }

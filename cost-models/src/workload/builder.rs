@@ -24,6 +24,10 @@ pub(super) struct Builder<'g> {
     column_inputs: HashSet<TensorId>,
     /// Storage already counted as saved for backward.
     saved: HashSet<TensorId>,
+    /// Whole weights read on sequence slices whose gradient all-reduce is counted.
+    sequence_params: HashSet<TensorId>,
+    /// Bytes of those gradients in each unit.
+    sequence_grad_bytes: [f64; 3],
     pub(super) units: [Unit; 3],
     pub(super) compute_dtype: Option<DType>,
     pub(super) fixed_batch: Option<usize>,
@@ -75,6 +79,8 @@ impl<'g> Builder<'g> {
             produced: vec![None; count],
             column_inputs: HashSet::new(),
             saved: HashSet::new(),
+            sequence_params: HashSet::new(),
+            sequence_grad_bytes: [0.0; 3],
             units: Default::default(),
             compute_dtype: None,
             fixed_batch,
@@ -257,6 +263,7 @@ impl<'g> Builder<'g> {
         self.units[u].ops.extend(priced);
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);
+        self.sequence_parallel_grads(idx, u, d);
         self.extra_comms(idx, u, d);
         Ok(())
     }
@@ -319,6 +326,48 @@ impl<'g> Builder<'g> {
                     expert,
                 };
                 self.units[u].params.entry(p.index()).or_insert(shard);
+            }
+        }
+    }
+
+    /// Under sequence parallelism an op outside the split regions runs on
+    /// the rank's slice of the sequence, so the gradient of each whole
+    /// weight it reads (norm scales and shifts, a row-parallel layer's bias
+    /// added after the reduce-scatter) is a share, all-reduced backward
+    /// over the tensor-parallel group (as Megatron-LM does for its
+    /// `sequence_parallel` parameters).
+    fn sequence_parallel_grads(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) {
+        let s = self.opts.sharding;
+        if !s.sp || s.tp == 1 {
+            return;
+        }
+        let node = self.graph.node(idx);
+        let slots: Vec<usize> = match (d.weight_sharded, d.output) {
+            (false, Layout::Replicated) => (0..node.inputs.len()).collect(),
+            (true, Layout::Partial) if matches!(node.op, Op::Linear) => vec![2],
+            _ => return,
+        };
+        let params: Vec<TensorId> = slots
+            .into_iter()
+            .filter_map(|slot| node.inputs.get(slot).copied().flatten())
+            .flat_map(|t| self.parameter_sources(t))
+            .filter(|p| self.graph.tensor(*p).ty.dtype.is_float())
+            .collect();
+        for p in params {
+            if self.sequence_params.insert(p) {
+                self.sequence_grad_bytes[u] += self.full_bytes(p);
+            }
+        }
+    }
+
+    /// One all-reduce per unit of the gradients [`Self::sequence_parallel_grads`]
+    /// found: the bytes the runtime's per-weight all-reduces send, with the
+    /// latency of one collective (Megatron-LM coalesces them into one buffer).
+    pub(super) fn add_sequence_parallel_grad_comms(&mut self) {
+        for (unit, &bytes) in self.units.iter_mut().zip(&self.sequence_grad_bytes) {
+            if bytes > 0.0 {
+                unit.comms
+                    .push(tensor_comm(None, Some(Collective::AllReduce), bytes));
             }
         }
     }
@@ -390,6 +439,36 @@ impl<'g> Builder<'g> {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// The cross-entropy the runtime computes on vocabulary-split logits
+    /// (each graph output still split when the walk ends): forward, the
+    /// ranks' maxima are all-gathered and the sum of exponentials and the
+    /// target's logit all-reduced; backward, the log-sum-exp's gradient is
+    /// all-reduced. Each moves one value per token, so the logits are never
+    /// gathered.
+    pub(super) fn add_loss_comms(&mut self) {
+        let s = self.opts.sharding;
+        if s.tp == 1 {
+            return;
+        }
+        for &t in &self.graph.outputs {
+            let (Some(p), true) = (self.graph.producer(t), self.layouts[t.index()] == Layout::Split) else {
+                continue;
+            };
+            let Some(u) = self.unit_of(p) else { continue };
+            let vocab = self.dims[t.index()].last().copied().unwrap_or(1).max(1) as f64;
+            let per_token = self.full_bytes(t) / vocab / s.cp as f64;
+            let comms = [
+                (Some(Collective::AllGather), None, per_token * s.tp as f64),
+                (Some(Collective::AllReduce), None, per_token),
+                (Some(Collective::AllReduce), None, per_token),
+                (None, Some(Collective::AllReduce), per_token),
+            ];
+            for (fwd, bwd, bytes) in comms {
+                self.units[u].comms.push(tensor_comm(fwd, bwd, bytes));
+            }
         }
     }
 

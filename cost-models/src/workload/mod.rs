@@ -3,7 +3,8 @@
 //! representative layer, the part after), each op's kernels with their
 //! FLOPs and bytes on that rank, the activations it keeps for the backward
 //! pass, its parameter shards, and the collectives tensor, context and
-//! expert parallelism add.
+//! expert parallelism add (with tensor parallelism, those of the
+//! vocabulary-parallel cross-entropy on the split logits too).
 //!
 //! Tensor-parallel layouts follow [`layout`]; sequence parallelism splits
 //! the replicated activations along the sequence; context parallelism splits
@@ -177,6 +178,8 @@ impl Workload {
         for &idx in &l.order {
             b.visit(idx)?;
         }
+        b.add_loss_comms();
+        b.add_sequence_parallel_grad_comms();
         let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;
@@ -391,13 +394,54 @@ mod tests {
     }
 
     #[test]
+    fn the_loss_on_split_logits_moves_one_value_per_token() {
+        use Collective::*;
+        let w = build(GPT, 2, false, 1);
+        // Two rows of 16 tokens, bf16 logits.
+        let per_token = 2.0 * 16.0 * 2.0;
+        let loss: Vec<_> = w
+            .post
+            .comms
+            .iter()
+            .filter(|c| c.bytes <= 2.0 * per_token)
+            .map(|c| (c.forward, c.backward, c.bytes))
+            .collect();
+        assert_eq!(
+            loss,
+            vec![
+                (Some(AllGather), None, 2.0 * per_token),
+                (Some(AllReduce), None, per_token),
+                (Some(AllReduce), None, per_token),
+                (None, Some(AllReduce), per_token),
+            ]
+        );
+        assert!(build(GPT, 1, false, 1)
+            .post
+            .comms
+            .iter()
+            .all(|c| c.bytes > 2.0 * per_token));
+    }
+
+    #[test]
     fn sequence_parallelism_swaps_all_reduces_for_gathers_and_scatters() {
         use Collective::*;
         let w = build(GPT, 2, true, 1);
         let mut layer = collectives(&w.layer, Group::Tensor);
         layer.sort_by_key(|c| format!("{c:?}"));
+        // The weights read on sequence slices (two norms' scales and
+        // shifts, two row-parallel biases) all-reduce their gradients at once.
+        let (weights, activations) = layer.split_at(1);
+        assert_eq!(weights, [(None, Some(AllReduce))]);
+        let grads: Vec<f64> = w
+            .layer
+            .comms
+            .iter()
+            .filter(|c| c.forward.is_none())
+            .map(|c| c.bytes)
+            .collect();
+        assert_eq!(grads, [6.0 * 64.0 * 2.0]);
         assert_eq!(
-            layer,
+            activations,
             vec![
                 (Some(AllGather), Some(ReduceScatter)),
                 (Some(AllGather), Some(ReduceScatter)),

@@ -1,5 +1,8 @@
 //! The training graph of one micro-batch: the model's forward pass, a token
-//! cross-entropy loss on its logits, and the backward pass (autodiff). Every
+//! cross-entropy loss on its logits, and the backward pass (autodiff). The
+//! loss is added before tensor parallelism splits the graph, so a
+//! vocabulary-split head feeds a vocabulary-parallel cross-entropy instead
+//! of gathering its logits. Every
 //! rank of every plan runs pieces of this one graph, which is why a parallel
 //! run can be compared with a single-device run node for node.
 
@@ -84,6 +87,12 @@ pub enum TrainingError {
     Autodiff(#[from] AutodiffError),
     #[error("tensor parallelism: {0}")]
     TensorParallel(#[from] TpError),
+    #[error("tensor parallelism stores the tied weights '{original}' and '{copy}' differently ({detail})")]
+    TiedSlices {
+        original: String,
+        copy: String,
+        detail: String,
+    },
 }
 
 /// The training graph one rank of strategy `s` runs: split for its
@@ -122,23 +131,7 @@ fn build(
     let mut g = model.clone();
     g.bindings.insert("batch".into(), micro_batch);
     g.bindings.insert("seq".into(), seq);
-    let mut slices = BTreeMap::new();
-    if tp > 1 {
-        let split = shard(&g, tp, sp)?;
-        g = split.graph;
-        slices = split.slices;
-    }
-    let mut expert_slices = BTreeMap::new();
-    if ep > 1 {
-        bind(&mut g)?;
-        expert_slices = shard_experts(&mut g, ep)?;
-    }
     let tied = tie_copies(&mut g);
-    for (original, copy) in &tied {
-        if let Some(&slice) = slices.get(original) {
-            slices.insert(copy.clone(), slice);
-        }
-    }
     let mut feeds = classify_inputs(&g)?;
     let tokens = feeds
         .iter()
@@ -155,6 +148,20 @@ fn build(
     let loss = add_loss(&mut g, logits, targets, global_tokens)?;
     let loss_name = g.tensor(loss).name.clone();
     g.outputs = vec![loss];
+    // The loss is split with the model: a column-parallel head's logits
+    // stay split along the vocabulary and the cross-entropy runs on them.
+    let mut slices = BTreeMap::new();
+    if tp > 1 {
+        let split = shard(&g, tp, sp)?;
+        g = split.graph;
+        slices = split.slices;
+        check_tied_slices(&tied, &slices)?;
+    }
+    let mut expert_slices = BTreeMap::new();
+    if ep > 1 {
+        bind(&mut g)?;
+        expert_slices = shard_experts(&mut g, ep)?;
+    }
     if cp > 1 {
         let per_token: Vec<String> = feeds
             .iter()
@@ -189,6 +196,25 @@ fn build(
         slices,
         tied,
     })
+}
+
+/// Both copies of a tied weight must be stored alike, or the summed
+/// gradient of their slices would add different rows.
+fn check_tied_slices(
+    tied: &[(String, String)],
+    slices: &BTreeMap<String, WeightSlice>,
+) -> Result<(), TrainingError> {
+    for (original, copy) in tied {
+        let (a, b) = (slices.get(original), slices.get(copy));
+        if a != b {
+            return Err(TrainingError::TiedSlices {
+                original: original.clone(),
+                copy: copy.clone(),
+                detail: format!("{a:?} vs {b:?}"),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Parameters read both before the first layer and after the last (tied
