@@ -7,9 +7,10 @@ use common::{assert_error, autopar, binary, scratch, scratch_file, FIXTURES};
 use std::path::Path;
 
 /// Asserts that `inspect path` is a clean failure: exit 2, one `error:` line
-/// naming `needle`.
-fn assert_clean_error(path: &Path, needle: &str) {
-    assert_error(&["inspect", path.to_str().unwrap()], 2, &[needle]);
+/// naming the file and saying `why`.
+fn assert_clean_error(path: &Path, why: &str) {
+    let file = path.file_name().unwrap().to_str().unwrap();
+    assert_error(&["inspect", path.to_str().unwrap()], 2, &[file, why]);
 }
 
 fn gpt2_tiny() -> Vec<u8> {
@@ -20,13 +21,13 @@ fn gpt2_tiny() -> Vec<u8> {
 fn truncated_onnx_file() {
     let bytes = gpt2_tiny();
     let p = scratch_file("truncated.onnx", &bytes[..bytes.len() / 3]);
-    assert_clean_error(&p, "truncated.onnx");
+    assert_clean_error(&p, "not an ONNX file: protobuf decoding failed");
 }
 
 #[test]
 fn wrong_magic_and_random_bytes() {
     let p = scratch_file("png.onnx", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
-    assert_clean_error(&p, "png.onnx");
+    assert_clean_error(&p, "not an ONNX file: protobuf decoding failed");
     let mut x: u64 = 0x9e3779b97f4a7c15;
     let random: Vec<u8> = (0..4096)
         .map(|_| {
@@ -37,7 +38,7 @@ fn wrong_magic_and_random_bytes() {
         })
         .collect();
     let p = scratch_file("random.onnx", &random);
-    assert_clean_error(&p, "random.onnx");
+    assert_clean_error(&p, "not an ONNX file");
 }
 
 /// A small valid JSON graph to corrupt.
@@ -63,26 +64,34 @@ fn valid_json_graph_inspects() {
 
 #[test]
 fn json_dangling_edge_unknown_op_and_shape_mismatch() {
-    let mut g = json_graph();
-    g["nodes"][0]["inputs"][0] = serde_json::json!(7);
-    assert_clean_error(
-        &scratch_file("dangling.json", g.to_string().as_bytes()),
-        "node 'act'",
-    );
-
-    let mut g = json_graph();
-    g["nodes"][0]["op"] = serde_json::json!({"op": "Frobnicate"});
-    assert_clean_error(
-        &scratch_file("unknown.json", g.to_string().as_bytes()),
-        "Frobnicate",
-    );
-
-    let mut g = json_graph();
-    g["tensors"][1]["shape"] = serde_json::json!([3, 2]);
-    assert_clean_error(
-        &scratch_file("mismatch.json", g.to_string().as_bytes()),
-        "node 'act'",
-    );
+    use serde_json::json;
+    // (file, field to corrupt, its new value, what the error must say)
+    let cases = [
+        (
+            "dangling.json",
+            "/nodes/0/inputs/0",
+            json!(7),
+            "node 'act': an input refers to tensor #7, which does not exist",
+        ),
+        (
+            "unknown.json",
+            "/nodes/0/op",
+            json!({"op": "Frobnicate"}),
+            "node 'act': bad op: unknown variant `Frobnicate`",
+        ),
+        (
+            "mismatch.json",
+            "/tensors/1/shape",
+            json!([3, 2]),
+            "node 'act': output 0 ('y') is recorded as f32[3, 2] but the op gives f32[2, 3]",
+        ),
+    ];
+    for (file, field, value, needle) in cases {
+        let mut g = json_graph();
+        *g.pointer_mut(field).unwrap() = value;
+        let p = scratch_file(file, g.to_string().as_bytes());
+        assert_error(&["inspect", p.to_str().unwrap()], 2, &[file, needle]);
+    }
 }
 
 #[test]
@@ -91,7 +100,7 @@ fn onnx_with_unknown_ops_lists_them_all() {
     let bytes = gpt2_tiny();
     let text = unsafe_replace(&bytes, b"Softmax", b"Sofmaxx");
     let p = scratch_file("unknown_op.onnx", &text);
-    assert_clean_error(&p, "Sofmaxx");
+    assert_clean_error(&p, "unsupported ONNX ops: Sofmaxx (node '");
 }
 
 fn unsafe_replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {

@@ -184,7 +184,7 @@ fn a_truncated_plan_is_named() {
     std::fs::write(&broken, &text[..text.len() / 3]).unwrap();
     assert_run_fails(
         &[broken.to_str().unwrap(), "--ranks", "2", "--steps", "1"],
-        &["broken-plan.json"],
+        &["broken-plan.json", "not a plan file"],
     );
 }
 
@@ -219,7 +219,7 @@ fn a_missing_data_file_is_named() {
         &[
             ZOO, "--plan", "auto", "--ranks", "2", "--steps", "1", "--data", missing,
         ],
-        &[missing],
+        &["cannot read token file", missing],
     );
 }
 

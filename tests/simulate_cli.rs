@@ -48,5 +48,9 @@ fn a_plan_simulates_with_the_documented_keys_and_a_trace() {
 
 #[test]
 fn a_missing_plan_is_one_clear_error() {
-    assert_error(&["simulate", "no-such-plan.json"], 2, &["no-such-plan.json"]);
+    assert_error(
+        &["simulate", "no-such-plan.json"],
+        2,
+        &["no-such-plan.json: cannot read"],
+    );
 }
