@@ -77,7 +77,8 @@ fi
 BIN=target/release/autopar
 
 echo "== CUDA tests" | tee -a "$LOG"
-export AUTOPAR_REQUIRE_NVRTC=1
+# On this machine a missing compiler or GPU is a failure, never a skip.
+export AUTOPAR_REQUIRE_NVRTC=1 AUTOPAR_REQUIRE_GPU=1
 if cargo test --release -p autopar-runtime --features cuda --lib cuda >>"$LOG" 2>&1 &&
    cargo test --release -p autopar-runtime --features cuda --test cuda_kernels --test parallel -- cuda >>"$LOG" 2>&1; then
   record tests ok "kernel numerics, compilation and the parallel-strategy suite on CUDA"

@@ -1,40 +1,16 @@
 //! Bad input through the real binary: one clear `error:` line, non-zero exit,
 //! no panic, no partial output file.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod common;
 
-const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
+use common::{assert_error, autopar, binary, scratch, scratch_file, FIXTURES};
+use std::path::Path;
 
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch(name: &str, bytes: &[u8]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("autopar-cli-errors-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
-    std::fs::write(&p, bytes).unwrap();
-    p
-}
-
-/// Asserts a clean failure: exit 2, one `error:` line naming `needle`.
-fn assert_clean_error(path: &Path, needle: &str) {
-    let (code, _, err) = autopar(&["inspect", path.to_str().unwrap()]);
-    assert_eq!(code, 2, "{err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line expected:\n{err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+/// Asserts that `inspect path` is a clean failure: exit 2, one `error:` line
+/// naming the file and saying `why`.
+fn assert_clean_error(path: &Path, why: &str) {
+    let file = path.file_name().unwrap().to_str().unwrap();
+    assert_error(&["inspect", path.to_str().unwrap()], 2, &[file, why]);
 }
 
 fn gpt2_tiny() -> Vec<u8> {
@@ -44,14 +20,14 @@ fn gpt2_tiny() -> Vec<u8> {
 #[test]
 fn truncated_onnx_file() {
     let bytes = gpt2_tiny();
-    let p = scratch("truncated.onnx", &bytes[..bytes.len() / 3]);
-    assert_clean_error(&p, "truncated.onnx");
+    let p = scratch_file("truncated.onnx", &bytes[..bytes.len() / 3]);
+    assert_clean_error(&p, "not an ONNX file: protobuf decoding failed");
 }
 
 #[test]
 fn wrong_magic_and_random_bytes() {
-    let p = scratch("png.onnx", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
-    assert_clean_error(&p, "png.onnx");
+    let p = scratch_file("png.onnx", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR");
+    assert_clean_error(&p, "not an ONNX file: protobuf decoding failed");
     let mut x: u64 = 0x9e3779b97f4a7c15;
     let random: Vec<u8> = (0..4096)
         .map(|_| {
@@ -61,8 +37,8 @@ fn wrong_magic_and_random_bytes() {
             x as u8
         })
         .collect();
-    let p = scratch("random.onnx", &random);
-    assert_clean_error(&p, "random.onnx");
+    let p = scratch_file("random.onnx", &random);
+    assert_clean_error(&p, "not an ONNX file");
 }
 
 /// A small valid JSON graph to corrupt.
@@ -80,7 +56,7 @@ fn json_graph() -> serde_json::Value {
 
 #[test]
 fn valid_json_graph_inspects() {
-    let p = scratch("ok.json", json_graph().to_string().as_bytes());
+    let p = scratch_file("ok.json", json_graph().to_string().as_bytes());
     let (code, out, err) = autopar(&["inspect", p.to_str().unwrap(), "--json"]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("\"parameters\""));
@@ -88,17 +64,34 @@ fn valid_json_graph_inspects() {
 
 #[test]
 fn json_dangling_edge_unknown_op_and_shape_mismatch() {
-    let mut g = json_graph();
-    g["nodes"][0]["inputs"][0] = serde_json::json!(7);
-    assert_clean_error(&scratch("dangling.json", g.to_string().as_bytes()), "node 'act'");
-
-    let mut g = json_graph();
-    g["nodes"][0]["op"] = serde_json::json!({"op": "Frobnicate"});
-    assert_clean_error(&scratch("unknown.json", g.to_string().as_bytes()), "Frobnicate");
-
-    let mut g = json_graph();
-    g["tensors"][1]["shape"] = serde_json::json!([3, 2]);
-    assert_clean_error(&scratch("mismatch.json", g.to_string().as_bytes()), "node 'act'");
+    use serde_json::json;
+    // (file, field to corrupt, its new value, what the error must say)
+    let cases = [
+        (
+            "dangling.json",
+            "/nodes/0/inputs/0",
+            json!(7),
+            "node 'act': an input refers to tensor #7, which does not exist",
+        ),
+        (
+            "unknown.json",
+            "/nodes/0/op",
+            json!({"op": "Frobnicate"}),
+            "node 'act': bad op: unknown variant `Frobnicate`",
+        ),
+        (
+            "mismatch.json",
+            "/tensors/1/shape",
+            json!([3, 2]),
+            "node 'act': output 0 ('y') is recorded as f32[3, 2] but the op gives f32[2, 3]",
+        ),
+    ];
+    for (file, field, value, needle) in cases {
+        let mut g = json_graph();
+        *g.pointer_mut(field).unwrap() = value;
+        let p = scratch_file(file, g.to_string().as_bytes());
+        assert_error(&["inspect", p.to_str().unwrap()], 2, &[file, needle]);
+    }
 }
 
 #[test]
@@ -106,10 +99,8 @@ fn onnx_with_unknown_ops_lists_them_all() {
     // Rename two op types inside the file: same length keeps the protobuf valid.
     let bytes = gpt2_tiny();
     let text = unsafe_replace(&bytes, b"Softmax", b"Sofmaxx");
-    let p = scratch("unknown_op.onnx", &text);
-    let (code, _, err) = autopar(&["inspect", p.to_str().unwrap()]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.contains("Sofmaxx"), "{err}");
+    let p = scratch_file("unknown_op.onnx", &text);
+    assert_clean_error(&p, "unsupported ONNX ops: Sofmaxx (node '");
 }
 
 fn unsafe_replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
@@ -128,10 +119,13 @@ fn unsafe_replace(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
 
 #[test]
 fn convert_leaves_no_partial_file_on_error() {
-    let bad = scratch("bad_for_convert.onnx", b"not a model");
-    let out = bad.with_file_name("never_written.json");
-    let (code, _, _) = autopar(&["convert", bad.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    assert_eq!(code, 2);
+    let bad = scratch_file("bad_for_convert.onnx", b"not a model");
+    let out = scratch("never_written.json");
+    assert_error(
+        &["convert", bad.to_str().unwrap(), "-o", out.to_str().unwrap()],
+        2,
+        &["bad_for_convert.onnx"],
+    );
     assert!(!out.exists());
 }
 
@@ -143,8 +137,7 @@ fn check_exit_codes() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("PASS"));
     // Same inputs, but another model's logits as the reference: a mismatch, exit 1.
-    let wrong = std::env::temp_dir().join(format!("autopar-check-mismatch-{}", std::process::id()));
-    std::fs::create_dir_all(&wrong).unwrap();
+    let wrong = common::scratch_dir("check-mismatch");
     for i in 0..2 {
         let f = format!("input_{i}.pb");
         std::fs::copy(format!("{data}/{f}"), wrong.join(&f)).unwrap();
@@ -162,7 +155,7 @@ fn check_exit_codes() {
 #[test]
 fn closed_stdout_pipe_is_not_a_crash() {
     use std::process::Stdio;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_autopar"))
+    let mut child = binary()
         .args(["schema"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -182,7 +175,7 @@ fn error_lines_say_each_thing_once() {
     assert_eq!(code, 2);
     assert_eq!(err.matches("autopar-no-such-model.onnx").count(), 1, "{err}");
     let bytes = gpt2_tiny();
-    let p = scratch("truncated_once.onnx", &bytes[..bytes.len() / 2]);
+    let p = scratch_file("truncated_once.onnx", &bytes[..bytes.len() / 2]);
     let (_, _, err) = autopar(&["inspect", p.to_str().unwrap()]);
     assert_eq!(err.matches("failed to decode").count(), 1, "{err}");
 }

@@ -1,34 +1,29 @@
 //! `autopar estimate` through the real binary: the JSON contract, the
 //! human report (snapshot), and clear errors for bad input.
 
-use std::process::Command;
+mod common;
+
+use common::{assert_error, autopar};
 
 const GPT: &str = "gpt:layers=8,hidden=1024,heads=16,vocab=50304,seq=1024,dtype=bf16";
 
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+fn estimate(extra: &[&str]) -> (i32, String, String) {
+    autopar(&estimate_args(extra))
 }
 
-fn estimate(extra: &[&str]) -> (i32, String, String) {
+/// `autopar estimate` of [`GPT`] on A100s, with `extra`.
+fn estimate_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["estimate", GPT, "--cluster", "dgx-a100-80g"];
     args.extend_from_slice(extra);
-    autopar(&args)
+    args
 }
 
-fn assert_error(extra: &[&str], needle: &str) {
-    let (code, out, err) = estimate(extra);
-    assert_eq!(code, 2, "{out}{err}");
-    assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(err.contains(needle), "expected '{needle}' in: {err}");
+/// Each `(extra flags, needle)` case is refused with exit 2 in one line
+/// naming the needle.
+fn assert_refused(cases: &[(&[&str], &str)]) {
+    for (extra, needle) in cases {
+        assert_error(&estimate_args(extra), 2, &[needle]);
+    }
 }
 
 #[test]
@@ -121,138 +116,138 @@ fn onnx_models_with_fixed_shapes_estimate_at_their_batch() {
     assert!(out.contains("micro-batches of 2"), "{out}");
     let mut with_mb = args.to_vec();
     with_mb.extend(["--micro-batch", "4"]);
-    let (code, _, err) = autopar(&with_mb);
-    assert_eq!(code, 2);
-    assert!(err.contains("fixed micro-batch of 2"), "{err}");
+    assert_error(&with_mb, 2, &["fixed micro-batch of 2"]);
 }
 
 #[test]
 fn unknown_preset() {
-    let (code, _, err) = autopar(&[
-        "estimate",
-        GPT,
-        "--cluster",
-        "dgx-z900",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-    ]);
-    assert_eq!(code, 2);
-    assert!(
-        err.contains("unknown cluster preset 'dgx-z900'") && err.contains("dgx-a100-80g"),
-        "{err}"
+    assert_error(
+        &[
+            "estimate",
+            GPT,
+            "--cluster",
+            "dgx-z900",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+        ],
+        2,
+        &["unknown cluster preset 'dgx-z900'", "dgx-a100-80g"],
     );
 }
 
 #[test]
 fn tp_not_dividing_heads() {
     let llama = "llama:layers=2,hidden=512,ffn=1024,heads=8,kv_heads=2,vocab=1000,seq=128";
-    let (code, _, err) = autopar(&[
-        "estimate",
-        llama,
-        "--cluster",
-        "dgx-h100",
-        "--gpus",
-        "4",
-        "--tp",
-        "4",
-        "--global-batch",
-        "4",
-    ]);
-    assert_eq!(code, 2);
-    assert!(
-        err.contains("--tp 4 does not divide the attention's 2 key/value heads"),
-        "{err}"
-    );
     assert_error(
+        &[
+            "estimate",
+            llama,
+            "--cluster",
+            "dgx-h100",
+            "--gpus",
+            "4",
+            "--tp",
+            "4",
+            "--global-batch",
+            "4",
+        ],
+        2,
+        &["--tp 4 does not divide the attention's 2 key/value heads"],
+    );
+    assert_refused(&[(
         &["--gpus", "6", "--tp", "6", "--global-batch", "8"],
         "--tp 6 does not divide the attention's 16 query heads",
-    );
+    )]);
 }
 
 #[test]
 fn gpus_not_divisible_by_tp_times_pp() {
-    assert_error(
-        &["--gpus", "8", "--tp", "2", "--pp", "3", "--global-batch", "8"],
-        "--gpus 8 is not divisible by tp·pp·cp",
-    );
-    assert_error(&["--gpus", "12", "--global-batch", "12"], "--gpus 12");
+    assert_refused(&[
+        (
+            &["--gpus", "8", "--tp", "2", "--pp", "3", "--global-batch", "8"],
+            "--gpus 8 is not divisible by tp·pp·cp",
+        ),
+        (&["--gpus", "12", "--global-batch", "12"], "--gpus 12"),
+    ]);
 }
 
 #[test]
 fn zero_or_indivisible_batch() {
-    assert_error(
-        &["--gpus", "8", "--global-batch", "0"],
-        "--global-batch must be at least 1",
-    );
-    assert_error(
-        &["--gpus", "8", "--global-batch", "12"],
-        "--global-batch 12 is not divisible by dp · micro-batch",
-    );
-    assert_error(
-        &["--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
-        "--micro-batch",
-    );
+    assert_refused(&[
+        (
+            &["--gpus", "8", "--global-batch", "0"],
+            "--global-batch must be at least 1",
+        ),
+        (
+            &["--gpus", "8", "--global-batch", "12"],
+            "--global-batch 12 is not divisible by dp · micro-batch",
+        ),
+        (
+            &["--gpus", "8", "--global-batch", "8", "--micro-batch", "0"],
+            "--micro-batch",
+        ),
+    ]);
 }
 
 #[test]
 fn other_bad_configurations() {
-    assert_error(&["--gpus", "8", "--global-batch", "8", "--zero", "4"], "--zero 4");
-    assert_error(
-        &[
-            "--gpus",
-            "8",
-            "--pp",
-            "8",
-            "--virtual-stages",
-            "2",
-            "--schedule",
-            "interleaved",
-            "--global-batch",
-            "8",
-        ],
-        "exceeds the model's 8 layers",
+    assert_refused(&[
+        (&["--gpus", "8", "--global-batch", "8", "--zero", "4"], "--zero 4"),
+        (
+            &[
+                "--gpus",
+                "8",
+                "--pp",
+                "8",
+                "--virtual-stages",
+                "2",
+                "--schedule",
+                "interleaved",
+                "--global-batch",
+                "8",
+            ],
+            "exceeds the model's 8 layers",
+        ),
+        (
+            &["--gpus", "8", "--global-batch", "8", "--virtual-stages", "2"],
+            "needs --schedule interleaved",
+        ),
+        (
+            &[
+                "--gpus",
+                "8",
+                "--pp",
+                "2",
+                "--schedule",
+                "interleaved",
+                "--global-batch",
+                "12",
+            ],
+            "micro-batches per step (3) to be a multiple of --pp 2",
+        ),
+        (
+            &["--gpus", "8", "--global-batch", "8", "--dp", "4"],
+            "differs from --gpus 8",
+        ),
+    ]);
+    common::assert_usage_error(
+        &estimate_args(&["--gpus", "8", "--global-batch", "8", "--recompute", "some"]),
+        &["some", "none, selective, full"],
     );
-    assert_error(
-        &["--gpus", "8", "--global-batch", "8", "--virtual-stages", "2"],
-        "needs --schedule interleaved",
-    );
-    assert_error(
-        &[
-            "--gpus",
-            "8",
-            "--pp",
-            "2",
-            "--schedule",
-            "interleaved",
-            "--global-batch",
-            "12",
-        ],
-        "micro-batches per step (3) to be a multiple of --pp 2",
-    );
-    assert_error(
-        &["--gpus", "8", "--global-batch", "8", "--dp", "4"],
-        "differs from --gpus 8",
-    );
-    let (code, _, err) = estimate(&["--gpus", "8", "--global-batch", "8", "--recompute", "some"]);
-    assert_eq!(code, 2);
-    assert!(err.contains("none, selective, full"), "{err}");
 }
 
 #[test]
 fn bad_calibration_file_is_named() {
-    let dir = std::env::temp_dir().join(format!("autopar-estimate-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("cal.json");
-    std::fs::write(
-        &path,
-        r#"{"format": "autopar-calibration/1", "memory": {"bandwidth_fraction": 2}}"#,
-    )
-    .unwrap();
+    let path = common::scratch_file(
+        "cal.json",
+        br#"{"format": "autopar-calibration/1", "memory": {"bandwidth_fraction": 2}}"#,
+    );
     let p = path.to_str().unwrap();
     assert_error(
-        &["--gpus", "8", "--global-batch", "8", "--calibration", p],
-        "memory.bandwidth_fraction",
+        &estimate_args(&["--gpus", "8", "--global-batch", "8", "--calibration", p]),
+        2,
+        &["cal.json", "memory.bandwidth_fraction"],
     );
 }

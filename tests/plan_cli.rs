@@ -3,28 +3,11 @@
 //! snapshots, MoE plans use expert parallelism where it pays, and a model
 //! that fits nowhere is a clear error.
 
-use std::path::PathBuf;
-use std::process::Command;
+mod common;
+
+use common::{assert_error, autopar, scratch, scratch_file};
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models");
-
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("autopar-plan-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
 
 fn plan_json(args: &[&str], file: &str) -> serde_json::Value {
     let out = scratch(file);
@@ -205,94 +188,80 @@ fn moe_plans_spread_experts_when_memory_is_tight() {
 fn a_model_that_fits_nowhere_names_the_smallest_need() {
     let out = scratch("never.json");
     let spec = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
-    let (code, _, err) = autopar(&[
-        "plan",
-        spec,
-        "--cluster",
-        "dgx-a100-80g",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 2, "{err}");
-    assert!(err.starts_with("error: ") && err.lines().count() == 1, "{err}");
-    assert!(
-        err.contains("no plan fits in 72.0 GiB per GPU: the smallest needs"),
-        "{err}"
+    assert_error(
+        &[
+            "plan",
+            spec,
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "8",
+            "--global-batch",
+            "8",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        2,
+        &[
+            "no plan fits in 72.0 GiB per GPU: the smallest needs",
+            "alone takes",
+        ],
     );
-    assert!(err.contains("alone takes"), "{err}");
     assert!(!out.exists(), "no plan file is left behind");
+}
+
+/// `autopar plan` of a small zoo GPT on eight GPUs, with `flags`.
+fn small_plan<'a>(flags: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["plan", "gpt:layers=2,hidden=64,heads=4,vocab=100,seq=16"];
+    args.extend(["--gpus", "8"]);
+    args.extend_from_slice(flags);
+    args
 }
 
 #[test]
 fn bad_plan_requests_and_files() {
     let out = scratch("bad.json");
     let o = out.to_str().unwrap();
-    let spec = "gpt:layers=2,hidden=64,heads=4,vocab=100,seq=16";
-    let (code, _, err) = autopar(&[
-        "plan",
-        spec,
-        "--cluster",
-        "dgx-a100-80g",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "0",
-        "-o",
-        o,
-    ]);
-    assert_eq!(code, 2);
-    assert!(err.contains("--global-batch must be at least 1"), "{err}");
-    let (code, _, err) = autopar(&[
-        "plan",
-        spec,
-        "--cluster",
-        "dgx-a100-80g",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "--max-memory-fraction",
-        "1.5",
-        "-o",
-        o,
-    ]);
-    assert_eq!(code, 2);
-    assert!(err.contains("--max-memory-fraction 1.5"), "{err}");
-    let (code, _, err) = autopar(&[
-        "plan",
-        spec,
-        "--cluster",
-        "nope",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "-o",
-        o,
-    ]);
-    assert_eq!(code, 2);
-    assert!(err.contains("unknown cluster preset 'nope'"), "{err}");
-    let (code, _, err) = autopar(&[
-        "plan",
-        spec,
-        "--cluster",
-        "dgx-a100-80g",
-        "--gpus",
-        "8",
-        "--global-batch",
-        "8",
-        "-o",
-        "/no/such/dir/p.json",
-    ]);
-    assert_eq!(code, 2);
-    assert!(err.contains("/no/such/dir"), "{err}");
-    let junk = scratch("junk.json");
-    std::fs::write(&junk, r#"{"format": "autopar-graph"}"#).unwrap();
-    let (code, _, err) = autopar(&["explain", junk.to_str().unwrap()]);
-    assert_eq!(code, 2);
-    assert!(err.contains("junk.json") && err.contains("autopar-plan"), "{err}");
+    let junk = scratch_file("junk.json", br#"{"format": "autopar-graph"}"#);
+    let junk = junk.to_str().unwrap();
+    let a100 = "dgx-a100-80g";
+    let cases: [(Vec<&str>, &[&str]); 5] = [
+        (
+            small_plan(&["--cluster", a100, "--global-batch", "0", "-o", o]),
+            &["--global-batch must be at least 1"],
+        ),
+        (
+            small_plan(&[
+                "--cluster",
+                a100,
+                "--global-batch",
+                "8",
+                "--max-memory-fraction",
+                "1.5",
+                "-o",
+                o,
+            ]),
+            &["--max-memory-fraction 1.5"],
+        ),
+        (
+            small_plan(&["--cluster", "nope", "--global-batch", "8", "-o", o]),
+            &["unknown cluster preset 'nope'"],
+        ),
+        (
+            small_plan(&[
+                "--cluster",
+                a100,
+                "--global-batch",
+                "8",
+                "-o",
+                "/no/such/dir/p.json",
+            ]),
+            &["/no/such/dir"],
+        ),
+        (vec!["explain", junk], &["junk.json", "autopar-plan"]),
+    ];
+    for (args, needles) in &cases {
+        assert_error(args, 2, needles);
+    }
+    assert!(!out.exists(), "no plan file is left behind");
 }

@@ -1,32 +1,10 @@
 //! `autopar profile` through the real binary: the file it writes loads as a
 //! calibration, and a bad output path fails before any measuring.
 
+mod common;
+
 use autopar_cost_models::Calibration;
-use std::path::PathBuf;
-use std::process::Command;
-
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    autopar_with(args, &[])
-}
-
-fn autopar_with(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .envs(env.iter().copied())
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn scratch_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("autopar-profile-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
+use common::{assert_error, assert_usage_error, autopar, autopar_with, scratch_dir};
 
 #[test]
 fn quick_cpu_profile_writes_a_loadable_calibration() {
@@ -55,38 +33,31 @@ fn quick_cpu_profile_writes_a_loadable_calibration() {
 fn missing_output_folder_is_a_clean_error_and_writes_nothing() {
     let dir = scratch_dir("missing").join("no-such-folder");
     let path = dir.join("cpu.json");
-    let (code, out, err) = autopar(&[
+    let args = [
         "profile",
         "--backend",
         "cpu",
         "-o",
         path.to_str().unwrap(),
         "--quick",
-    ]);
-    assert_eq!(code, 2, "{err}");
-    assert_eq!(err.lines().count(), 1, "{err}");
-    assert!(
-        err.starts_with("error: ") && err.contains("no-such-folder") && err.contains("does not exist"),
-        "{err}"
-    );
+    ];
+    let out = assert_error(&args, 2, &["no-such-folder", "does not exist"]);
     assert!(out.is_empty(), "{out}");
     assert!(!dir.exists());
 }
 
 #[test]
 fn unknown_backend_is_a_usage_error() {
-    let (code, _, err) = autopar(&["profile", "--backend", "tpu", "-o", "x.json"]);
-    assert_eq!(code, 2, "{err}");
-    assert!(
-        err.contains("tpu") && err.contains("cpu") && err.contains("cuda"),
-        "{err}"
+    assert_usage_error(
+        &["profile", "--backend", "tpu", "-o", "x.json"],
+        &["tpu", "cpu", "cuda"],
     );
 }
 
 #[test]
 fn cuda_without_a_gpu_fails_in_one_line_and_writes_nothing() {
     if autopar_runtime::cuda::probe(0).is_ok() {
-        eprintln!("skipped: this machine has a GPU");
+        eprintln!("skipped cuda_without_a_gpu_fails_in_one_line_and_writes_nothing: this machine has a GPU");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

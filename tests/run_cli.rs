@@ -3,24 +3,14 @@
 //! input (a plan for another model or rank count, a corrupt plan, an
 //! unavailable backend, a missing data file) is one clear error line.
 
+mod common;
+
+use common::{assert_error, assert_error_with, autopar, binary};
 use std::path::Path;
-use std::process::Command;
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
 /// A zoo model small enough to plan and lower in milliseconds.
 const ZOO: &str = "gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8";
-
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 /// `autopar run` with `args`, which must succeed with `--json`.
 fn run_json(args: &[&str]) -> serde_json::Value {
@@ -41,21 +31,12 @@ fn numbers(v: &serde_json::Value, key: &str) -> Vec<f64> {
         .collect()
 }
 
-/// Runs `autopar run args…`, expecting a clean failure: non-zero exit, no
-/// panic, one `error:` line on stderr that contains every one of `needles`.
-fn assert_run_fails(args: &[&str], needles: &[&str]) -> String {
+/// Runs `autopar run args…`, expecting a clean failure: exit 2, no panic,
+/// one `error:` line on stderr that contains every one of `needles`.
+fn assert_run_fails(args: &[&str], needles: &[&str]) {
     let mut all = vec!["run"];
     all.extend_from_slice(args);
-    let (code, _, err) = autopar(&all);
-    assert_ne!(code, 0, "{args:?} succeeded");
-    assert!(!err.contains("panicked"), "{err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "one line expected:\n{err}");
-    assert!(lines[0].starts_with("error: "), "{err}");
-    for needle in needles {
-        assert!(err.contains(needle), "expected '{needle}' in: {err}");
-    }
-    err
+    assert_error(&all, 2, needles);
 }
 
 #[test]
@@ -203,14 +184,14 @@ fn a_truncated_plan_is_named() {
     std::fs::write(&broken, &text[..text.len() / 3]).unwrap();
     assert_run_fails(
         &[broken.to_str().unwrap(), "--ranks", "2", "--steps", "1"],
-        &["broken-plan.json"],
+        &["broken-plan.json", "not a plan file"],
     );
 }
 
 #[test]
 fn cuda_without_a_gpu_is_refused_in_one_line() {
     if autopar_runtime::cuda::probe(0).is_ok() {
-        eprintln!("skipped: this machine has a GPU");
+        eprintln!("skipped cuda_without_a_gpu_is_refused_in_one_line: this machine has a GPU");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -238,7 +219,7 @@ fn a_missing_data_file_is_named() {
         &[
             ZOO, "--plan", "auto", "--ranks", "2", "--steps", "1", "--data", missing,
         ],
-        &[missing],
+        &["cannot read token file", missing],
     );
 }
 
@@ -249,7 +230,7 @@ fn free_port() -> u16 {
 
 /// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.
 fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::process::Child {
-    Command::new(env!("CARGO_BIN_EXE_autopar"))
+    binary()
         .args(args)
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", world.to_string())
@@ -320,36 +301,35 @@ fn launched_processes_train_like_threads() {
 fn a_missing_process_is_named_after_the_rendezvous_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
-    let port = free_port();
+    let port = free_port().to_string();
     // Rank 0 of two, whose rank 1 never starts.
-    let rank0 = |wait: &str| {
-        let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-            .args(["run", &plan, "--steps", "1"])
-            .env("RANK", "0")
-            .env("WORLD_SIZE", "2")
-            .env("MASTER_ADDR", "127.0.0.1")
-            .env("MASTER_PORT", port.to_string())
-            .env("AUTOPAR_RENDEZVOUS_TIMEOUT", wait)
-            .output()
-            .unwrap();
-        let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert_eq!(out.status.code(), Some(2), "{err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
-        err
-    };
-    let err = rank0("soon");
-    assert!(
-        err.contains("AUTOPAR_RENDEZVOUS_TIMEOUT='soon' is invalid"),
-        "{err}"
-    );
-    let err = rank0("1");
-    assert!(err.contains("rank(s) 1 of world size 2 never joined"), "{err}");
+    for (wait, want) in [
+        ("soon", "AUTOPAR_RENDEZVOUS_TIMEOUT='soon' is invalid"),
+        ("1", "rank(s) 1 of world size 2 never joined"),
+    ] {
+        let env = [
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", port.as_str()),
+            ("AUTOPAR_RENDEZVOUS_TIMEOUT", wait),
+        ];
+        assert_error_with(&["run", &plan, "--steps", "1"], &env, 2, &[want]);
+    }
 }
 
 #[test]
 fn a_launched_run_checks_its_world_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
+    // Rank 0 of three processes, for a plan of two ranks.
+    let env = [
+        ("RANK", "0"),
+        ("WORLD_SIZE", "3"),
+        ("LOCAL_RANK", "0"),
+        ("MASTER_ADDR", "127.0.0.1"),
+        ("MASTER_PORT", "1"),
+    ];
     let cases: [(&[&str], &str); 2] = [
         (
             &["run", &plan, "--steps", "1"],
@@ -361,10 +341,6 @@ fn a_launched_run_checks_its_world_before_connecting() {
         ),
     ];
     for (args, want) in cases {
-        let out = launched(0, 3, 1, args).wait_with_output().unwrap();
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
-        assert_eq!(err.lines().count(), 1, "{err}");
-        assert!(err.contains(want), "expected '{want}' in: {err}");
+        assert_error_with(args, &env, 2, &[want]);
     }
 }

@@ -1,21 +1,11 @@
 //! `autopar simulate` through the real binary: the JSON keys scripts rely
 //! on, a trace file, and a clear error for a missing plan.
 
-use std::process::Command;
+mod common;
+
+use common::{assert_error, autopar};
 
 const ZOO: &str = "gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8";
-
-fn autopar(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_autopar"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 #[test]
 fn a_plan_simulates_with_the_documented_keys_and_a_trace() {
@@ -58,8 +48,9 @@ fn a_plan_simulates_with_the_documented_keys_and_a_trace() {
 
 #[test]
 fn a_missing_plan_is_one_clear_error() {
-    let (code, _, err) = autopar(&["simulate", "no-such-plan.json"]);
-    assert_ne!(code, 0);
-    assert!(!err.contains("panicked"), "{err}");
-    assert!(err.contains("no-such-plan.json"), "{err}");
+    assert_error(
+        &["simulate", "no-such-plan.json"],
+        2,
+        &["no-such-plan.json: cannot read"],
+    );
 }

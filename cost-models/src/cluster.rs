@@ -311,7 +311,19 @@ mod tests {
         assert_eq!((small.nodes, small.gpus_per_node), (1, 4));
         let err = c.clone().with_gpus(12).unwrap_err().to_string();
         assert!(err.contains("--gpus 12"), "{err}");
-        assert!(c.with_gpus(0).is_err());
+        let err = c.with_gpus(0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ClusterError::Gpus {
+                    gpus: 0,
+                    per_node: 8,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("--gpus 0"), "{err}");
     }
 
     #[test]

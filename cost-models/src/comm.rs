@@ -235,7 +235,13 @@ mod tests {
             bytes_sent(AllReduce, ParameterServer, 4, 8.0).unwrap(),
             vec![24.0, 8.0, 8.0, 8.0]
         );
-        assert!(bytes_sent(AllGather, ParameterServer, 4, 8.0).is_err());
+        assert_eq!(
+            bytes_sent(AllGather, ParameterServer, 4, 8.0),
+            Err(CommError::Unsupported {
+                collective: AllGather,
+                algorithm: ParameterServer
+            })
+        );
     }
 
     #[test]

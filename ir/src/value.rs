@@ -400,7 +400,14 @@ mod tests {
             Value::from_le_bytes(DType::I2, vec![5], &i2.to_le_bytes()).unwrap(),
             i2
         );
-        assert!(Value::from_le_bytes(DType::U4, vec![3], &[0; 1]).is_err());
+        assert_eq!(
+            Value::from_le_bytes(DType::U4, vec![3], &[0; 1]),
+            Err(ValueError::ByteCount {
+                dtype: DType::U4,
+                shape: vec![3],
+                got: 1
+            })
+        );
     }
 
     #[test]
@@ -446,8 +453,22 @@ mod tests {
 
     #[test]
     fn wrong_byte_count_is_an_error() {
-        assert!(Value::from_le_bytes(DType::F32, vec![2], &[0; 7]).is_err());
-        assert!(Value::f32(vec![2, 2], vec![1.0]).is_err());
+        assert_eq!(
+            Value::from_le_bytes(DType::F32, vec![2], &[0; 7]),
+            Err(ValueError::ByteCount {
+                dtype: DType::F32,
+                shape: vec![2],
+                got: 7
+            })
+        );
+        assert_eq!(
+            Value::f32(vec![2, 2], vec![1.0]),
+            Err(ValueError::ElementCount {
+                shape: vec![2, 2],
+                want: 4,
+                got: 1
+            })
+        );
     }
 
     #[test]

@@ -550,7 +550,12 @@ fn pipelines() {
         s.schedule = Schedule::Interleaved;
         s.chunks = 2;
         let (_, programs) = lowered(&s);
-        assert!(check_blocking(&programs, Transfers::Grouped).is_err());
+        let err = check_blocking(&programs, Transfers::Grouped).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("ranks wait on each other: rank 0 at "),
+            "pp {pp}, {micro_batches} micro-batches: {err}"
+        );
         let planned = check(s);
         assert!(planned.contains_key(&Kind::Send), "{planned:?}");
     }

@@ -3,8 +3,9 @@
 //!
 //! Every test is written once and runs twice: on the CPU backend
 //! (`cpu::...`) and on the CUDA backend (`cuda::...`, all ranks on GPU 0;
-//! skipped with a message where there is no GPU). CUDA computes in f32, so
-//! its copies compare in f32 with a GPU tolerance where the CPU ones use f64.
+//! skipped with a message where there is no GPU, and failing there under
+//! `AUTOPAR_REQUIRE_GPU=1`). CUDA computes in f32, so its copies compare in
+//! f32 with a GPU tolerance where the CPU ones use f64.
 
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
@@ -59,17 +60,6 @@ fn tol(on: On, precision: Precision) -> f64 {
         (On::Cpu, Precision::F64) => 1e-9,
         (On::Cpu, Precision::F32) => 1e-5,
         (On::Cuda, _) => 2e-4,
-    }
-}
-
-/// Whether the CUDA copies must skip (no driver, no GPU, or no CUDA build).
-fn gpu_missing() -> bool {
-    match autopar_runtime::cuda::probe(0) {
-        Ok(_) => false,
-        Err(e) => {
-            eprintln!("skipped on CUDA: {e}");
-            true
-        }
     }
 }
 
@@ -170,7 +160,7 @@ macro_rules! on_every_backend {
             use super::*;
             const ON: On = On::Cuda;
             $($(#[doc = $doc])* #[test] fn $name() {
-                if gpu_missing() {
+                if autopar_runtime::cuda::gpu_or_skip(concat!("cuda::", stringify!($name))).is_none() {
                     return;
                 }
                 $body

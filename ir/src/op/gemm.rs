@@ -94,6 +94,7 @@ pub(crate) fn gemm<T: Real>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::testing::assert_op_err;
     use super::*;
 
     #[test]
@@ -107,6 +108,10 @@ mod tests {
         gemm("G", 2, 2, 2, 1.0, am, bm, 0.0, &mut c, 0).unwrap();
         assert_eq!(c, vec![19.0, 22.0, 43.0, 50.0]);
         let short = Mat::row_major(&a[..3], 0, 2, false);
-        assert!(gemm("G", 2, 2, 2, 1.0, short, bm, 0.0, &mut c, 0).is_err());
+        assert_op_err(
+            gemm("G", 2, 2, 2, 1.0, short, bm, 0.0, &mut c, 0),
+            "G",
+            "internal error: matrix view out of bounds",
+        );
     }
 }

@@ -87,3 +87,22 @@ pub(crate) fn assert_close(got: &[f64], want: &[f64], tol: f64) {
         );
     }
 }
+
+/// Asserts that `result` failed for the reason the test means: an error of
+/// op `op` (every [`OpError`] names its op) whose message contains
+/// `needle`, so that a test of one bad input cannot pass on another error.
+#[track_caller]
+pub(crate) fn assert_op_err<T: std::fmt::Debug>(result: Result<T, OpError>, op: &str, needle: &str) {
+    let err = match result {
+        Ok(v) => panic!("expected an error of {op} containing '{needle}', got Ok({v:?})"),
+        Err(e) => e,
+    };
+    let named = match &err {
+        OpError::Arity { op, .. }
+        | OpError::Invalid { op, .. }
+        | OpError::NotConstant { op, .. }
+        | OpError::Unsupported { op, .. } => op,
+    };
+    assert_eq!(named, op, "{err}");
+    assert!(err.to_string().contains(needle), "expected '{needle}' in: {err}");
+}

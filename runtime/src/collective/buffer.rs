@@ -291,7 +291,13 @@ mod tests {
         let mut a = Buffer::from(vec![1.0f32, 2.0]);
         a.add_assign(&Buffer::from(vec![0.5f32, -2.0])).unwrap();
         assert_eq!(a, Buffer::from(vec![1.5f32, 0.0]));
-        assert!(a.add_assign(&Buffer::from(vec![1.0f32])).is_err());
-        assert!(a.add_assign(&Buffer::from(vec![1.0f64, 2.0])).is_err());
+        let mismatch = |got: &str| {
+            Err(LayoutMismatch {
+                expected: "f32[2]".into(),
+                got: got.into(),
+            })
+        };
+        assert_eq!(a.add_assign(&Buffer::from(vec![1.0f32])), mismatch("f32[1]"));
+        assert_eq!(a.add_assign(&Buffer::from(vec![1.0f64, 2.0])), mismatch("f64[2]"));
     }
 }

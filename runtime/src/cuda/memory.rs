@@ -720,7 +720,8 @@ mod tests {
         let e = check(&bad).unwrap_err();
         assert!(e.contains("a@mb0") && e.contains("c@mb0"), "{e}");
         let misaligned = plan(vec![block("a", 0, 1, 300, 128)]);
-        assert!(check(&misaligned).is_err());
+        let e = check(&misaligned).unwrap_err();
+        assert!(e.contains("a@mb0") && e.contains("is misaligned"), "{e}");
     }
 
     #[test]

@@ -10,8 +10,11 @@
 //! same entry points exist and say the binary was built without CUDA, so no
 //! `cfg` leaks out of this module.
 
+mod gate;
 pub mod kernels;
 pub mod memory;
+
+pub use gate::gpu_or_skip;
 
 #[cfg(feature = "cuda")]
 mod backend;
@@ -281,7 +284,7 @@ mod tests {
     #[test]
     fn without_a_gpu_every_entry_point_is_an_error() {
         if probe(0).is_ok() {
-            eprintln!("skipped: this machine has a GPU");
+            eprintln!("skipped without_a_gpu_every_entry_point_is_an_error: this machine has a GPU");
             return;
         }
         let why = probe(0).unwrap_err();

@@ -687,8 +687,9 @@ mod tests {
         assert_eq!(words.len(), 33);
         assert_eq!(decode_bytes(&words, 130).unwrap(), bytes);
         assert_eq!(id_bytes(&id_from(&bytes[..128])), bytes[..128]);
-        assert!(decode_bytes(&words[1..], 130).is_err());
-        assert!(decode_bytes(&[0.5; 33], 130).is_err());
+        let malformed = Err("malformed 130-byte message".to_string());
+        assert_eq!(decode_bytes(&words[1..], 130), malformed);
+        assert_eq!(decode_bytes(&[0.5; 33], 130), malformed);
     }
 
     /// A pipeline's pairs are its neighbours in both directions (and the
@@ -768,7 +769,8 @@ mod tests {
             agree(&rows(vec![row(1, 1), row(0, 2)]), 2),
             Err("rank 0: AUTOPAR_NCCL=0".into())
         );
-        assert!(agree(&row(0, 1), 2).is_err());
+        let short = agree(&row(0, 1), 2).unwrap_err();
+        assert!(short.ends_with(" readiness values from 2 ranks"), "{short}");
     }
 
     /// The groups are the same from every rank's view, and cover the

@@ -169,20 +169,30 @@ mod tests {
             causal: false,
             mask_grad: true,
         };
-        assert!(infer(&mask_grad, &with_mask).is_err());
+        assert_op_err(
+            infer(&mask_grad, &with_mask),
+            "AttentionGrad",
+            "mask_grad needs a float mask (input 4)",
+        );
         let mut float_mask = with_mask.to_vec();
         float_mask[4] = t("1 t");
         assert_eq!(infer(&mask_grad, &float_mask).unwrap()[3], t("1 t"));
-        assert!(infer(
-            &grad(false),
-            &[t("b 4 s 8"), t("b 2 t 8"), t("b 2 t 16"), t("b 4 s 8")]
-        )
-        .is_err());
-        assert!(infer(
-            &grad(false),
-            &[t("b 3 s 8"), t("b 2 t 8"), t("b 2 t 8"), t("b 3 s 8")]
-        )
-        .is_err());
+        assert_op_err(
+            infer(
+                &grad(false),
+                &[t("b 4 s 8"), t("b 2 t 8"), t("b 2 t 16"), t("b 4 s 8")],
+            ),
+            "AttentionGrad",
+            "output gradient (input 3) is f32[b, 4, s, 8] but the forward output is f32[b, 4, s, 16]",
+        );
+        assert_op_err(
+            infer(
+                &grad(false),
+                &[t("b 3 s 8"), t("b 2 t 8"), t("b 2 t 8"), t("b 3 s 8")],
+            ),
+            "AttentionGrad",
+            "3 query heads are not a multiple of 2 key heads",
+        );
     }
 
     #[test]

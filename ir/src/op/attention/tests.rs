@@ -51,12 +51,24 @@ fn attention_inference() {
     let t = |s| ty(DType::F32, s);
     let out = infer(&attn(true), &[t("b 4 s 8"), t("b 2 t 8"), t("b 2 t 16")]).unwrap();
     assert_eq!(out[0], t("b 4 s 16"));
-    assert!(infer(&attn(true), &[t("b 3 s 8"), t("b 2 t 8"), t("b 2 t 8")]).is_err());
-    assert!(infer(&attn(true), &[t("b 2 s 8"), t("b 2 t 4"), t("b 2 t 8")]).is_err());
+    assert_op_err(
+        infer(&attn(true), &[t("b 3 s 8"), t("b 2 t 8"), t("b 2 t 8")]),
+        "Attention",
+        "3 query heads are not a multiple of 2 key heads",
+    );
+    assert_op_err(
+        infer(&attn(true), &[t("b 2 s 8"), t("b 2 t 4"), t("b 2 t 8")]),
+        "Attention",
+        "query and key head sizes differ (8 vs 4)",
+    );
     let mask = ty(DType::Bool, "s t");
     assert!(infer(&attn(false), &[t("b 2 s 8"), t("b 2 t 8"), t("b 2 t 8"), mask]).is_ok());
     let bad = ty(DType::I64, "s t");
-    assert!(infer(&attn(false), &[t("b 2 s 8"), t("b 2 t 8"), t("b 2 t 8"), bad]).is_err());
+    assert_op_err(
+        infer(&attn(false), &[t("b 2 s 8"), t("b 2 t 8"), t("b 2 t 8"), bad]),
+        "Attention",
+        "mask must be bool or f32, got i64",
+    );
 }
 
 #[test]
@@ -95,14 +107,21 @@ fn rotary_halves_and_interleaved() {
         vec![-3.0, 2.0, 1.0, 4.0]
     );
     let far = i64s(&[1, 1], &[2]);
-    assert!(eval(&rope(false, 0), &[&x, &cos, &sin, &far]).is_err());
-    assert!(infer(
-        &rope(false, 0),
-        &[
-            ty(DType::F32, "b 3 8"),
-            ty(DType::F32, "p 4"),
-            ty(DType::F32, "p 4")
-        ]
-    )
-    .is_err());
+    assert_op_err(
+        eval(&rope(false, 0), &[&x, &cos, &sin, &far]),
+        "RotaryEmbedding",
+        "position id 2 is outside the cache of 2",
+    );
+    assert_op_err(
+        infer(
+            &rope(false, 0),
+            &[
+                ty(DType::F32, "b 3 8"),
+                ty(DType::F32, "p 4"),
+                ty(DType::F32, "p 4"),
+            ],
+        ),
+        "RotaryEmbedding",
+        "3-D input needs num_heads",
+    );
 }

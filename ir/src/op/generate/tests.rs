@@ -61,7 +61,7 @@ fn range_for_ints_and_floats() {
     let out = eval(&Op::Range, &[&h(0.0), &h(0.5), &h(0.1)]).unwrap();
     assert_eq!(out[0].dtype, DType::F16);
     assert_eq!(out[0].to_f64_vec()[1], half::f16::from_f64(0.1).to_f64());
-    assert!(eval(&Op::Range, &[&i(0), &i(4), &i(0)]).is_err());
+    assert_op_err(eval(&Op::Range, &[&i(0), &i(4), &i(0)]), "Range", "delta is zero");
     assert!(matches!(
         infer(
             &Op::Range,

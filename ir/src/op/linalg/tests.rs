@@ -50,8 +50,16 @@ fn matmul_symbolic_inference_and_errors() {
     )
     .unwrap();
     assert_eq!(out[0], ty(DType::F32, "b h s t"));
-    assert!(infer(&Op::MatMul, &[ty(DType::F32, "2 3"), ty(DType::F32, "4 5")]).is_err());
-    assert!(infer(&Op::MatMul, &[ty(DType::F32, ""), ty(DType::F32, "4 5")]).is_err());
+    assert_op_err(
+        infer(&Op::MatMul, &[ty(DType::F32, "2 3"), ty(DType::F32, "4 5")]),
+        "MatMul",
+        "contraction dims differ (3 vs 4)",
+    );
+    assert_op_err(
+        infer(&Op::MatMul, &[ty(DType::F32, ""), ty(DType::F32, "4 5")]),
+        "MatMul",
+        "scalar operands are not allowed",
+    );
 }
 
 #[test]
@@ -72,11 +80,14 @@ fn gemm_transposes_scales_and_broadcasts_bias() {
         trans_a: false,
         trans_b: false,
     };
-    assert!(infer(
-        &plain,
-        &[ty(DType::F32, "2 3"), ty(DType::F32, "3 4"), ty(DType::F32, "3")]
-    )
-    .is_err());
+    assert_op_err(
+        infer(
+            &plain,
+            &[ty(DType::F32, "2 3"), ty(DType::F32, "3 4"), ty(DType::F32, "3")],
+        ),
+        "Gemm",
+        "shapes [2, 4] and [3] do not broadcast",
+    );
     assert_eq!(
         infer(
             &plain,
@@ -110,7 +121,11 @@ fn linear_with_bias() {
         eval1(&Op::Linear, &[&x, &w, &bias]),
         (vec![1, 2, 1], vec![21.5, 43.5])
     );
-    assert!(infer(&Op::Linear, &[ty(DType::F32, "b 5"), ty(DType::F32, "4 8")]).is_err());
+    assert_op_err(
+        infer(&Op::Linear, &[ty(DType::F32, "b 5"), ty(DType::F32, "4 8")]),
+        "Linear",
+        "contraction dims differ (5 vs 4)",
+    );
 }
 
 #[test]

@@ -230,7 +230,7 @@ pub(super) fn flops(inputs: &[Option<&TensorType>]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::testing::{assert_close, eval, f32s, i64s, infer, ty};
+    use super::super::super::testing::{assert_close, assert_op_err, eval, f32s, i64s, infer, ty};
     use super::super::super::Op;
     use super::Activation;
     use crate::DType;
@@ -254,11 +254,23 @@ mod tests {
         let mut gated = base.to_vec();
         gated.push(t("3 4 8"));
         assert_eq!(infer(&op(true), &gated).unwrap().len(), 5);
-        assert!(infer(&op(true), &base).is_err());
-        assert!(infer(&op(false), &gated).is_err());
+        assert_op_err(
+            infer(&op(true), &base),
+            "MoeExpertsGrad",
+            "gated experts need w_gate (input 6)",
+        );
+        assert_op_err(
+            infer(&op(false), &gated),
+            "MoeExpertsGrad",
+            "w_gate (input 6) is given but gated is false",
+        );
         let mut bad = base.to_vec();
         bad[5] = t("t 5");
-        assert!(infer(&op(false), &bad).is_err());
+        assert_op_err(
+            infer(&op(false), &bad),
+            "MoeExpertsGrad",
+            "output gradient (input 5) is f32[t, 5] but the forward output is f32[t, 4]",
+        );
     }
 
     #[test]
@@ -284,6 +296,10 @@ mod tests {
         assert_eq!(out.len(), 5);
         assert!(out.iter().all(|o| o.to_f64_vec().iter().all(|&v| v == 0.0)));
         let bad = i64s(&[1, 2], &[0, 2]);
-        assert!(eval(&op(false), &[&x, &w, &bad, &w_in, &w_out, &dout]).is_err());
+        assert_op_err(
+            eval(&op(false), &[&x, &w, &bad, &w_in, &w_out, &dout]),
+            "MoeExpertsGrad",
+            "expert index 2 is outside 0..2",
+        );
     }
 }

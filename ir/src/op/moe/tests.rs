@@ -11,7 +11,11 @@ fn router_picks_top_k_and_renormalises() {
     assert_eq!(out[1].as_i64().unwrap(), &[1, 2]);
     let types = infer(&Op::MoeRouter { top_k: 2 }, &[ty(DType::F32, "t 8")]).unwrap();
     assert_eq!(types, vec![ty(DType::F32, "t 2"), ty(DType::I64, "t 2")]);
-    assert!(infer(&Op::MoeRouter { top_k: 9 }, &[ty(DType::F32, "t 8")]).is_err());
+    assert_op_err(
+        infer(&Op::MoeRouter { top_k: 9 }, &[ty(DType::F32, "t 8")]),
+        "MoeRouter",
+        "top_k 9 must be in 1..=8",
+    );
 }
 
 #[test]
@@ -30,5 +34,9 @@ fn experts_weighted_sum() {
     // Gated: relu(x·gate) ⊙ (x·w_in) → both experts give zero.
     assert_eq!(eval1(&op, &[&x, &w, &ids, &w_in, &w_out, &gate]).1, vec![0.0]);
     let bad = i64s(&[1, 2], &[0, 2]);
-    assert!(eval(&op, &[&x, &w, &bad, &w_in, &w_out]).is_err());
+    assert_op_err(
+        eval(&op, &[&x, &w, &bad, &w_in, &w_out]),
+        "MoeExperts",
+        "expert index 2 is outside 0..2",
+    );
 }

@@ -143,6 +143,10 @@ mod tests {
         assert_eq!(out[1].dtype, DType::F32);
         let wrong = infer(&op, &[x.clone(), ty(DType::Bf16, "8"), ty(DType::Bf16, "b 4")]);
         assert!(wrong.unwrap_err().to_string().contains("output gradient"));
-        assert!(infer(&op, &[x.clone(), ty(DType::Bf16, "3"), x]).is_err());
+        assert_op_err(
+            infer(&op, &[x.clone(), ty(DType::Bf16, "3"), x]),
+            "NormGrad",
+            "shapes [8] and [3] do not broadcast",
+        );
     }
 }

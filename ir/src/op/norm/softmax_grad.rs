@@ -63,7 +63,7 @@ pub(super) fn flops(y: Option<&TensorType>) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::testing::{assert_close, eval, f32s, infer, ty};
+    use super::super::super::testing::{assert_close, assert_op_err, eval, f32s, infer, ty};
     use super::super::super::Op;
     use crate::DType;
 
@@ -84,6 +84,10 @@ mod tests {
         assert_close(&got, &[0.0, 0.0], 1e-6);
         let t = ty(DType::F32, "b 8");
         assert_eq!(infer(&log, &[t.clone(), t.clone()]).unwrap(), vec![t.clone()]);
-        assert!(infer(&log, &[t, ty(DType::F32, "b 4")]).is_err());
+        assert_op_err(
+            infer(&log, &[t, ty(DType::F32, "b 4")]),
+            "SoftmaxGrad",
+            "output gradient (input 1) is f32[b, 4] but the forward output is f32[b, 8]",
+        );
     }
 }

@@ -138,27 +138,22 @@ pub(super) struct Gpu {
 }
 
 /// The GPU (kernels compiled once per test binary, tests serialised), or
-/// `None` after printing why the test is skipped. A GPU whose kernels fail
-/// to compile or load fails the test.
+/// `None` after [`crate::cuda::gpu_or_skip`] printed why the test is skipped
+/// (or failed it under `AUTOPAR_REQUIRE_GPU=1`). A GPU whose context,
+/// kernels or modules fail to load fails the test.
 pub(super) fn gpu(test: &str) -> Option<MutexGuard<'static, Gpu>> {
-    static GPU: OnceLock<Result<Mutex<Gpu>, String>> = OnceLock::new();
+    static GPU: OnceLock<Mutex<Gpu>> = OnceLock::new();
+    let info = crate::cuda::gpu_or_skip(&format!("cuda kernel test '{test}'"))?;
     let shared = GPU.get_or_init(|| {
-        let info = crate::cuda::probe(0).map_err(|e| e.to_string())?;
-        let ctx = crate::cuda::device::context(0).map_err(|e| e.to_string())?;
+        let ctx = crate::cuda::device::context(0).unwrap_or_else(|e| panic!("context on {}: {e}", info.name));
         let kernels = Kernels::load(&ctx, info.compute_capability)
             .unwrap_or_else(|e| panic!("kernels for {}: {e}", info.name));
-        Ok(Mutex::new(Gpu {
+        Mutex::new(Gpu {
             stream: ctx.default_stream(),
             kernels,
-        }))
+        })
     });
-    match shared {
-        Ok(m) => Some(m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())),
-        Err(why) => {
-            eprintln!("skipped {test}: no GPU ({why})");
-            None
-        }
-    }
+    Some(shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
 }
 
 /// A storage type of the kernels, seen from the host.
