@@ -6,7 +6,8 @@
 //! turns a model graph into what one rank computes for one micro-batch under
 //! a sharding; `compute`, `memory` and `pipeline` price it; `estimate` puts
 //! them together into a step time, MFU and per-GPU memory for a
-//! [`TrainingConfig`].
+//! [`TrainingConfig`]. `measured` predicts one node's time on the CPU
+//! backend from a profiled calibration (the simulator and profiler use it).
 
 pub mod calibration;
 mod cluster;
@@ -14,6 +15,7 @@ pub mod comm;
 pub mod compute;
 pub mod config;
 pub mod estimate;
+pub mod measured;
 pub mod memory;
 pub mod pipeline;
 pub mod published;

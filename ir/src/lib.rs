@@ -1,5 +1,6 @@
 //! autopar's graph IR: the one op set, tensors with symbolic shapes, the
-//! graph and its JSON form, and reverse-mode autodiff over it (`autodiff`).
+//! graph and its JSON form, reverse-mode autodiff over it (`autodiff`) and
+//! the reference interpreter every backend is checked against (`interp`).
 //! Importers (`autopar-import`) and rewrites (`autopar-rewrite`) build on it.
 //!
 //! Architecture invariant: `ir` knows nothing of devices, clusters or cost
@@ -8,6 +9,7 @@
 pub mod autodiff;
 mod dtype;
 mod graph;
+pub mod interp;
 pub mod json;
 pub mod lowp;
 pub mod op;

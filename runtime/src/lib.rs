@@ -14,7 +14,8 @@ pub mod collective;
 pub mod cpu;
 pub mod cuda;
 pub mod launch;
-pub mod lower;
+/// Lowering, now its own crate; re-exported for the paths that name it here.
+pub use autopar_lower as lower;
 pub mod sim;
 pub mod trace;
 pub mod train;

@@ -3,40 +3,14 @@
 //! differences of `L = Σ output · C`.
 
 use super::differentiate;
-use crate::{Graph, InferInput, Op, Role, TensorId, Value};
-use std::collections::{BTreeMap, HashMap};
+use crate::{Graph, InferInput, Op, Role, Value};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Runs `graph` on `feeds` (graph input name → value) node by node through
-/// the reference kernels and returns its outputs. The graphs checked here
-/// are f64 throughout, so no precision widening is needed (the runtime's
-/// interpreter does that for real models).
+/// Runs `graph` on `feeds` through the reference interpreter; the graphs
+/// checked here are f64 throughout, so `Precision::F32` widens nothing.
 pub fn run(graph: &Graph, feeds: &BTreeMap<String, Value>) -> Vec<Value> {
-    let mut values: HashMap<TensorId, Value> = HashMap::new();
-    for (id, tensor) in graph.tensors() {
-        let value = tensor.data.as_deref().or_else(|| feeds.get(&tensor.name));
-        if let Some(v) = value {
-            values.insert(id, v.clone());
-        }
-    }
-    for idx in graph.topo_order().expect("the graph is acyclic") {
-        let node = graph.node(idx);
-        let args: Vec<Option<&Value>> = node
-            .inputs
-            .iter()
-            .map(|t| t.map(|t| values.get(&t).expect("inputs are computed first")))
-            .collect();
-        let outs = node
-            .op
-            .eval(&args)
-            .unwrap_or_else(|e| panic!("node '{}': {e}", node.name));
-        values.extend(node.outputs.iter().copied().zip(outs));
-    }
-    graph
-        .outputs
-        .iter()
-        .map(|t| values.get(t).expect("outputs are computed").clone())
-        .collect()
+    crate::interp::run(graph, feeds, crate::interp::Precision::F32).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Deterministic pseudo-random numbers in [-1, 1).

@@ -2,7 +2,7 @@
 //! sees it, so the cost model (with the `cpu` cluster preset) can predict
 //! CPU step times from measured rates instead of nominal ones.
 //!
-//! Every compute figure runs through [`Op::eval`], the path [`super::run`]
+//! Every compute figure runs through [`Op::eval`], the path [`autopar_ir::interp::run`]
 //! takes for each node, so kernel speed, input checks, type inference and
 //! output allocation are all included, as they are in a real run:
 //! - matmul FLOP/s over a grid of shapes from small to large (f32 and f64);
@@ -23,10 +23,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 mod in_run;
 mod ops;
-mod predict;
 mod threads;
 
-pub use predict::{gemm_shape, node_time, node_work, priced_as_matmul, NodeWork};
+pub use autopar_cost_models::measured::{gemm_shape, node_time, node_work, priced_as_matmul, NodeWork};
 
 /// How thoroughly to measure.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

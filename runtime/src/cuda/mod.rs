@@ -275,9 +275,9 @@ pub fn profile_network(
 mod tests {
     use super::*;
     use crate::cpu::parallel::TrainOptions;
-    use crate::cpu::Precision;
     use crate::lower::{for_strategy, lower, Strategy};
     use crate::train::{Optimizer, TokenSource};
+    use autopar_ir::interp::Precision;
 
     /// Every entry point says why there is no GPU (no driver, or a build
     /// without CUDA) instead of panicking in the library loader.

@@ -12,10 +12,10 @@ use crate::collective::{Endpoint, Watchdog};
 use crate::cpu::parallel::{
     train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport,
 };
-use crate::cpu::Precision;
 use crate::lower::blocking::{check_blocking, Transfers};
 use crate::lower::{Program, TrainingGraph};
 use crate::train::TokenSource;
+use autopar_ir::interp::Precision;
 use autopar_ir::DType;
 use cudarc::driver::CudaContext;
 use std::sync::Arc;

@@ -14,7 +14,6 @@
 //!   (`autopar profile`), each node is priced from its op's measured rate.
 
 use crate::cpu::profile::node_time;
-use crate::cpu::Precision;
 use crate::lower::TrainingGraph;
 use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
 use autopar_cost_models::compute::Rates;
@@ -22,6 +21,7 @@ use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_cost_models::workload::kernels::{self, Context, ProductSplit};
 use autopar_cost_models::workload::{is_residual_add, AttentionKernel};
 use autopar_cost_models::{Calibration, Cluster};
+use autopar_ir::interp::Precision;
 use autopar_ir::{DType, Graph, NodeIndex, Op, Role, TensorType, UnaryOp};
 use std::collections::{HashMap, HashSet};
 

@@ -7,7 +7,7 @@
 //! PyTorch's single-tensor `torch.optim.AdamW` and `torch.optim.SGD`, in the
 //! same order, so a trajectory can be compared with PyTorch's.
 
-use crate::cpu::Precision;
+use autopar_ir::interp::Precision;
 use std::ops::{Add, Div, Mul, Sub};
 
 /// Learning rate of `adamw` when a spec names none. Higher than PyTorch's

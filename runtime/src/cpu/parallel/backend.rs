@@ -7,8 +7,8 @@
 //! machine (or one GPU) run any plan, unless the backend offers collectives
 //! of its own ([`Backend::device_comms`]).
 
-use crate::cpu::{widen_op, Precision};
 use crate::train::{OptimError, Optimizer, State};
+use autopar_ir::interp::{widen_op, Precision};
 use autopar_ir::{DType, Data, Op, Value};
 use std::ops::Range;
 use std::sync::Arc;

@@ -15,9 +15,9 @@ pub use backend::{Backend, BackendError, CpuBackend, DeviceCollectives, Order};
 pub use distributed::{train_rank, train_rank_on, RankResult};
 
 use crate::collective::{fabric, CommError};
-use crate::cpu::Precision;
 use crate::lower::{Instr, Program, TrainingGraph};
 use crate::train::{Optimizer, TokenSource};
+use autopar_ir::interp::Precision;
 use autopar_ir::Value;
 use rank::{RankRun, StepDone};
 use std::collections::BTreeMap;

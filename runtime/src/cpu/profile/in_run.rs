@@ -7,13 +7,13 @@
 
 use super::{node_time, Plan, ProfileError};
 use crate::cpu::parallel::{train, TrainOptions};
-use crate::cpu::Precision;
 use crate::lower::{for_strategy, lower, Strategy};
 use crate::trace::TraceEvent;
 use crate::train::{initialize, Optimizer, TokenSource};
 use autopar_cost_models::calibration::InterpreterCost;
 use autopar_cost_models::{Calibration, Cluster};
 use autopar_import::ModelSpec;
+use autopar_ir::interp::Precision;
 use autopar_ir::NodeIndex;
 use std::collections::HashMap;
 

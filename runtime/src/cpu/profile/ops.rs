@@ -5,7 +5,7 @@
 //! very different speeds per byte (an `Erf` costs far more than an `Add`), so
 //! one streaming bandwidth cannot price them. Instead every node of each
 //! profiled graph is timed in place during ordinary interpreter runs
-//! ([`crate::cpu::run_with`]), on the values the run gives it (real token
+//! ([`autopar_ir::interp::run_with`]), on the values the run gives it (real token
 //! indices, shapes, routing), with the caches as warm as a real run leaves
 //! them. GEMMs are left to the matmul grid, except for the bias some of
 //! them broadcast first, whose time over the grid's is fitted here.
@@ -18,14 +18,14 @@
 //! is the nodes' bytes or their FLOPs, whichever predicts the single nodes
 //! better.
 
-use super::predict::{gemm_seconds, gemm_shape, node_work, priced_as_matmul, NodeWork};
 use super::{four_digits, Plan, ProfileError};
-use crate::cpu::{run_with, Precision, RunError};
 use crate::lower::{training_graph, Feed, TrainingGraph};
 use crate::train::{initialize, TokenSource};
 use autopar_cost_models::calibration::OpRate;
+use autopar_cost_models::measured::{gemm_seconds, gemm_shape, node_work, priced_as_matmul, NodeWork};
 use autopar_cost_models::Calibration;
 use autopar_import::ModelSpec;
+use autopar_ir::interp::{run_with, Precision, RunError};
 use autopar_ir::{DType, NodeIndex, Value};
 use std::collections::BTreeMap;
 use std::time::Instant;

@@ -9,10 +9,10 @@ use super::{missing, on_device, Failure, RankRun};
 use crate::collective::values::{from_buffer, into_buffer, padded, shard_of, to_buffer, unpad};
 use crate::cpu::parallel::backend::{Backend, Order};
 use crate::cpu::parallel::overlap::{CommStream, Done, Job, JobKind};
-use crate::cpu::run_dtype;
 use crate::lower::{Buf, Instr, Shard};
 use crate::trace::Stream;
 use autopar_cost_models::comm::Algorithm;
+use autopar_ir::interp::run_dtype;
 use autopar_ir::{DType, Value};
 use std::sync::Arc;
 

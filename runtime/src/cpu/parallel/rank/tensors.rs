@@ -3,8 +3,8 @@
 
 use super::{missing, Failure, RankError, RankRun};
 use crate::cpu::parallel::backend::Backend;
-use crate::cpu::{run_dtype, widen};
 use crate::lower::{Buf, Feed};
+use autopar_ir::interp::{run_dtype, widen};
 use autopar_ir::{DType, Graph, Role, TensorId, Value};
 use std::sync::Arc;
 

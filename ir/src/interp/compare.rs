@@ -1,6 +1,6 @@
 //! Comparing a computed tensor with a reference one.
 
-use autopar_ir::Value;
+use crate::Value;
 
 /// Agreement between a computed and a reference tensor.
 #[derive(Debug, Clone, Copy, PartialEq)]

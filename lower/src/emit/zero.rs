@@ -4,8 +4,8 @@
 //! sums and copies of weights shared between pipeline stages.
 
 use super::Emitter;
-use crate::lower::program::{Instr, ParamSlot, Shard};
-use crate::lower::LowerError;
+use crate::program::{Instr, ParamSlot, Shard};
+use crate::LowerError;
 use autopar_cost_models::comm::Algorithm;
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -321,7 +321,7 @@ mod tests {
 
     #[test]
     fn plans_with_what_lowering_lacks_are_refused_naming_it() {
-        let mut plan = Plan::from_json(include_str!("../../../fixtures/plans/v1.json")).unwrap();
+        let mut plan = Plan::from_json(include_str!("../../fixtures/plans/v1.json")).unwrap();
         let s = Strategy::from_plan(&plan).unwrap();
         assert_eq!(
             (s.dp, s.schedule, s.reduction),

@@ -4,6 +4,11 @@
 //! schedule ([`schedule`]), and each rank's instruction list is emitted with
 //! the point-to-point transfers, gradient reductions, optimizer steps and
 //! ZeRO parameter traffic the plan implies ([`emit`](self)).
+//!
+//! Architecture invariant: nothing here executes a program, moves a value
+//! between ranks or touches a device; lowering is a pure function of the
+//! model and the plan, which the executors (`autopar-exec` and the
+//! backends) and the simulator (`autopar-sim`) only read.
 
 pub mod blocking;
 mod emit;
@@ -65,9 +70,10 @@ pub fn lower_ranks<R: Send>(
 }
 
 /// The programs of a tiny zoo GPT (`layers` layers, hidden 32, sequence 8)
-/// under `s`, for tests of what reads programs.
-#[cfg(test)]
-pub(crate) fn tiny_gpt_programs(layers: usize, s: &Strategy) -> Vec<Program> {
+/// under `s`, for tests of what reads programs (other crates' tests get it
+/// with the `testing` feature).
+#[cfg(any(test, feature = "testing"))]
+pub fn tiny_gpt_programs(layers: usize, s: &Strategy) -> Vec<Program> {
     let spec = format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8");
     let g = autopar_import::zoo::build(&spec).unwrap();
     let t = for_strategy(&g, s, 8).unwrap();

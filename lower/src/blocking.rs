@@ -226,12 +226,12 @@ fn describe(m: &Meet) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::{Coord, Strategy};
+    use crate::{Coord, Strategy};
     use autopar_cost_models::comm::Algorithm;
     use autopar_cost_models::Schedule;
 
     fn programs(s: &Strategy) -> Vec<Program> {
-        crate::lower::tiny_gpt_programs(4, s)
+        crate::tiny_gpt_programs(4, s)
     }
 
     /// The lowering's plans, across data, tensor and pipeline parallelism,
@@ -270,7 +270,7 @@ mod tests {
     /// sends before it receives what its neighbour sends it.
     #[test]
     fn a_send_that_waits_needs_its_receive_in_the_same_group() {
-        let buf = |t: &str| crate::lower::Buf::of(t, 0);
+        let buf = |t: &str| crate::Buf::of(t, 0);
         let send = |t: &str, to| Instr::Send { buf: buf(t), to };
         let recv = |t: &str, from| Instr::Recv { buf: buf(t), from };
         let free = Instr::Free { buf: buf("x") };
@@ -305,7 +305,7 @@ mod tests {
             }
             assert_eq!(check_transfer_order(&programs(&s)), Ok(()), "{schedule:?}");
         }
-        let buf = |t: &str| crate::lower::Buf::of(t, 0);
+        let buf = |t: &str| crate::Buf::of(t, 0);
         let send = |t: &str, to| Instr::Send { buf: buf(t), to };
         let recv = |t: &str, from| Instr::Recv { buf: buf(t), from };
         let ps = [
@@ -375,7 +375,7 @@ mod tests {
         );
         // A receive with no send waits forever; a buffered send does not.
         let recv = Instr::Recv {
-            buf: crate::lower::Buf::of("t", 0),
+            buf: crate::Buf::of("t", 0),
             from: 1,
         };
         let ps = [program(0, vec![recv]), program(1, vec![all_reduce("a", &[1])])];

@@ -3,7 +3,7 @@
 //! after each definition's last use.
 
 use super::Emitter;
-use crate::lower::program::{Buf, Instr};
+use crate::program::{Buf, Instr};
 
 /// A buffer without its name: the tensor standing for its name
 /// ([`Layout::name_of`]), and its micro-batch plus one (0: a per-step buffer).

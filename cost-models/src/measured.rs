@@ -2,8 +2,8 @@
 //! `autopar profile --backend cpu` wrote: what a simulator of CPU runs adds
 //! up, and what the profiler fits its per-op rates against.
 
-use crate::cpu::{run_dtype, Precision};
-use autopar_cost_models::{Calibration, Device};
+use crate::{Calibration, Device};
+use autopar_ir::interp::{run_dtype, Precision};
 use autopar_ir::{DType, Dim, Graph, NodeIndex, Op, Shape, TensorId, TensorType, UnaryOp};
 
 /// What a node's time is predicted from: the kernel it runs, the dtype the
@@ -215,13 +215,7 @@ pub fn node_time(
 
 /// `flops` of GEMMs of `[m, n, k]` at the calibration's rate (0 when it
 /// has no rate).
-pub(super) fn gemm_seconds(
-    cal: &Calibration,
-    peak: f64,
-    dtype: DType,
-    flops: f64,
-    [m, n, k]: [f64; 3],
-) -> f64 {
+pub fn gemm_seconds(cal: &Calibration, peak: f64, dtype: DType, flops: f64, [m, n, k]: [f64; 3]) -> f64 {
     let rate = cal.matmul_rate(peak, dtype, m, n, k);
     if rate > 0.0 {
         flops / rate
@@ -233,7 +227,7 @@ pub(super) fn gemm_seconds(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use autopar_cost_models::calibration::{MatmulSample, OpRate};
+    use crate::calibration::{MatmulSample, OpRate};
     use autopar_ir::{BinaryOp, Role};
     use std::collections::BTreeMap;
 
