@@ -10,10 +10,11 @@
 /// Reverse-mode autodiff, which lives in `ir` beside the ops' backward
 /// rules; re-exported for the callers that found it here.
 pub use autopar_ir::autodiff;
-pub mod collective;
 pub mod cpu;
 pub mod cuda;
-pub mod launch;
+/// Collectives and launch, now their own crate; re-exported for the paths
+/// that name them here.
+pub use autopar_comm::{collective, launch};
 /// Lowering, now its own crate; re-exported for the paths that name it here.
 pub use autopar_lower as lower;
 pub mod sim;

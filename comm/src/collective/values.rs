@@ -4,8 +4,8 @@
 //! shards are the flattened tensor zero-padded to a multiple of the parts.
 
 use super::Buffer;
-use crate::lower::Shard;
 use autopar_ir::{DType, Data, Value, ValueError};
+use autopar_lower::Shard;
 
 /// Why a received buffer is not the tensor it should be.
 #[derive(Debug, thiserror::Error)]

@@ -8,8 +8,8 @@
 //!
 //! Run with `cargo bench -p autopar-runtime --bench collectives`.
 
-use autopar_runtime::collective::{connect, fabric, Algorithm, Buffer, Endpoint};
-use autopar_runtime::launch::LaunchEnv;
+use autopar_comm::collective::{connect, fabric, Algorithm, Buffer, Endpoint};
+use autopar_comm::launch::LaunchEnv;
 use std::time::{Duration, Instant};
 
 const REPEATS: usize = 5;
@@ -17,7 +17,7 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The endpoints of `world` ranks on loopback TCP, connected from one thread each.
 fn tcp(world: usize) -> Vec<Endpoint> {
-    let port = autopar_runtime::launch::loopback_test_port().expect("a loopback port");
+    let port = autopar_comm::launch::loopback_test_port().expect("a loopback port");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| s.spawn(move || connect(&LaunchEnv::loopback(rank, world, port), TIMEOUT, TIMEOUT)))
