@@ -15,8 +15,9 @@ pub mod cuda;
 /// Collectives and launch, now their own crate; re-exported for the paths
 /// that name them here.
 pub use autopar_comm::{collective, launch};
+/// Execution's training pieces and traces, now in `autopar-exec`;
+/// re-exported for the paths that name them here.
+pub use autopar_exec::{trace, train};
 /// Lowering, now its own crate; re-exported for the paths that name it here.
 pub use autopar_lower as lower;
 pub mod sim;
-pub mod trace;
-pub mod train;

@@ -1,18 +1,17 @@
 //! One rank per process: the same rank interpreter, with its peers in other
 //! processes (on other GPUs or hosts) reached through a TCP
-//! [`Endpoint`](crate::collective::connect). Every rank sends its step
+//! [`Endpoint`](autopar_comm::collective::connect). Every rank sends its step
 //! results and totals to rank 0 as uncounted bookkeeping, so rank 0 reports
 //! the run as a one-process run would.
 
 use super::rank::{RankRun, StepDone};
 use super::{
-    collect_steps, loss_reporters, Backend, CpuBackend, ExecError, RankReport, StepReport, TrainOptions,
-    TrainReport,
+    collect_steps, loss_reporters, Backend, ExecError, RankReport, StepReport, TrainOptions, TrainReport,
 };
-use crate::collective::{Buffer, CommError, Endpoint};
-use crate::lower::{Program, TrainingGraph};
 use crate::trace::TraceEvent;
 use crate::train::TokenSource;
+use autopar_comm::collective::{Buffer, CommError, Endpoint};
+use autopar_lower::{Program, TrainingGraph};
 use std::collections::BTreeMap;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -33,21 +32,6 @@ pub struct RankResult<R> {
     /// This rank's timed instructions and memory samples (when traced),
     /// timed from this process's start of the run.
     pub trace: Vec<TraceEvent>,
-}
-
-/// [`train_rank_on`] on the CPU backend.
-pub fn train_rank(
-    t: &TrainingGraph,
-    programs: &[Program],
-    endpoint: Endpoint,
-    data: &TokenSource,
-    opts: &TrainOptions,
-    progress: &(dyn Fn(&StepReport) + Sync),
-) -> Result<RankResult<TrainReport>, ExecError> {
-    let backend = CpuBackend {
-        precision: opts.precision,
-    };
-    train_rank_on(t, programs, endpoint, data, opts, progress, backend)
 }
 
 /// Runs rank `endpoint.rank()` of `programs` in this process on `backend`;

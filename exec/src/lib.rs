@@ -1,24 +1,32 @@
 //! Running per-rank programs: one thread per rank, each interpreting its
-//! [`Program`] over a [`Backend`] (the reference kernels on the host here;
-//! `runtime::cuda` on a GPU), talking to the others through in-process
-//! collectives that run the real algorithms and count bytes. A rank that
-//! fails or waits too long aborts every rank, so a broken plan ends with an
-//! error naming the rank and instruction, never a hang.
+//! [`Program`] over a [`Backend`] (the reference kernels on the host in
+//! `autopar-cpu`; `autopar-cuda` on a GPU), talking to the others through
+//! in-process collectives that run the real algorithms and count bytes. A
+//! rank that fails or waits too long aborts every rank, so a broken plan
+//! ends with an error naming the rank and instruction, never a hang. The
+//! training pieces the interpreter runs (optimizer, data, initialization)
+//! are in [`train`], its per-instruction time spans in [`trace`].
+//!
+//! Architecture invariant: nothing here names a device or a kernel; every
+//! tensor operation goes through the [`Backend`] trait, which the backend
+//! crates implement.
 
 mod backend;
 mod distributed;
 mod overlap;
 mod rank;
 mod slices;
+pub mod trace;
+pub mod train;
 
-pub use backend::{Backend, BackendError, CpuBackend, DeviceCollectives, Order};
-pub use distributed::{train_rank, train_rank_on, RankResult};
+pub use backend::{Backend, BackendError, DeviceCollectives, Order};
+pub use distributed::{train_rank_on, RankResult};
 
-use crate::collective::{fabric, CommError};
-use crate::lower::{Instr, Program, TrainingGraph};
 use crate::train::{Optimizer, TokenSource};
+use autopar_comm::collective::{fabric, CommError};
 use autopar_ir::interp::Precision;
 use autopar_ir::Value;
+use autopar_lower::{Instr, Program, TrainingGraph};
 use rank::{RankRun, StepDone};
 use std::collections::BTreeMap;
 use std::sync::{mpsc, Arc};
@@ -123,22 +131,7 @@ pub enum ExecError {
     Unsupported(String),
 }
 
-/// Runs `programs` (one per rank) for `opts.steps` steps from the training
-/// graph's initial weights on the CPU, calling `progress` after each step.
-pub fn train(
-    t: &TrainingGraph,
-    programs: &[Program],
-    data: &TokenSource,
-    opts: &TrainOptions,
-    progress: &(dyn Fn(&StepReport) + Sync),
-) -> Result<TrainReport, ExecError> {
-    let precision = opts.precision;
-    train_on(t, programs, data, opts, progress, &|_| {
-        Ok(CpuBackend { precision })
-    })
-}
-
-/// [`train`] with each rank's tensors and kernels on the backend that
+/// `autopar_cpu::train` with each rank's tensors and kernels on the backend that
 /// `backend` makes for that rank (called on the rank's own thread).
 pub fn train_on<B: Backend>(
     t: &TrainingGraph,
@@ -267,7 +260,7 @@ fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) 
         })
         .collect();
     // Parameter → tensor-parallel index → that slice's ZeRO pieces.
-    type Pieces = Vec<(Option<crate::lower::Shard>, Value)>;
+    type Pieces = Vec<(Option<autopar_lower::Shard>, Value)>;
     let mut gradients: BTreeMap<String, BTreeMap<usize, Pieces>> = BTreeMap::new();
     let mut ranks = Vec::new();
     let mut events = Vec::new();
@@ -302,10 +295,10 @@ fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) 
 fn whole_gradient(
     t: &TrainingGraph,
     param: &str,
-    by_tp: &BTreeMap<usize, Vec<(Option<crate::lower::Shard>, Value)>>,
+    by_tp: &BTreeMap<usize, Vec<(Option<autopar_lower::Shard>, Value)>>,
 ) -> Option<Value> {
     let Some(slice) = t.slices.get(param).or_else(|| t.expert_slices.get(param)) else {
-        return crate::collective::values::assemble(by_tp.values().next()?);
+        return autopar_comm::collective::values::assemble(by_tp.values().next()?);
     };
     let local = t
         .graph
@@ -319,7 +312,7 @@ fn whole_gradient(
     let pieces = by_tp
         .values()
         .map(|p| {
-            let mut v = crate::collective::values::assemble(p)?;
+            let mut v = autopar_comm::collective::values::assemble(p)?;
             v.shape = dims.clone();
             Some(v)
         })

@@ -12,10 +12,10 @@
 //!   training graphs (see [`ops`]).
 //!
 //! Collective bandwidth comes from the runtime's own ring all-reduce
-//! ([`crate::collective`]) between ranks that are threads of this process,
+//! ([`autopar_comm::collective`]) between ranks that are threads of this process,
 //! as a CPU run's ranks are.
 
-use crate::collective::{fabric, Algorithm, Buffer, CommError};
+use autopar_comm::collective::{fabric, Algorithm, Buffer, CommError};
 use autopar_cost_models::calibration::{Calibration, MatmulSample, FORMAT};
 use autopar_ir::{BinaryOp, DType, Data, Op, OpError, Value};
 use std::hint::black_box;

@@ -4,7 +4,7 @@
 //! one track for computation and one for communication, and a counter of
 //! live bytes.
 
-use crate::lower::Instr;
+use autopar_lower::Instr;
 use serde_json::{json, Value};
 
 /// Which track of a rank an event belongs to.
@@ -116,7 +116,7 @@ pub fn chrome_json(events: &[TraceEvent], ranks: &[usize]) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lower::Buf;
+    use autopar_lower::Buf;
 
     #[test]
     fn spans_and_counters_become_trace_events() {

@@ -3,10 +3,10 @@
 //! and inputs it cannot classify are named. (Zoo models import weightless,
 //! so the test initializes them with the training crate's initializer.)
 
+use autopar_exec::train::initialize;
 use autopar_ir::interp::{run, Precision};
 use autopar_ir::{DType, Graph, Value};
-use autopar_runtime::lower::training_graph;
-use autopar_runtime::train::initialize;
+use autopar_lower::training_graph;
 use std::collections::BTreeMap;
 
 fn tiny_gpt() -> Graph {

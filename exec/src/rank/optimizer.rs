@@ -2,11 +2,11 @@
 //! it), and the gradients a run records for checking.
 
 use super::{missing, slice_of, Failure, GradPiece, RankError, RankRun};
-use crate::collective::values::slice;
-use crate::cpu::parallel::backend::Backend;
-use crate::lower::Shard;
+use crate::backend::Backend;
 use crate::train::decays;
+use autopar_comm::collective::values::slice;
 use autopar_ir::{Graph, TensorId};
+use autopar_lower::Shard;
 
 impl<B: Backend> RankRun<'_, B> {
     /// The optimizer update of `param` (or of this rank's shard of it).

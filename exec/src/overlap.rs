@@ -10,7 +10,7 @@
 //! inline; the collectives are the same algorithms over the same endpoint,
 //! so results are bitwise those of running them inline.
 
-use crate::collective::{Algorithm, Buffer, CommError, Endpoint};
+use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint};
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::thread::JoinHandle;

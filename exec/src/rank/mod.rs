@@ -13,14 +13,14 @@ use super::backend::{Backend, BackendError, DeviceCollectives};
 use super::overlap::CommStream;
 use super::slices;
 use super::{ExecError, TrainOptions};
-use crate::collective::values::shard_of;
-use crate::collective::Endpoint;
-use crate::lower::blocking::continues_transfers;
-use crate::lower::{Buf, Instr, Program, Shard, TrainingGraph};
 use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::TokenSource;
+use autopar_comm::collective::values::shard_of;
+use autopar_comm::collective::Endpoint;
 use autopar_ir::interp::widen;
 use autopar_ir::{NodeIndex, TensorId, Value};
+use autopar_lower::blocking::continues_transfers;
+use autopar_lower::{Buf, Instr, Program, Shard, TrainingGraph};
 use data_parallel::Landing;
 pub(super) use error::{Failure, RankError};
 use execute::At;
@@ -320,8 +320,8 @@ impl<'a, B: Backend> RankRun<'a, B> {
 pub(super) fn slice_of(
     t: &TrainingGraph,
     param: &str,
-    coord: crate::lower::Coord,
-) -> Option<(crate::lower::WeightSlice, usize, usize)> {
+    coord: autopar_lower::Coord,
+) -> Option<(autopar_lower::WeightSlice, usize, usize)> {
     if let Some(s) = t.slices.get(param) {
         return Some((*s, coord.tp, t.tp));
     }

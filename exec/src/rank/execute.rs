@@ -4,11 +4,11 @@
 
 use super::data_parallel::GradSum;
 use super::{missing, on_device, Failure, GradPiece, RankRun};
-use crate::collective::values::{from_buffer, to_buffer};
-use crate::cpu::parallel::backend::{Backend, Order};
-use crate::lower::program::Payload;
-use crate::lower::{Buf, Instr};
+use crate::backend::{Backend, Order};
+use autopar_comm::collective::values::{from_buffer, to_buffer};
 use autopar_cost_models::comm::Algorithm;
+use autopar_lower::program::Payload;
+use autopar_lower::{Buf, Instr};
 
 /// Where an instruction runs: its step, and how errors from peers name it.
 #[derive(Clone, Copy)]

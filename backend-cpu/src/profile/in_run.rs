@@ -6,15 +6,16 @@
 //! between instructions that no kernel accounts for.
 
 use super::{node_time, Plan, ProfileError};
-use crate::cpu::parallel::{train, TrainOptions};
-use crate::lower::{for_strategy, lower, Strategy};
-use crate::trace::TraceEvent;
-use crate::train::{initialize, Optimizer, TokenSource};
+use crate::train;
 use autopar_cost_models::calibration::InterpreterCost;
 use autopar_cost_models::{Calibration, Cluster};
+use autopar_exec::trace::TraceEvent;
+use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::TrainOptions;
 use autopar_import::ModelSpec;
 use autopar_ir::interp::Precision;
 use autopar_ir::NodeIndex;
+use autopar_lower::{for_strategy, lower, Strategy};
 use std::collections::HashMap;
 
 /// Steps run; the first (warm-up) is left out, and each figure is the

@@ -1,12 +1,12 @@
 //! Why an instruction failed on a rank. The step loop wraps it with the
-//! rank, step and instruction ([`crate::cpu::parallel::ExecError::Rank`]).
+//! rank, step and instruction ([`crate::ExecError::Rank`]).
 
-use crate::collective::values::ValueMismatch;
-use crate::collective::CommError;
-use crate::cpu::parallel::backend::BackendError;
-use crate::lower::Buf;
+use crate::backend::BackendError;
 use crate::train::DataError;
+use autopar_comm::collective::values::ValueMismatch;
+use autopar_comm::collective::CommError;
 use autopar_ir::ValueError;
+use autopar_lower::Buf;
 
 /// What went wrong inside one instruction, apart from communication.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +49,7 @@ pub enum RankError {
     UnevenGather,
     #[error("nothing to reduce-scatter")]
     NothingToScatter,
-    /// The test hook of [`crate::cpu::parallel::TrainOptions::fault`].
+    /// The test hook of [`crate::TrainOptions::fault`].
     #[error("injected failure (test hook)")]
     Injected,
 }
@@ -57,7 +57,7 @@ pub enum RankError {
 /// A failure inside one instruction: a communication error (already names
 /// rank and instruction) or anything else (named by the caller).
 #[derive(Debug)]
-pub(in crate::cpu::parallel) enum Failure {
+pub(crate) enum Failure {
     Comm(CommError),
     Rank(RankError),
 }

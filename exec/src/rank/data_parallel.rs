@@ -6,14 +6,14 @@
 
 use super::execute::At;
 use super::{missing, on_device, Failure, RankRun};
-use crate::collective::values::{from_buffer, into_buffer, padded, shard_of, to_buffer, unpad};
-use crate::cpu::parallel::backend::{Backend, Order};
-use crate::cpu::parallel::overlap::{CommStream, Done, Job, JobKind};
-use crate::lower::{Buf, Instr, Shard};
+use crate::backend::{Backend, Order};
+use crate::overlap::{CommStream, Done, Job, JobKind};
 use crate::trace::Stream;
+use autopar_comm::collective::values::{from_buffer, into_buffer, padded, shard_of, to_buffer, unpad};
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::interp::run_dtype;
 use autopar_ir::{DType, Value};
+use autopar_lower::{Buf, Instr, Shard};
 use std::sync::Arc;
 
 /// Where the result of an overlapped collective goes, and how to trace it.

@@ -19,14 +19,14 @@
 //! better.
 
 use super::{four_digits, Plan, ProfileError};
-use crate::lower::{training_graph, Feed, TrainingGraph};
-use crate::train::{initialize, TokenSource};
 use autopar_cost_models::calibration::OpRate;
 use autopar_cost_models::measured::{gemm_seconds, gemm_shape, node_work, priced_as_matmul, NodeWork};
 use autopar_cost_models::Calibration;
+use autopar_exec::train::{initialize, TokenSource};
 use autopar_import::ModelSpec;
 use autopar_ir::interp::{run_with, Precision, RunError};
 use autopar_ir::{DType, NodeIndex, Value};
+use autopar_lower::{training_graph, Feed, TrainingGraph};
 use std::collections::BTreeMap;
 use std::time::Instant;
 

@@ -2,10 +2,10 @@
 //! bytes they hold), gradients, weights, and the nodes computed from them.
 
 use super::{missing, Failure, RankError, RankRun};
-use crate::cpu::parallel::backend::Backend;
-use crate::lower::{Buf, Feed};
+use crate::backend::Backend;
 use autopar_ir::interp::{run_dtype, widen};
 use autopar_ir::{DType, Graph, Role, TensorId, Value};
+use autopar_lower::{Buf, Feed};
 use std::sync::Arc;
 
 impl<B: Backend> RankRun<'_, B> {

@@ -3,12 +3,12 @@
 //! through host memory and the fabric.
 
 use super::{on_device, Failure, RankError, RankRun};
-use crate::collective::values::{from_buffer, to_buffer};
-use crate::collective::{Algorithm, Buffer};
-use crate::cpu::parallel::backend::{Backend, Order};
-use crate::cpu::parallel::slices;
-use crate::lower::Buf;
+use crate::backend::{Backend, Order};
+use crate::slices;
+use autopar_comm::collective::values::{from_buffer, to_buffer};
+use autopar_comm::collective::{Algorithm, Buffer};
 use autopar_ir::{CommKind, Graph};
+use autopar_lower::Buf;
 
 impl<B: Backend> RankRun<'_, B> {
     /// A tensor-parallel communication node.
