@@ -5,7 +5,7 @@
 
 use super::training::Feed;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::CommKind;
+use autopar_ir::{CommKind, Graph, Node, Role, TensorId};
 use serde::{Deserialize, Serialize};
 
 /// A rank's place on the mesh.
@@ -399,6 +399,28 @@ impl Instr {
             Instr::SumTiedGrads { key, .. } => format!("sum the tied gradients of '{key}'"),
         }
     }
+}
+
+/// How a node's input reaches it in a program.
+pub enum Operand {
+    /// The micro-batch's buffer of the tensor.
+    Buffer(TensorId),
+    /// A parameter: held by the rank, or gathered into a per-step buffer (ZeRO-3).
+    Param(TensorId),
+}
+
+/// The inputs of `n` a program provides, in order (constants belong to the
+/// node): the simulator's and the GPU memory planner's one definition of
+/// what a `Compute` reads, so it sits with the programs both crates read.
+pub fn operands<'a>(g: &'a Graph, n: &'a Node) -> impl Iterator<Item = Operand> + 'a {
+    n.inputs
+        .iter()
+        .flatten()
+        .filter_map(move |&x| match g.tensor(x).role {
+            Role::Constant => None,
+            Role::Parameter => Some(Operand::Param(x)),
+            _ => Some(Operand::Buffer(x)),
+        })
 }
 
 #[cfg(test)]

@@ -20,4 +20,5 @@ pub use autopar_comm::{collective, launch};
 pub use autopar_exec::{trace, train};
 /// Lowering, now its own crate; re-exported for the paths that name it here.
 pub use autopar_lower as lower;
-pub mod sim;
+/// The simulator, now its own crate; re-exported for the paths that name it here.
+pub use autopar_sim as sim;

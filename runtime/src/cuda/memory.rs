@@ -23,9 +23,9 @@
 
 use crate::lower::program::BufferUse;
 use crate::lower::{Buf, Instr, Program, TrainingGraph};
-use crate::sim::compile::{operands, Operand};
 use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_ir::{DType, Graph, NodeIndex, TensorId};
+use autopar_lower::program::{operands, Operand};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound::{Excluded, Included};

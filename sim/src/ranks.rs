@@ -5,7 +5,7 @@
 //! for all of them, and a collective among ranks of one class starts as
 //! soon as its representative reaches it.
 
-use crate::lower::{Coord, Strategy};
+use autopar_lower::{Coord, Strategy};
 use std::collections::HashMap;
 use std::sync::Mutex;
 

@@ -5,10 +5,10 @@
 
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
-use crate::lower::program::{Payload, Transfer};
-use crate::lower::{Buf, Instr, Program};
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, DType, Graph, Node, Op, Role, TensorId};
+use autopar_ir::{CommGroup, DType, Graph, Op};
+use autopar_lower::program::{operands, Operand, Payload, Transfer};
+use autopar_lower::{Buf, Instr, Program};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 /// Which stream of a rank an instruction occupies. Collectives of
@@ -174,7 +174,7 @@ struct NodeFacts {
 impl<'g> GraphIndex<'g> {
     /// Indexes `t`'s graph for a plan with ZeRO stage `zero`, with each
     /// node's seconds from `pricing`.
-    pub fn new(t: &'g crate::lower::TrainingGraph, zero: u8, pricing: &Pricing) -> GraphIndex<'g> {
+    pub fn new(t: &'g autopar_lower::TrainingGraph, zero: u8, pricing: &Pricing) -> GraphIndex<'g> {
         let g = &t.graph;
         let mut tensor_id = HashMap::default();
         let mut tensor_bytes = Vec::new();
@@ -255,28 +255,6 @@ impl<'g> GraphIndex<'g> {
     pub fn graph(&self) -> &Graph {
         self.g
     }
-}
-
-/// How a node's input reaches it in a program.
-pub(crate) enum Operand {
-    /// The micro-batch's buffer of the tensor.
-    Buffer(TensorId),
-    /// A parameter: held by the rank, or gathered into a per-step buffer (ZeRO-3).
-    Param(TensorId),
-}
-
-/// The inputs of `n` a program provides, in order (constants belong to the
-/// node): the simulator's and the GPU memory planner's one definition of
-/// what a `Compute` reads.
-pub(crate) fn operands<'a>(g: &'a Graph, n: &'a Node) -> impl Iterator<Item = Operand> + 'a {
-    n.inputs
-        .iter()
-        .flatten()
-        .filter_map(move |&x| match g.tensor(x).role {
-            Role::Constant => None,
-            Role::Parameter => Some(Operand::Param(x)),
-            _ => Some(Operand::Buffer(x)),
-        })
 }
 
 /// Compiles `p` (a representative rank's program) against `index` and `pricing`.

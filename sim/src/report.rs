@@ -6,9 +6,9 @@
 use super::compile::{Activity, Compiled};
 use super::engine::Timeline;
 use super::ranks::Representatives;
-use crate::lower::Strategy;
-use crate::trace::TraceEvent;
 use autopar_cost_models::TimeBreakdown;
+use autopar_exec::trace::TraceEvent;
+use autopar_lower::Strategy;
 use serde::Serialize;
 use std::collections::BTreeMap;
 

@@ -1,12 +1,16 @@
 //! The simulator: a plan's per-rank programs replayed in virtual time.
 //!
-//! Lowering makes the programs ([`crate::lower`]); [`pricing`] gives every
+//! Lowering makes the programs ([`autopar_lower`]); [`pricing`] gives every
 //! instruction a duration from the cost models (or a measured calibration);
 //! [`compile`] turns each program into lanes, durations and dependencies;
 //! [`engine`] replays them, one compute and one communication stream per
 //! rank, sends before receives, collectives when every member has arrived.
 //! Big plans replay one representative rank per pipeline stage
 //! ([`ranks`]); the report says when it did.
+//!
+//! Architecture invariant: nothing here executes an op or moves a value;
+//! the simulator only prices and replays the programs lowering made, and
+//! borrows from execution no more than its trace format (`autopar_exec::trace`).
 
 pub mod compile;
 pub mod engine;
@@ -14,8 +18,8 @@ pub mod pricing;
 pub mod ranks;
 pub mod report;
 
-use crate::lower::{self, LowerError, Strategy, TrainingGraph};
-use crate::trace::{Stream, TraceEvent};
+use autopar_exec::trace::{Stream, TraceEvent};
+use autopar_lower::{self as lower, LowerError, Strategy, TrainingGraph};
 use compile::{Compiler, GraphIndex, Lane};
 pub use pricing::{Pricing, PricingError, PricingOptions};
 use ranks::Representatives;

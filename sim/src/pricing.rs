@@ -13,16 +13,16 @@
 //!   kernel): when the calibration holds measured per-op rates
 //!   (`autopar profile`), each node is priced from its op's measured rate.
 
-use crate::cpu::profile::node_time;
-use crate::lower::TrainingGraph;
 use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
 use autopar_cost_models::compute::Rates;
+use autopar_cost_models::measured::node_time;
 use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_cost_models::workload::kernels::{self, Context, ProductSplit};
 use autopar_cost_models::workload::{is_residual_add, AttentionKernel};
 use autopar_cost_models::{Calibration, Cluster};
 use autopar_ir::interp::Precision;
 use autopar_ir::{DType, Graph, NodeIndex, Op, Role, TensorType, UnaryOp};
+use autopar_lower::TrainingGraph;
 use std::collections::{HashMap, HashSet};
 
 /// How the programs' kernels run.
