@@ -79,13 +79,13 @@ BIN=target/release/autopar
 echo "== CUDA tests" | tee -a "$LOG"
 # On this machine a missing compiler or GPU is a failure, never a skip.
 export AUTOPAR_REQUIRE_NVRTC=1 AUTOPAR_REQUIRE_GPU=1
-if cargo test --release -p autopar-runtime --features cuda --lib cuda >>"$LOG" 2>&1 &&
-   cargo test --release -p autopar-runtime --features cuda --test cuda_kernels --test parallel -- cuda >>"$LOG" 2>&1; then
+if cargo test --release -p autopar-cuda --features cuda --lib >>"$LOG" 2>&1 &&
+   cargo test --release -p autopar-cuda --features cuda --test cuda_kernels --test parallel -- cuda >>"$LOG" 2>&1; then
   record tests ok "kernel numerics, compilation and the parallel-strategy suite on CUDA"
 else
   record tests fail "see gpu-check.log (search for 'panicked' or 'FAILED')"
 fi
-if cargo test --release -p autopar-runtime --features cuda --test parallel -- cuda::hybrid >>"$LOG" 2>&1; then
+if cargo test --release -p autopar-cuda --features cuda --test parallel -- cuda::hybrid >>"$LOG" 2>&1; then
   record hybrid-on-one-gpu ok "dp2 x pp2 (4 ranks) and dp2 x tp2 x pp2 (8 ranks) match one rank on CUDA"
 else
   record hybrid-on-one-gpu fail "see gpu-check.log"

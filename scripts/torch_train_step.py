@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch baseline for `cargo bench -p autopar-runtime --bench train_step`.
+"""PyTorch baseline for `cargo bench -p autopar-cpu --bench train_step`.
 
 Builds the zoo GPT of a `gpt:` spec the way `import/src/zoo/gpt.rs` does
 (learned positions, pre-LayerNorm layers, fused QKV with bias, causal

@@ -9,8 +9,8 @@
 use crate::model;
 use anyhow::{bail, Context, Result};
 use autopar_import::onnx::read_tensor_file;
+use autopar_ir::interp::{self, Precision};
 use autopar_ir::Value;
-use autopar_runtime::cpu::{self, Precision};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -93,7 +93,7 @@ pub fn run(
         };
         feeds.insert(name, value);
     }
-    let actual = cpu::run(&graph, &feeds, precision).with_context(|| format!("running {model_arg}"))?;
+    let actual = interp::run(&graph, &feeds, precision).with_context(|| format!("running {model_arg}"))?;
     if actual.len() != expected.len() {
         bail!(
             "{model_arg} has {} outputs but {} holds {}",
@@ -109,7 +109,7 @@ pub fn run(
         } else {
             name.clone()
         };
-        let Some(c) = cpu::compare(a, e) else {
+        let Some(c) = interp::compare(a, e) else {
             bail!(
                 "output '{name}': shape {:?} differs from the reference {:?}",
                 a.shape,
@@ -177,7 +177,7 @@ fn check_gradients(
         .with_context(|| format!("{}: cannot read", manifest_path.display()))?;
     let manifest: Manifest =
         serde_json::from_str(&text).with_context(|| manifest_path.display().to_string())?;
-    let d = autopar_runtime::autodiff::differentiate(graph)?;
+    let d = autopar_ir::autodiff::differentiate(graph)?;
     let Some((_, cotangent_input)) = d
         .cotangents
         .iter()
@@ -204,8 +204,8 @@ fn check_gradients(
             }
         }
     }
-    let outs = cpu::run(&d.graph, &feeds, precision).context("running the backward pass")?;
-    let computed = autopar_runtime::autodiff::gradients_by_name(&d, &outs);
+    let outs = interp::run(&d.graph, &feeds, precision).context("running the backward pass")?;
+    let computed = autopar_ir::autodiff::gradients_by_name(&d, &outs);
     let mut references = vec![];
     for (name, entry) in &manifest.grads {
         let path = dir.join(&entry.file);
@@ -228,7 +228,7 @@ fn check_gradients(
     let mut checks = vec![];
     for (name, reference) in references {
         let check = match computed.get(name) {
-            Some(value) => match cpu::compare(value, &reference) {
+            Some(value) => match interp::compare(value, &reference) {
                 Some(c) => OutputCheck {
                     name: name.clone(),
                     max_abs_error: c.max_abs,

@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use autopar::{check, convert, estimate, inspect, plan};
-use autopar_runtime::cpu::Precision;
+use autopar_ir::interp::Precision;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -392,7 +392,7 @@ fn run_command(a: RunArgs) -> Result<()> {
             let _ = emit(&format!("{}\n", run::plan_line(p, ranks)));
         }
     };
-    let on_step = |s: &autopar_runtime::cpu::parallel::StepReport, tokens: usize| {
+    let on_step = |s: &autopar_exec::StepReport, tokens: usize| {
         let line = run::step_line(s, tokens);
         match (&bar, json) {
             (Some(bar), false) => {
@@ -571,7 +571,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             output,
             quick,
         } => {
-            let options = autopar_runtime::cpu::profile::ProfileOptions { quick };
+            let options = autopar_cpu::profile::ProfileOptions { quick };
             if let Some(cal) = autopar::profile::run(backend, &output, &options)? {
                 emit(&autopar::profile::render(&cal, &output))?;
             }

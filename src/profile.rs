@@ -4,12 +4,12 @@
 use crate::output;
 use crate::run::rendezvous_wait;
 use anyhow::{Context, Result};
+use autopar_comm::collective::connect;
+use autopar_comm::launch::LaunchEnv;
 use autopar_cost_models::Calibration;
+use autopar_cpu::profile::{profile, ProfileOptions};
+use autopar_cuda as cuda;
 use autopar_ir::DType;
-use autopar_runtime::collective::connect;
-use autopar_runtime::cpu::profile::{profile, ProfileOptions};
-use autopar_runtime::cuda;
-use autopar_runtime::launch::LaunchEnv;
 use std::path::Path;
 use std::time::Duration;
 

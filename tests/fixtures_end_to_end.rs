@@ -3,8 +3,8 @@
 //! rewrites, f32 and f64), JSON round trips, and `inspect` snapshots.
 
 use autopar::{check, inspect, model};
+use autopar_ir::interp::Precision;
 use autopar_ir::json;
-use autopar_runtime::cpu::Precision;
 use std::path::PathBuf;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");

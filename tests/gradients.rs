@@ -3,7 +3,7 @@
 //! ≤ 1e-6 in f64, ≤ 1e-4 in f32), with and without rewrites.
 
 use autopar::check;
-use autopar_runtime::cpu::Precision;
+use autopar_ir::interp::Precision;
 use std::path::PathBuf;
 
 const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");

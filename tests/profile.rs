@@ -56,7 +56,7 @@ fn unknown_backend_is_a_usage_error() {
 
 #[test]
 fn cuda_without_a_gpu_fails_in_one_line_and_writes_nothing() {
-    if autopar_runtime::cuda::probe(0).is_ok() {
+    if autopar_cuda::probe(0).is_ok() {
         eprintln!("skipped cuda_without_a_gpu_fails_in_one_line_and_writes_nothing: this machine has a GPU");
         return;
     }

@@ -190,7 +190,7 @@ fn a_truncated_plan_is_named() {
 
 #[test]
 fn cuda_without_a_gpu_is_refused_in_one_line() {
-    if autopar_runtime::cuda::probe(0).is_ok() {
+    if autopar_cuda::probe(0).is_ok() {
         eprintln!("skipped cuda_without_a_gpu_is_refused_in_one_line: this machine has a GPU");
         return;
     }
@@ -225,7 +225,7 @@ fn a_missing_data_file_is_named() {
 
 /// A loopback port no other test of this process is using.
 fn free_port() -> u16 {
-    autopar_runtime::launch::loopback_test_port().expect("a free loopback port")
+    autopar_comm::launch::loopback_test_port().expect("a free loopback port")
 }
 
 /// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.

@@ -6,7 +6,7 @@
 //! NCCL's tests report, so the two fabrics and the cost model's link
 //! figures can be set side by side.
 //!
-//! Run with `cargo bench -p autopar-runtime --bench collectives`.
+//! Run with `cargo bench -p autopar-comm --bench collectives`.
 
 use autopar_comm::collective::{connect, fabric, Algorithm, Buffer, Endpoint};
 use autopar_comm::launch::LaunchEnv;

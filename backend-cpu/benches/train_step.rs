@@ -1,0 +1,196 @@
+//! Wall time of one training step on the CPU backend: forward, token
+//! cross-entropy, backward, gradient reduction and an AdamW update, in f32,
+//! for each model on one rank and on two ranks (two threads) sharing the same
+//! global batch: data parallelism (dp=2) and, for the zoo GPT, a two-stage
+//! 1F1B pipeline (pp=2). The dp=2 layout runs twice: with gradient
+//! reduction overlapping the backward pass on each rank's communication
+//! worker (the default), and inline ("dp=2 inline"), to measure what the
+//! overlap gains. Each row trains a few warm-up steps, then reports
+//! the median of the measured steps' wall time (the slowest rank's
+//! `StepReport::seconds`) and tokens/s = global batch · seq / step time, and
+//! each model ends with the speed-up of its two-rank rows over one rank.
+//!
+//! Run with `cargo bench -p autopar-cpu --bench train_step` (release
+//! build; the zoo GPT takes a few seconds a step on a small machine).
+//! `scripts/torch_train_step.py` times the same zoo GPT step in PyTorch.
+
+use autopar_cpu::train;
+use autopar_exec::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR};
+use autopar_exec::TrainOptions;
+use autopar_import::onnx;
+use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
+use autopar_lower::{lower, training_graph, Strategy};
+use autopar_rewrite::{canonicalize, detect_blocks};
+use std::error::Error;
+use std::path::Path;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// Steps trained before timing (first-touch allocations, optimizer state).
+const WARMUP: usize = 2;
+/// Steps whose median is reported.
+const MEASURED: usize = 5;
+/// Seed of the synthetic tokens and of the zoo model's weights.
+const SEED: u64 = 1;
+
+/// The ONNX model with a fixed `[2, 16]` token input.
+const ONNX_MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../fixtures/models/gpt2-tiny.ts.onnx"
+);
+/// A GPT-2-style decoder of about 21 M parameters (tied embeddings).
+const ZOO_MODEL: &str = "gpt:layers=4,hidden=512,heads=8,vocab=8192,seq=256";
+
+/// One model to time, with the batch its rows share.
+struct Model {
+    name: String,
+    graph: Graph,
+    seq: usize,
+    /// Rows per micro-batch (the ONNX model's fixed batch).
+    micro_batch: usize,
+    /// Rows per step, the same for every rank count.
+    global_batch: usize,
+    /// Whether to time a two-stage pipeline too.
+    pipeline: bool,
+}
+
+/// One timed configuration.
+struct Row {
+    ranks: usize,
+    layout: String,
+    step_s: f64,
+    tokens_per_s: f64,
+}
+
+/// The imported model in canonical ops, its layers found.
+fn onnx_model(path: &str) -> Result<Graph> {
+    let imported = onnx::load_model(Path::new(path)).map_err(|e| format!("{path}: {e}"))?;
+    let mut g = canonicalize(&imported).map_err(|e| format!("{path}: {e}"))?.0;
+    g.blocks = detect_blocks(&g).map_err(|e| format!("{path}: {e}"))?;
+    Ok(g)
+}
+
+/// The size of the `[batch, seq]` token input's dim `axis`, when fixed.
+fn fixed_input_dim(g: &Graph, axis: usize) -> Option<usize> {
+    let input = g.inputs.first()?;
+    g.tensor(*input).ty.shape.0.get(axis)?.fixed()
+}
+
+/// The vocabulary: the last dim of the logits output.
+fn vocab(g: &Graph) -> Result<usize> {
+    g.outputs
+        .first()
+        .and_then(|&t| g.tensor(t).ty.shape.0.last()?.fixed())
+        .ok_or_else(|| "the model has no logits output with a fixed vocabulary".into())
+}
+
+fn models() -> Result<Vec<Model>> {
+    let tiny = onnx_model(ONNX_MODEL)?;
+    let batch = fixed_input_dim(&tiny, 0).ok_or("gpt2-tiny: batch is not fixed")?;
+    let seq = fixed_input_dim(&tiny, 1).ok_or("gpt2-tiny: seq is not fixed")?;
+    let mut zoo = autopar_import::zoo::build(ZOO_MODEL).map_err(|e| format!("{ZOO_MODEL}: {e}"))?;
+    initialize(&mut zoo, SEED).map_err(|e| format!("{ZOO_MODEL}: {e}"))?;
+    let zoo_seq = *zoo.bindings.get("seq").ok_or("zoo model without a seq binding")?;
+    Ok(vec![
+        Model {
+            name: "gpt2-tiny.ts.onnx".into(),
+            graph: tiny,
+            seq,
+            micro_batch: batch,
+            global_batch: 2 * batch,
+            pipeline: false,
+        },
+        Model {
+            name: ZOO_MODEL.into(),
+            graph: zoo,
+            seq: zoo_seq,
+            micro_batch: 1,
+            global_batch: 2,
+            pipeline: true,
+        },
+    ])
+}
+
+/// The layouts timed for `m`: one rank, dp=2 (overlapped and inline
+/// communication) and (if asked) pp=2, each with `m.global_batch` rows per
+/// step; `true` where communication overlaps compute.
+fn strategies(m: &Model) -> Vec<(String, Strategy, bool)> {
+    let layers = m.graph.blocks.len();
+    let per_step = m.global_batch / m.micro_batch;
+    let dp2 = Strategy::new(2, 1, layers, m.micro_batch, per_step / 2);
+    let mut out = vec![
+        (
+            "dp=1".to_string(),
+            Strategy::new(1, 1, layers, m.micro_batch, per_step),
+            true,
+        ),
+        ("dp=2".to_string(), dp2.clone(), true),
+        ("dp=2 inline".to_string(), dp2, false),
+    ];
+    if m.pipeline {
+        out.push((
+            "pp=2 1f1b".to_string(),
+            Strategy::new(1, 2, layers, m.micro_batch, per_step),
+            true,
+        ));
+    }
+    out
+}
+
+/// Trains `WARMUP + MEASURED` steps of `m` under `s`; the median measured step.
+fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<Row> {
+    let tokens = s.global_batch() * m.seq;
+    let t = training_graph(&m.graph, s.micro_batch, m.seq, tokens)?;
+    let programs = lower(&t, s)?;
+    let data = TokenSource::synthetic(vocab(&m.graph)?, SEED);
+    let mut opts = TrainOptions::new(
+        Precision::F32,
+        Optimizer::adamw(DEFAULT_ADAMW_LR),
+        WARMUP + MEASURED,
+    );
+    opts.overlap_comm = overlap_comm;
+    let report = train(&t, &programs, &data, &opts, &|_| {})?;
+    let mut times: Vec<f64> = report.steps[WARMUP..].iter().map(|r| r.seconds).collect();
+    times.sort_by(f64::total_cmp);
+    let step_s = times[times.len() / 2];
+    Ok(Row {
+        ranks: programs.len(),
+        layout,
+        step_s,
+        tokens_per_s: tokens as f64 / step_s,
+    })
+}
+
+fn main() -> Result<()> {
+    println!("f32, AdamW; median of {MEASURED} steps after {WARMUP} warm-up steps; one thread per rank");
+    for m in models()? {
+        println!();
+        println!(
+            "{}  ({} layers, {} parameters, global batch {} × seq {}, micro-batch {})",
+            m.name,
+            m.graph.blocks.len(),
+            m.graph.float_parameter_elements(&m.graph.bindings),
+            m.global_batch,
+            m.seq,
+            m.micro_batch
+        );
+        println!("  ranks  layout       step_s   tokens/s");
+        let mut rows = Vec::new();
+        for (layout, s, overlap) in strategies(&m) {
+            let row = time(&m, layout, &s, overlap).map_err(|e| format!("{}: {e}", m.name))?;
+            println!(
+                "  {:>5}  {:<11}  {:>7.3}  {:>9.0}",
+                row.ranks, row.layout, row.step_s, row.tokens_per_s
+            );
+            rows.push(row);
+        }
+        let one = &rows[0];
+        let ratios: Vec<String> = rows[1..]
+            .iter()
+            .map(|r| format!("{} {:.2}×", r.layout, r.tokens_per_s / one.tokens_per_s))
+            .collect();
+        println!("  2 ranks vs 1 (tokens/s): {}", ratios.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,684 @@
+//! Reductions, normalisations, activations, softmax, flash attention and
+//! the gathers with their scatter-add adjoints, as NVRTC kernels.
+
+use super::elementwise::norm;
+use super::{grid, launch, rows, Gpu, View};
+use crate::kernels::{FLASH_BLOCK_K, FLASH_BLOCK_Q, FLASH_MAX_HEAD_DIM, FLASH_THREADS};
+use crate::module::row_major_strides as strides;
+use crate::tensor::{allocate, GpuTensor, Storage};
+use crate::CudaError;
+use autopar_ir::{Activation, DType, GeluApprox, Op, ReduceKind, TensorType};
+use cudarc::driver::LaunchConfig;
+
+/// A float scratch buffer (f32 whatever the run's precision).
+fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, CudaError> {
+    allocate(&gpu.stream, DType::F32, Storage::F32, shape, zeroed)
+}
+
+/// Launches one of gather.cu's kernels, which all read `src` through `idx`
+/// into `out` over `(outer, indexed, axis length, inner)`, one thread per
+/// element of `threads`.
+fn index_kernel(
+    gpu: &Gpu,
+    name: &str,
+    src: &GpuTensor,
+    out: &GpuTensor,
+    idx: &GpuTensor,
+    [outer, indexed, len, inner]: [i64; 4],
+    threads: usize,
+) -> Result<(), CudaError> {
+    let (po, ps, pi) = (gpu.ptr(out), gpu.ptr(src), gpu.ptr(idx));
+    let (fault, code) = gpu.indices.args(&gpu.stream);
+    let k = format!("{name}_{}", suffix(src));
+    launch!(
+        gpu,
+        k,
+        grid(threads),
+        po,
+        ps,
+        pi,
+        outer,
+        indexed,
+        len,
+        inner,
+        fault,
+        code
+    )
+}
+
+/// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.
+fn finish(gpu: &Gpu, acc: GpuTensor, ty: &TensorType) -> Result<GpuTensor, CudaError> {
+    if gpu.float() == Storage::F32 {
+        let shape = acc.shape.clone();
+        return Ok(acc.alias(ty.dtype, shape));
+    }
+    let y = gpu.output(ty)?;
+    let (o, i, n) = (gpu.ptr(&y), gpu.ptr(&acc), acc.numel() as i64);
+    launch!(gpu, "cast_f32_bf16", grid(acc.numel()), o, i, n)?;
+    Ok(y)
+}
+
+/// Product of `dims`.
+fn prod(dims: &[usize]) -> i64 {
+    dims.iter().product::<usize>() as i64
+}
+
+fn suffix(x: &GpuTensor) -> &'static str {
+    x.storage.suffix()
+}
+
+pub(super) fn eval(
+    gpu: &Gpu,
+    op: &Op,
+    args: &[Option<&GpuTensor>],
+    out: &[TensorType],
+) -> Result<Option<Vec<GpuTensor>>, CudaError> {
+    let arg = |i: usize| args.get(i).copied().flatten();
+    let float = |i: usize| super::float_arg(args, i);
+    let ints = |i: usize| arg(i).filter(|x| x.storage == Storage::I64);
+    let Some(x) = arg(0) else { return Ok(None) };
+    let ty = &out[0];
+    Ok(match op {
+        Op::Reduce {
+            kind,
+            axes,
+            noop_with_empty_axes,
+            ..
+        } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            let listed: Vec<i64> = match axes {
+                Some(a) => a.clone(),
+                None => match arg(1) {
+                    Some(t) => match &t.ints {
+                        Some(v) => (**v).clone(),
+                        None => return Ok(None),
+                    },
+                    None => Vec::new(),
+                },
+            };
+            let mut reduced: Vec<usize> = if listed.is_empty() {
+                if *noop_with_empty_axes {
+                    return Ok(Some(vec![x.alias(ty.dtype, x.shape.clone())]));
+                }
+                (0..rank).collect()
+            } else {
+                listed.iter().map(|&a| norm(a, rank)).collect()
+            };
+            reduced.sort_unstable();
+            reduced.dedup();
+            reduce(gpu, *kind, x, &reduced, ty)?.map(|y| vec![y])
+        }
+        Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } if x.storage.is_float() => {
+            let Some(scale) = float(1) else { return Ok(None) };
+            let axis = norm(*axis, x.shape.len());
+            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+            if scale.numel() as i64 != cols || out.len() > 1 {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let (py, px, pg, eps, null) = (gpu.ptr(&y), gpu.ptr(x), gpu.ptr(scale), *epsilon as f32, 0u64);
+            if matches!(op, Op::LayerNorm { .. }) {
+                let pb = match float(2) {
+                    Some(b) if b.numel() as i64 == cols => gpu.ptr(b),
+                    Some(_) => return Ok(None),
+                    None => 0u64,
+                };
+                let k = format!("layernorm_fwd_{}", suffix(x));
+                launch!(
+                    gpu,
+                    k,
+                    rows(rows_n as usize),
+                    py,
+                    null,
+                    null,
+                    px,
+                    pg,
+                    pb,
+                    rows_n,
+                    cols,
+                    eps
+                )?;
+            } else {
+                let k = format!("rmsnorm_fwd_{}", suffix(x));
+                launch!(gpu, k, rows(rows_n as usize), py, null, px, pg, rows_n, cols, eps)?;
+            }
+            Some(vec![y])
+        }
+        Op::NormGrad {
+            axis,
+            epsilon,
+            centre,
+        } if x.storage.is_float() => {
+            let (Some(scale), Some(dy)) = (float(1), float(2)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, x.shape.len());
+            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+            if scale.numel() as i64 != cols || dy.storage != x.storage || out.len() != 2 {
+                return Ok(None);
+            }
+            let (dx, gx) = (gpu.output(&out[0])?, gpu.output(&out[1])?);
+            let (pdx, pgx, pdy) = (gpu.ptr(&dx), gpu.ptr(&gx), gpu.ptr(dy));
+            let (px, pg, eps) = (gpu.ptr(x), gpu.ptr(scale), *epsilon as f32);
+            let kind = if *centre { "layernorm" } else { "rmsnorm" };
+            let k = format!("{kind}_bwd_{}", suffix(x));
+            launch!(
+                gpu,
+                k,
+                rows(rows_n as usize),
+                pdx,
+                pgx,
+                pdy,
+                px,
+                pg,
+                rows_n,
+                cols,
+                eps
+            )?;
+            Some(vec![dx, gx])
+        }
+        Op::Gelu { approximate } if x.storage.is_float() => {
+            let y = gpu.output(ty)?;
+            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+            let tanh = i32::from(*approximate == GeluApprox::Tanh);
+            launch!(
+                gpu,
+                format!("gelu_fwd_{}", suffix(x)),
+                grid(x.numel()),
+                py,
+                px,
+                n,
+                tanh
+            )?;
+            Some(vec![y])
+        }
+        Op::Silu if x.storage.is_float() => {
+            let y = gpu.output(ty)?;
+            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+            launch!(gpu, format!("silu_fwd_{}", suffix(x)), grid(x.numel()), py, px, n)?;
+            Some(vec![y])
+        }
+        Op::ActivationGrad { activation } if x.storage.is_float() => {
+            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
+                return Ok(None);
+            };
+            let dx = gpu.output(ty)?;
+            let (pdx, pdy, px, n) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), x.numel() as i64);
+            let k = |name: &str| format!("{name}_bwd_{}", suffix(x));
+            match activation {
+                Activation::Silu => launch!(gpu, k("silu"), grid(x.numel()), pdx, pdy, px, n)?,
+                Activation::Gelu | Activation::GeluTanh => {
+                    let tanh = i32::from(*activation == Activation::GeluTanh);
+                    launch!(gpu, k("gelu"), grid(x.numel()), pdx, pdy, px, n, tanh)?
+                }
+                Activation::Relu => return Ok(None),
+            }
+            Some(vec![dx])
+        }
+        Op::Softmax { axis } | Op::LogSoftmax { axis } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            if norm(*axis, rank) != rank - 1 {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let cols = x.shape[rank - 1] as i64;
+            let rows_n = x.numel() as i64 / cols.max(1);
+            let log = i32::from(matches!(op, Op::LogSoftmax { .. }));
+            let (py, px) = (gpu.ptr(&y), gpu.ptr(x));
+            launch!(
+                gpu,
+                format!("softmax_fwd_{}", suffix(x)),
+                rows(rows_n as usize),
+                py,
+                px,
+                rows_n,
+                cols,
+                log
+            )?;
+            Some(vec![y])
+        }
+        Op::SoftmaxGrad { axis, log } if x.storage.is_float() => {
+            let rank = x.shape.len();
+            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
+                return Ok(None);
+            };
+            if norm(*axis, rank) != rank - 1 {
+                return Ok(None);
+            }
+            let dx = gpu.output(ty)?;
+            let cols = x.shape[rank - 1] as i64;
+            let rows_n = x.numel() as i64 / cols.max(1);
+            let (pdx, pdy, py, log) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), i32::from(*log));
+            let k = format!("softmax_bwd_{}", suffix(x));
+            launch!(gpu, k, rows(rows_n as usize), pdx, pdy, py, rows_n, cols, log)?;
+            Some(vec![dx])
+        }
+        Op::Attention { scale, causal } => match Flash::of(gpu, args, *scale, *causal, 3) {
+            Some(f) => {
+                let (o, _stats) = f.forward(gpu, ty)?;
+                Some(vec![o])
+            }
+            None => None,
+        },
+        Op::AttentionGrad {
+            scale,
+            causal,
+            mask_grad: false,
+        } => match (Flash::of(gpu, args, *scale, *causal, 4), float(3)) {
+            (Some(f), Some(dout)) if dout.shape == f.q.shape => Some(f.backward(gpu, dout, out)?),
+            _ => None,
+        },
+        Op::Embedding => {
+            let (Some(table), Some(ids)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            if table.shape.len() != 2 {
+                return Ok(None);
+            }
+            // A row gather, so ids wrap and bound as the reference's do.
+            let y = gpu.output(ty)?;
+            let dims = [
+                1,
+                ids.numel() as i64,
+                table.shape[0] as i64,
+                table.shape[1] as i64,
+            ];
+            index_kernel(gpu, "gather", table, &y, ids, dims, y.numel())?;
+            Some(vec![y])
+        }
+        Op::Gather { axis } => {
+            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, data.shape.len());
+            let y = gpu.output(ty)?;
+            let (outer, len, inner) = split_at(&data.shape, axis);
+            let dims = [outer, idx.numel() as i64, len, inner];
+            index_kernel(gpu, "gather", data, &y, idx, dims, y.numel())?;
+            Some(vec![y])
+        }
+        Op::GatherGrad { axis } => {
+            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let dims = super::fixed(ty)?;
+            let axis = norm(*axis, dims.len());
+            let acc = scratch(gpu, dims.clone(), true)?;
+            let (outer, len, inner) = split_at(&dims, axis);
+            let sizes = [outer, idx.numel() as i64, len, inner];
+            index_kernel(gpu, "gather_grad", g, &acc, idx, sizes, g.numel())?;
+            Some(vec![finish(gpu, acc, ty)?])
+        }
+        Op::GatherElements { axis } => {
+            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let axis = norm(*axis, data.shape.len());
+            if !same_except(&data.shape, &idx.shape, axis) {
+                return Ok(None);
+            }
+            let y = gpu.output(ty)?;
+            let (outer, j, inner) = split_at(&idx.shape, axis);
+            let len = data.shape[axis] as i64;
+            index_kernel(
+                gpu,
+                "gather_elements",
+                data,
+                &y,
+                idx,
+                [outer, j, len, inner],
+                y.numel(),
+            )?;
+            Some(vec![y])
+        }
+        Op::GatherElementsGrad { axis } => {
+            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
+                return Ok(None);
+            };
+            let dims = super::fixed(ty)?;
+            let axis = norm(*axis, dims.len());
+            if !same_except(&dims, &idx.shape, axis) || g.shape != idx.shape {
+                return Ok(None);
+            }
+            let acc = scratch(gpu, dims.clone(), true)?;
+            let (outer, j, inner) = split_at(&idx.shape, axis);
+            let len = dims[axis] as i64;
+            index_kernel(
+                gpu,
+                "gather_elements_grad",
+                g,
+                &acc,
+                idx,
+                [outer, j, len, inner],
+                g.numel(),
+            )?;
+            Some(vec![finish(gpu, acc, ty)?])
+        }
+        // Operands the kernels above do not take (integer inputs, a mask
+        // gradient), and the other modules' ops.
+        Op::Reduce { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::NormGrad { .. }
+        | Op::Gelu { .. }
+        | Op::Silu
+        | Op::ActivationGrad { .. }
+        | Op::Softmax { .. }
+        | Op::LogSoftmax { .. }
+        | Op::SoftmaxGrad { .. }
+        | Op::AttentionGrad { .. } => None,
+        elementwise_ops!() | linalg_ops!() | host_ops!() => None,
+    })
+}
+
+/// `dims` as (outer, dims[axis], inner).
+fn split_at(dims: &[usize], axis: usize) -> (i64, i64, i64) {
+    (prod(&dims[..axis]), dims[axis] as i64, prod(&dims[axis + 1..]))
+}
+
+/// Whether `a` and `b` agree on every dim but `axis`.
+fn same_except(a: &[usize], b: &[usize], axis: usize) -> bool {
+    a.len() == b.len() && a.iter().zip(b).enumerate().all(|(i, (x, y))| i == axis || x == y)
+}
+
+/// Reduces `x` over the sorted axes `reduced`: kept dims become rows (by a
+/// transposing copy when the reduced dims are not already the trailing ones).
+fn reduce(
+    gpu: &Gpu,
+    kind: ReduceKind,
+    x: &GpuTensor,
+    reduced: &[usize],
+    ty: &TensorType,
+) -> Result<Option<GpuTensor>, CudaError> {
+    let name = match kind {
+        ReduceKind::Sum => "sum",
+        ReduceKind::Mean => "mean",
+        ReduceKind::Max => "max",
+        ReduceKind::Min => "min",
+        ReduceKind::Prod => return Ok(None),
+    };
+    let rank = x.shape.len();
+    let kept: Vec<usize> = (0..rank).filter(|a| !reduced.contains(a)).collect();
+    let cols = reduced.iter().map(|&a| x.shape[a]).product::<usize>() as i64;
+    let rows_n = kept.iter().map(|&a| x.shape[a]).product::<usize>() as i64;
+    let trailing = reduced
+        .iter()
+        .enumerate()
+        .all(|(i, &a)| a == rank - reduced.len() + i);
+    let moved;
+    let input = if trailing {
+        x
+    } else {
+        let order: Vec<usize> = kept.iter().chain(reduced).copied().collect();
+        let dims: Vec<usize> = order.iter().map(|&a| x.shape[a]).collect();
+        let own = strides(&x.shape);
+        let s: Vec<i64> = order.iter().map(|&a| own[a]).collect();
+        let (Some(iv), Some(ov)) = (View::new(&dims, &s), View::contiguous(&dims)) else {
+            return Ok(None);
+        };
+        moved = allocate(&gpu.stream, x.dtype, x.storage, dims, false)?;
+        gpu.copy_view(&moved, ov, x, iv, x.numel())?;
+        &moved
+    };
+    let y = gpu.output(ty)?;
+    let (py, px) = (gpu.ptr(&y), gpu.ptr(input));
+    launch!(
+        gpu,
+        format!("reduce_rows_{name}_{}", suffix(x)),
+        rows(rows_n as usize),
+        py,
+        px,
+        rows_n,
+        cols
+    )?;
+    Ok(Some(y))
+}
+
+/// The operands of a flash-attention call.
+struct Flash<'a> {
+    q: &'a GpuTensor,
+    k: &'a GpuTensor,
+    v: &'a GpuTensor,
+    mask: FlashMask,
+    scale: f32,
+    causal: i32,
+    dims: [i32; 6],
+}
+
+/// A mask operand as the flash kernels read it (`FlashMask` in
+/// attention.cu): a float pointer or a bool pointer (0 for none), element
+/// strides over (batch, query head, query, key), and the keys it covers.
+#[derive(Clone, Copy, Default)]
+struct FlashMask {
+    float: u64,
+    bool: u64,
+    strides: [i64; 4],
+    len: i32,
+}
+
+impl FlashMask {
+    /// `mask` broadcast to scores `[b, hq, sq, len]` (`len` its last dim,
+    /// at most `sk`); `None` for shapes that do not broadcast.
+    fn of(gpu: &Gpu, mask: &GpuTensor, scores: [usize; 4]) -> Option<FlashMask> {
+        let (st, len) = mask_strides(&mask.shape, scores)?;
+        let p = gpu.ptr(mask);
+        let (float, bool) = match mask.storage {
+            Storage::Bool => (0, p),
+            s if s == gpu.float() => (p, 0),
+            _ => return None,
+        };
+        Some(FlashMask {
+            float,
+            bool,
+            strides: st,
+            len: i32::try_from(len).ok()?,
+        })
+    }
+}
+
+/// Element strides of a contiguous mask of `shape` broadcast to scores
+/// `[b, hq, sq, len]` (0 along broadcast dims), `len` being its last dim,
+/// with `len`; `None` unless the mask has rank 1 to 4, `len ≤ sk` and every
+/// other dim is 1 or the scores'.
+fn mask_strides(shape: &[usize], [b, hq, sq, sk]: [usize; 4]) -> Option<([i64; 4], usize)> {
+    let rank = shape.len();
+    let len = *shape.last()?;
+    if rank > 4 || len > sk {
+        return None;
+    }
+    let target = [b, hq, sq, len];
+    let own = strides(shape);
+    let mut st = [0i64; 4];
+    for (d, (&n, &s)) in shape.iter().zip(&own).enumerate() {
+        let at = d + 4 - rank;
+        match n {
+            1 => {}
+            n if n == target[at] => st[at] = s,
+            _ => return None,
+        }
+    }
+    Some((st, len))
+}
+
+impl<'a> Flash<'a> {
+    /// `None` when the shapes (or the mask, operand `mask_at`) are outside
+    /// the kernel's range (then the host runs the node).
+    fn of(
+        gpu: &Gpu,
+        args: &[Option<&'a GpuTensor>],
+        scale: Option<f64>,
+        causal: bool,
+        mask_at: usize,
+    ) -> Option<Flash<'a>> {
+        let float = |i: usize| super::float_arg(args, i);
+        let (q, k, v) = (float(0)?, float(1)?, float(2)?);
+        if q.shape.len() != 4 || k.shape.len() != 4 || v.shape != k.shape {
+            return None;
+        }
+        let [b, hq, sq, d] = [q.shape[0], q.shape[1], q.shape[2], q.shape[3]];
+        let [bk, hk, sk, dk] = [k.shape[0], k.shape[1], k.shape[2], k.shape[3]];
+        if b != bk || d != dk || hk == 0 || hq % hk != 0 || d > FLASH_MAX_HEAD_DIM as usize {
+            return None;
+        }
+        // Empty sequences and grids past the launch limit go to the host.
+        if [b, hq, sq, sk, d].contains(&0) || b * hq > 65_535 {
+            return None;
+        }
+        let mask = match args.get(mask_at).copied().flatten() {
+            Some(m) => FlashMask::of(gpu, m, [b, hq, sq, sk])?,
+            None => FlashMask::default(),
+        };
+        let scale = scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32;
+        let dims = [b, hq, hk, sq, sk, d].map(|x| x as i32);
+        Some(Flash {
+            q,
+            k,
+            v,
+            mask,
+            scale,
+            causal: i32::from(causal),
+            dims,
+        })
+    }
+
+    fn config(&self, block: usize, seq: i32) -> LaunchConfig {
+        let [b, hq, ..] = self.dims;
+        LaunchConfig {
+            grid_dim: ((seq as usize).div_ceil(block) as u32, (b * hq) as u32, 1),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// The output and the rows' softmax statistics (for the backward pass).
+    fn forward(&self, gpu: &Gpu, ty: &TensorType) -> Result<(GpuTensor, GpuTensor), CudaError> {
+        let [b, hq, hk, sq, sk, d] = self.dims;
+        let o = gpu.output(ty)?;
+        let stats = scratch(gpu, vec![(b * hq * sq) as usize, 2], false)?;
+        let (po, pl, pq, pk, pv) = (
+            gpu.ptr(&o),
+            gpu.ptr(&stats),
+            gpu.ptr(self.q),
+            gpu.ptr(self.k),
+            gpu.ptr(self.v),
+        );
+        let (scale, causal) = (self.scale, self.causal);
+        let FlashMask {
+            float: mf,
+            bool: mb,
+            strides: [msb, msh, msq, msk],
+            len: mlen,
+        } = self.mask;
+        let k = format!("flash_attn_fwd_{}", suffix(self.q));
+        launch!(
+            gpu,
+            k,
+            self.config(FLASH_BLOCK_Q as usize, sq),
+            po,
+            pl,
+            pq,
+            pk,
+            pv,
+            mf,
+            mb,
+            msb,
+            msh,
+            msq,
+            msk,
+            mlen,
+            b,
+            hq,
+            hk,
+            sq,
+            sk,
+            d,
+            scale,
+            causal
+        )?;
+        Ok((o, stats))
+    }
+
+    /// (dq, dk, dv): the forward pass again for the output and statistics,
+    /// the rows' `Σ o·dO`, then the tiled backward into f32 accumulators.
+    fn backward(&self, gpu: &Gpu, dout: &GpuTensor, out: &[TensorType]) -> Result<Vec<GpuTensor>, CudaError> {
+        let [b, hq, hk, sq, sk, d] = self.dims;
+        let (o, stats) = self.forward(gpu, &out[0])?;
+        let rows_n = (b * hq * sq) as i64;
+        let delta = scratch(gpu, vec![rows_n as usize], false)?;
+        let (pdelta, po, pdo) = (gpu.ptr(&delta), gpu.ptr(&o), gpu.ptr(dout));
+        let pre = format!("flash_attn_bwd_pre_{}", suffix(self.q));
+        // One warp per row.
+        launch!(gpu, pre, grid(rows_n as usize * 32), pdelta, po, pdo, rows_n, d)?;
+        let dq = scratch(gpu, self.q.shape.clone(), true)?;
+        let dk = scratch(gpu, self.k.shape.clone(), true)?;
+        let dv = scratch(gpu, self.v.shape.clone(), true)?;
+        let (pdq, pdk, pdv) = (gpu.ptr(&dq), gpu.ptr(&dk), gpu.ptr(&dv));
+        let (pq, pk, pv, pl) = (gpu.ptr(self.q), gpu.ptr(self.k), gpu.ptr(self.v), gpu.ptr(&stats));
+        let (scale, causal) = (self.scale, self.causal);
+        let FlashMask {
+            float: mf,
+            bool: mb,
+            strides: [msb, msh, msq, msk],
+            len: mlen,
+        } = self.mask;
+        let k = format!("flash_attn_bwd_{}", suffix(self.q));
+        launch!(
+            gpu,
+            k,
+            self.config(FLASH_BLOCK_K as usize, sk),
+            pdq,
+            pdk,
+            pdv,
+            pq,
+            pk,
+            pv,
+            pdo,
+            pl,
+            pdelta,
+            mf,
+            mb,
+            msb,
+            msh,
+            msq,
+            msk,
+            mlen,
+            b,
+            hq,
+            hk,
+            sq,
+            sk,
+            d,
+            scale,
+            causal
+        )?;
+        Ok(vec![
+            finish(gpu, dq, &out[0])?,
+            finish(gpu, dk, &out[1])?,
+            finish(gpu, dv, &out[2])?,
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mask_strides;
+
+    /// Masks broadcast to the scores `[b=2, hq=4, sq=5, sk=6]` as the
+    /// reference broadcasts them (right-aligned, size-1 dims repeat).
+    #[test]
+    fn mask_strides_broadcast_like_the_reference() {
+        let scores = [2, 4, 5, 6];
+        assert_eq!(mask_strides(&[2, 1, 5, 6], scores), Some(([30, 0, 6, 1], 6)));
+        assert_eq!(mask_strides(&[5, 6], scores), Some(([0, 0, 6, 1], 6)));
+        assert_eq!(mask_strides(&[2, 4, 1, 6], scores), Some(([24, 6, 0, 1], 6)));
+        // A mask shorter than the keys covers the first keys.
+        assert_eq!(mask_strides(&[1, 5, 3], scores), Some(([0, 0, 3, 1], 3)));
+        assert_eq!(mask_strides(&[6], scores), Some(([0, 0, 0, 1], 6)));
+        assert_eq!(mask_strides(&[1, 1, 1, 1], scores), Some(([0, 0, 0, 0], 1)));
+        // Longer than the keys, a dim that is neither 1 nor the scores', rank 5, rank 0.
+        assert_eq!(mask_strides(&[5, 7], scores), None);
+        assert_eq!(mask_strides(&[3, 5, 6], scores), None);
+        assert_eq!(mask_strides(&[1, 2, 4, 5, 6], scores), None);
+        assert_eq!(mask_strides(&[], scores), None);
+    }
+}

@@ -1,0 +1,148 @@
+//! The simulator against itself and the analytic model: one representative
+//! per stage gives the same step as replaying every rank; a single-stage
+//! plan without communication takes exactly the sum of its instructions;
+//! Megatron-LM's published single-stage runs simulate within 10 % of the
+//! analytic estimate (every row of the table is checked by
+//! `cargo bench -p autopar-sim --bench simulate`).
+
+use autopar_cost_models::calibration::{InterpreterCost, OpRate};
+use autopar_cost_models::published::megatron_sc21;
+use autopar_cost_models::{estimate, AttentionKernel, Calibration, Cluster, Recompute, Workload};
+use autopar_ir::DType;
+use autopar_lower::{for_strategy, Strategy};
+use autopar_sim::{simulate, Pricing, PricingOptions, SimOptions, Simulation};
+
+const ZOO: &str = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=16";
+
+fn run(s: &Strategy, every_rank: bool) -> Simulation {
+    run_with(s, every_rank, &Calibration::default())
+}
+
+fn run_with(s: &Strategy, every_rank: bool, calibration: &Calibration) -> Simulation {
+    let g = autopar_import::zoo::build(ZOO).unwrap();
+    let t = for_strategy(&g, s, 16).unwrap();
+    let cluster = Cluster::preset("dgx-a100-80g")
+        .unwrap()
+        .with_gpus(s.world())
+        .unwrap();
+    let opts = PricingOptions {
+        attention: AttentionKernel::Fused,
+        dropout: false,
+        ..PricingOptions::default()
+    };
+    let pricing = Pricing::new(&t, &cluster, calibration, &opts).unwrap();
+    let sim_opts = SimOptions {
+        every_rank,
+        trace: false,
+    };
+    simulate(&t, s, &pricing, &sim_opts).unwrap()
+}
+
+#[test]
+fn representatives_replay_the_same_step_as_every_rank() {
+    let mut zero1 = Strategy::new(2, 2, 4, 1, 4);
+    zero1.zero = 1;
+    for s in [
+        Strategy::new(2, 2, 4, 1, 4).with_tp(2, false),
+        Strategy::new(2, 1, 4, 1, 2).with_tp(2, true),
+        zero1,
+    ] {
+        let all = run(&s, true);
+        let reps = run(&s, false);
+        assert_eq!(all.simulated_ranks, s.world());
+        assert_eq!(reps.simulated_ranks, s.pp);
+        assert!(reps.reduced());
+        let rel = (all.step_time_s - reps.step_time_s).abs() / all.step_time_s;
+        assert!(rel < 1e-9, "{} vs {}", all.step_time_s, reps.step_time_s);
+        assert!((all.bubble_fraction - reps.bubble_fraction).abs() < 1e-9);
+    }
+}
+
+#[test]
+fn pipelines_idle_in_fill_and_drain_and_more_micro_batches_shrink_it() {
+    let few = run(&Strategy::new(1, 4, 4, 1, 4), false);
+    let many = run(&Strategy::new(1, 4, 4, 1, 16), false);
+    assert!(few.bubble_fraction > 0.2, "{}", few.bubble_fraction);
+    assert!(many.bubble_fraction < few.bubble_fraction);
+    // Without a pipeline nobody waits on another stage.
+    let flat = run(&Strategy::new(1, 1, 4, 1, 4), false);
+    assert!(flat.bubble_fraction < 1e-12, "{}", flat.bubble_fraction);
+    // One rank, no communication: the step is the compute stream's busy time.
+    let r = &flat.per_rank[0];
+    assert!((r.busy_s - flat.step_time_s).abs() < 1e-12 * flat.step_time_s.max(1.0));
+    // Every rank's memory peak includes its weights, gradients and Adam state.
+    assert!(few.per_rank.iter().all(|r| r.peak_memory_bytes > 0.0));
+    let timeline = few.timeline(60, 8);
+    assert_eq!(timeline.lines().count(), 4 + 1, "{timeline}");
+    assert!(timeline.contains('F') && timeline.contains('B') && timeline.contains('.'));
+}
+
+#[test]
+fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate() {
+    for r in megatron_sc21().iter().filter(|r| r.pp == 1) {
+        let cfg = r.config();
+        let g = autopar_import::zoo::build(&r.model_spec()).unwrap();
+        let mut s =
+            Strategy::new(cfg.dp, cfg.pp, r.layers, 1, cfg.global_batch / cfg.dp).with_tp(cfg.tp, false);
+        s.recompute = vec![Recompute::Full; cfg.pp];
+        let t = for_strategy(&g, &s, autopar_cost_models::published::SEQ).unwrap();
+        let cluster = Cluster::preset("dgx-a100-80g")
+            .unwrap()
+            .with_gpus(r.gpus)
+            .unwrap();
+        let calibration = Calibration::default();
+        let opts = r.workload_options();
+        let analytic = estimate(&Workload::build(&g, &opts).unwrap(), &cluster, &calibration, &cfg).unwrap();
+        let pricing = Pricing::new(
+            &t,
+            &cluster,
+            &calibration,
+            &PricingOptions {
+                attention: opts.attention,
+                dropout: opts.dropout,
+                ..PricingOptions::default()
+            },
+        )
+        .unwrap();
+        let sim = simulate(&t, &s, &pricing, &SimOptions::default()).unwrap();
+        let ratio = sim.step_time_s / analytic.step_time_s;
+        assert!((ratio - 1.0).abs() < 0.10, "{} GPUs: {ratio}", r.gpus);
+        // The terms of the slowest stage add up to the simulated step.
+        let sum: f64 = sim.terms(&analytic.breakdown).iter().map(|t| t.simulated_s).sum();
+        assert!((sum - sim.step_time_s).abs() < 1e-6 * sim.step_time_s, "{sum}");
+    }
+}
+
+#[test]
+fn an_interpreter_runs_each_rank_on_one_lane_with_its_measured_costs() {
+    let s = Strategy::new(2, 2, 4, 1, 4);
+    // Measured per-op rates mark an interpreter (the CPU backend).
+    let rate = OpRate {
+        op: "Add".into(),
+        dtype: DType::F32,
+        at_bytes: None,
+        bytes_per_s: Some(1e9),
+        flops_per_s: None,
+    };
+    let measured = Calibration {
+        ops: vec![rate],
+        ..Calibration::default()
+    };
+    let base = run_with(&s, false, &measured);
+    // On one lane nothing overlaps: the slowest rank is never idle for its own communication.
+    assert!(base.per_rank.iter().any(|r| r.communication_s > 0.0));
+    let slower = Calibration {
+        interpreter: Some(InterpreterCost {
+            node_factor: 2.0,
+            instruction_overhead_s: 1e-3,
+        }),
+        ..measured.clone()
+    };
+    let costly = run_with(&s, false, &slower);
+    assert!(
+        costly.step_time_s > 2.0 * base.step_time_s,
+        "{} vs {}",
+        costly.step_time_s,
+        base.step_time_s
+    );
+}
