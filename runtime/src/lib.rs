@@ -15,6 +15,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod launch;
 pub mod lower;
+pub mod session;
 pub mod sim;
 pub mod trace;
 pub mod train;

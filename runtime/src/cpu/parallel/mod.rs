@@ -9,10 +9,12 @@ mod backend;
 mod distributed;
 mod overlap;
 mod rank;
+mod runner;
 mod slices;
 
 pub use backend::{Backend, BackendError, CpuBackend, DeviceCollectives, Order};
 pub use distributed::{train_rank, train_rank_on, RankResult};
+pub use runner::CpuRunner;
 
 use crate::collective::{fabric, CommError};
 use crate::cpu::Precision;
