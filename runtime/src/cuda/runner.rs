@@ -3,10 +3,8 @@
 
 use super::{train, train_rank, CudaOptions, CudaReport};
 use crate::collective::Endpoint;
-use crate::cpu::parallel::{ExecError, RankResult, StepReport, TrainOptions, TrainReport};
-use crate::lower::{Program, TrainingGraph};
-use crate::session::Runner;
-use crate::train::TokenSource;
+use crate::cpu::parallel::{ExecError, RankResult, TrainReport};
+use crate::session::{Runner, Work};
 
 /// Runs a session on the GPU; the report's details are the whole
 /// [`CudaReport`] (device, memory plans and peak, collectives, host nodes).
@@ -16,28 +14,19 @@ pub struct CudaRunner(pub CudaOptions);
 impl Runner for CudaRunner {
     type Details = CudaReport;
 
-    fn train_all(
-        &self,
-        t: &TrainingGraph,
-        programs: &[Program],
-        data: &TokenSource,
-        opts: &TrainOptions,
-        progress: &(dyn Fn(&StepReport) + Sync),
-    ) -> Result<(TrainReport, CudaReport), ExecError> {
-        let c = train(t, programs, data, opts, &self.0, progress)?;
+    fn train_all(&self, w: Work<'_>) -> Result<(TrainReport, CudaReport), ExecError> {
+        let c = train(w.training, w.programs, w.data, w.opts, &self.0, w.progress)?;
         Ok((c.train.clone(), c))
     }
 
     fn train_rank(
         &self,
-        t: &TrainingGraph,
-        programs: &[Program],
+        w: Work<'_>,
         endpoint: Endpoint,
-        data: &TokenSource,
-        opts: &TrainOptions,
-        progress: &(dyn Fn(&StepReport) + Sync),
     ) -> Result<RankResult<(TrainReport, CudaReport)>, ExecError> {
-        let mine = train_rank(t, programs, endpoint, data, opts, &self.0, progress)?;
+        let mine = train_rank(
+            w.training, w.programs, endpoint, w.data, w.opts, &self.0, w.progress,
+        )?;
         Ok(RankResult {
             report: mine.report.map(|c| (c.train.clone(), c)),
             trace: mine.trace,

@@ -25,6 +25,17 @@ use autopar_planner::Plan;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// What a backend trains: the programs (one per rank) of one training
+/// graph, their data and options, and who hears about each step.
+#[derive(Clone, Copy)]
+pub struct Work<'a> {
+    pub training: &'a TrainingGraph,
+    pub programs: &'a [Program],
+    pub data: &'a TokenSource,
+    pub opts: &'a TrainOptions,
+    pub progress: &'a (dyn Fn(&StepReport) + Sync),
+}
+
 /// A backend that runs a session's programs: every rank in this process,
 /// or this process's one rank with its peers in other processes.
 pub trait Runner {
@@ -32,26 +43,15 @@ pub trait Runner {
     /// device, its memory plans and how collectives ran; the CPU: nothing).
     type Details;
 
-    /// Runs every rank of `programs` in this process.
-    fn train_all(
-        &self,
-        t: &TrainingGraph,
-        programs: &[Program],
-        data: &TokenSource,
-        opts: &TrainOptions,
-        progress: &(dyn Fn(&StepReport) + Sync),
-    ) -> Result<(TrainReport, Self::Details), ExecError>;
+    /// Runs every rank of `work` in this process.
+    fn train_all(&self, work: Work<'_>) -> Result<(TrainReport, Self::Details), ExecError>;
 
-    /// Runs rank `endpoint.rank()` of `programs`, reaching the other ranks
+    /// Runs rank `endpoint.rank()` of `work`, reaching the other ranks
     /// through `endpoint`; rank 0 gets the run's report.
     fn train_rank(
         &self,
-        t: &TrainingGraph,
-        programs: &[Program],
+        work: Work<'_>,
         endpoint: Endpoint,
-        data: &TokenSource,
-        opts: &TrainOptions,
-        progress: &(dyn Fn(&StepReport) + Sync),
     ) -> Result<RankResult<(TrainReport, Self::Details)>, ExecError>;
 }
 
@@ -228,14 +228,20 @@ impl Session {
         runner: &R,
         on_step: &(dyn Fn(&StepReport) + Sync),
     ) -> Result<Outcome<R::Details>, SessionError> {
-        let (t, programs, data, opts) = (&self.training, &self.programs, &self.data, &self.opts);
+        let work = Work {
+            training: &self.training,
+            programs: &self.programs,
+            data: &self.data,
+            opts: &self.opts,
+            progress: on_step,
+        };
         let (finished, rank_trace) = if self.launched() {
-            let endpoint =
-                connect(&self.launch, self.rendezvous_wait, opts.timeout).map_err(SessionError::Connect)?;
-            let mine = runner.train_rank(t, programs, endpoint, data, opts, on_step)?;
+            let endpoint = connect(&self.launch, self.rendezvous_wait, self.opts.timeout)
+                .map_err(SessionError::Connect)?;
+            let mine = runner.train_rank(work, endpoint)?;
             (mine.report, Some(mine.trace))
         } else {
-            (Some(runner.train_all(t, programs, data, opts, on_step)?), None)
+            (Some(runner.train_all(work)?), None)
         };
         let report = match finished {
             Some((train, details)) => Some(self.report(train, details)?),
