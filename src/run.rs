@@ -4,21 +4,20 @@
 //! under a launcher (torchrun, Slurm), one rank per process.
 
 use crate::units::{binary, seconds};
-use crate::{model, output, plan, simulate};
+use crate::{model, output, plan};
 use anyhow::{bail, Context, Result};
-use autopar_comm::collective::connect;
 use autopar_comm::launch::LaunchEnv;
 use autopar_cost_models::{AttentionKernel, Calibration};
-use autopar_cpu::{train, train_rank};
-use autopar_cuda::{self as cuda, CudaOptions, CudaReport, GpuPrecision};
-use autopar_exec::trace::{chrome_json, TraceEvent};
-use autopar_exec::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
-use autopar_exec::{StepReport, TrainOptions, TrainReport};
+use autopar_cpu::CpuRunner;
+use autopar_cuda::{self as cuda, CudaOptions, CudaReport, CudaRunner, GpuPrecision};
+use autopar_exec::session::{RunOptions, Session};
+use autopar_exec::trace::chrome_json;
+use autopar_exec::train::{Optimizer, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
+use autopar_exec::StepReport;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Strategy};
 use autopar_planner::{DegreeLimits, Parallel, Plan};
-use autopar_sim::SimOptions;
+use autopar_sim::{simulate_plan, SimOptions};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -298,7 +297,6 @@ pub fn run(
     on_step: &(dyn Fn(&StepReport, usize) + Sync),
 ) -> Result<Option<Report>> {
     let launch = LaunchEnv::from_env().context("reading the launcher's environment")?;
-    let launched = launch.world_size > 1;
     let target = r.target(&launch)?;
     if let Target::Cuda(o) = &target {
         // Fail before planning when there is no GPU to run on.
@@ -311,9 +309,11 @@ pub fn run(
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
-    let (p, model_arg, mut graph) = resolve(r, ranks, launch.rank == 0)?;
+    let opts = run_options(r, &launch)?;
+    let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
+    let (p, model_arg, graph) = resolve(r, ranks, launch.rank == 0)?;
     let world = p.mesh.ranks.len();
-    if world != ranks && launched {
+    if world != ranks && launch.world_size > 1 {
         bail!(
             "the plan has {world} ranks but the launcher started {ranks} processes (WORLD_SIZE); launch {world}, one per rank"
         );
@@ -323,43 +323,117 @@ pub fn run(
             "the plan has {world} ranks but --ranks is {ranks}; run it with --ranks {world} or plan for {ranks} ranks"
         );
     }
-    let strategy = Strategy::from_plan(&p).context("lowering the plan")?;
-    initialize(&mut graph, r.seed).context("initialising weights")?;
     let seq = seq_of(&graph, &p)?;
-    let tokens_per_step = strategy.global_batch() * seq;
-    let t = for_strategy(&graph, &strategy, seq).with_context(|| model_arg.clone())?;
-    let programs = lower(&t, &strategy).context("lowering the plan")?;
-    let vocab = vocab_of(&t.graph)?;
-    let data = match r.data.as_deref() {
-        None | Some("synthetic") => TokenSource::synthetic(vocab, r.seed),
-        Some(path) => TokenSource::open(Path::new(path), vocab, seq, r.seed)?,
+    let rank = launch.rank;
+    let session = Session::new(p, graph, seq, opts, launch).with_context(|| model_arg.clone())?;
+    let summary = PlanSummary {
+        parallel: session.plan().parallel.clone(),
+        predicted_step_time_s: session.plan().predicted.step_time_s,
     };
-    let optimizer = match r.optimizer.as_str() {
+    if rank == 0 {
+        on_plan(&summary, world);
+    }
+    let tokens_per_step = session.tokens_per_step();
+    let progress = |s: &StepReport| on_step(s, tokens_per_step);
+    let outcome = match target {
+        Target::Cpu => session.run(&CpuRunner, &progress)?.map_details(|()| None),
+        Target::Cuda(options) => {
+            let runner = CudaRunner(options);
+            let outcome = session.run(&runner, &progress)?;
+            outcome.map_details(|c| Some(gpu_summary(&c, &runner.0, &session)))
+        }
+    };
+    // Under a launcher each rank writes its own timeline next to `--trace`.
+    if let (Some(path), Some(events)) = (&r.trace, &outcome.rank_trace) {
+        let json = chrome_json(events, &[rank]);
+        output::write_atomic(&rank_path(path, rank), serde_json::to_string(&json)?.as_bytes())?;
+    }
+    let Some(result) = outcome.report else {
+        return Ok(None);
+    };
+    // The simulator replays the programs that ran, priced by the calibration.
+    let simulated_step_time_s = match &calibration {
+        Some(cal) => {
+            let (sim, _) = simulate_plan(
+                session.plan(),
+                session.training(),
+                session.strategy(),
+                Some(session.programs()),
+                cal,
+                session.precision(),
+                &SimOptions::default(),
+            )?;
+            Some(sim.step_time_s)
+        }
+        None => None,
+    };
+    if let (Some(path), false) = (&r.trace, session.launched()) {
+        let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
+        output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
+    }
+    Ok(Some(Report {
+        model: model_arg,
+        ranks: world,
+        processes: if session.launched() { world } else { 1 },
+        plan: summary,
+        losses: result.losses,
+        median_step_time_s: median_after_warmup(&result.step_times_s),
+        simulated_step_time_s,
+        gpu: result.details,
+        tokens_per_s: result
+            .step_times_s
+            .iter()
+            .map(|s| tokens_per_step as f64 / s)
+            .collect(),
+        step_times_s: result.step_times_s,
+        tokens_per_step,
+        per_rank: result
+            .per_rank
+            .iter()
+            .map(|rr| RankSummary {
+                rank: rr.rank,
+                bytes_sent: rr.bytes_sent,
+                peak_activation_bytes: rr.peak_activation_bytes,
+                instructions: rr.instructions,
+            })
+            .collect(),
+    }))
+}
+
+/// The optimizer `--optimizer` and `--lr` ask for.
+fn optimizer(r: &Request) -> Result<Optimizer> {
+    Ok(match r.optimizer.as_str() {
         "adamw" => Optimizer::adamw(r.lr.unwrap_or(DEFAULT_ADAMW_LR)),
         "sgd" => Optimizer::sgd(r.lr.unwrap_or(DEFAULT_SGD_LR)),
         other => bail!("--optimizer {other}: expected adamw or sgd"),
-    };
-    let mut opts = TrainOptions::new(r.host_precision(), optimizer, r.steps);
-    opts.trace = r.trace.is_some();
-    opts.overlap_comm = r.overlap;
-    let summary = PlanSummary {
-        parallel: p.parallel.clone(),
-        predicted_step_time_s: p.predicted.step_time_s,
-    };
-    let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
-    if launch.rank == 0 {
-        on_plan(&summary, world);
-    }
-    let progress = |s: &StepReport| on_step(s, tokens_per_step);
-    let endpoint = if launched {
-        Some(
-            connect(&launch, rendezvous_wait()?, opts.timeout)
-                .context("connecting the launched processes")?,
-        )
-    } else {
-        None
-    };
-    let gpu_summary = |c: &CudaReport, options: &CudaOptions| GpuSummary {
+    })
+}
+
+/// The session's options from the flags.
+fn run_options(r: &Request, launch: &LaunchEnv) -> Result<RunOptions> {
+    Ok(RunOptions {
+        steps: r.steps,
+        seed: r.seed,
+        optimizer: optimizer(r)?,
+        data: r.data.as_deref().filter(|d| *d != "synthetic").map(PathBuf::from),
+        precision: r.host_precision(),
+        overlap: r.overlap,
+        trace: r.trace.is_some(),
+        // Only a launched run waits for other processes (and reads the variable).
+        rendezvous_wait: if launch.world_size > 1 {
+            rendezvous_wait()?
+        } else {
+            RENDEZVOUS_WAIT
+        },
+    })
+}
+
+/// What a CUDA run's report adds: the device, memory planned, measured
+/// and predicted, how collectives ran and what ran on the host.
+fn gpu_summary(c: &CudaReport, options: &CudaOptions, session: &Session) -> GpuSummary {
+    let p = session.plan();
+    let here = if session.launched() { 1 } else { p.mesh.ranks.len() };
+    GpuSummary {
         device: c.device.name.clone(),
         precision: format!("{:?}", options.precision).to_lowercase(),
         host_nodes: c.host_nodes.clone(),
@@ -368,85 +442,8 @@ pub fn run(
         collectives: c.collectives.clone(),
         measured_peak_bytes: c.measured_peak_bytes,
         planned_here_bytes: c.planned_here_bytes,
-        predicted_here_bytes: (p.predicted.memory_per_gpu_bytes * if launched { 1.0 } else { world as f64 })
-            as u64,
-    };
-    // Under a launcher each rank writes its own timeline next to `--trace`.
-    let rank_trace = |events: &[TraceEvent]| -> Result<()> {
-        match &r.trace {
-            Some(path) => {
-                let json = chrome_json(events, &[launch.rank]);
-                output::write_atomic(
-                    &rank_path(path, launch.rank),
-                    serde_json::to_string(&json)?.as_bytes(),
-                )
-            }
-            None => Ok(()),
-        }
-    };
-    let finished: Option<(TrainReport, Option<GpuSummary>)> = match (&target, endpoint) {
-        (Target::Cpu, None) => Some((train(&t, &programs, &data, &opts, &progress)?, None)),
-        (Target::Cpu, Some(ep)) => {
-            let mine = train_rank(&t, &programs, ep, &data, &opts, &progress)?;
-            rank_trace(&mine.trace)?;
-            mine.report.map(|r| (r, None))
-        }
-        (Target::Cuda(options), None) => {
-            let c = cuda::train(&t, &programs, &data, &opts, options, &progress)?;
-            Some((c.train.clone(), Some(gpu_summary(&c, options))))
-        }
-        (Target::Cuda(options), Some(ep)) => {
-            let mine = cuda::train_rank(&t, &programs, ep, &data, &opts, options, &progress)?;
-            rank_trace(&mine.trace)?;
-            mine.report
-                .map(|c| (c.train.clone(), Some(gpu_summary(&c, options))))
-        }
-    };
-    let Some((result, gpu)) = finished else {
-        return Ok(None);
-    };
-    let simulated_step_time_s = match &calibration {
-        Some(cal) => {
-            let opts = SimOptions::default();
-            let (sim, _) =
-                simulate::simulate_plan(&p, &r.target, &t, &strategy, cal, r.host_precision(), &opts)?;
-            Some(sim.step_time_s)
-        }
-        None => None,
-    };
-    let step_times: Vec<f64> = result.steps.iter().map(|s| s.seconds).collect();
-    if let (Some(path), false) = (&r.trace, launched) {
-        let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
-        output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
+        predicted_here_bytes: (p.predicted.memory_per_gpu_bytes * here as f64) as u64,
     }
-    Ok(Some(Report {
-        model: model_arg,
-        ranks: world,
-        processes: if launched { world } else { 1 },
-        plan: summary,
-        losses: result.steps.iter().map(|s| s.loss).collect(),
-        median_step_time_s: median_after_warmup(&step_times),
-        simulated_step_time_s,
-        gpu,
-        step_times_s: step_times,
-        tokens_per_step,
-        tokens_per_s: result
-            .steps
-            .iter()
-            .map(|s| tokens_per_step as f64 / s.seconds)
-            .collect(),
-        per_rank: result
-            .ranks
-            .iter()
-            .zip(&programs)
-            .map(|(rr, prog)| RankSummary {
-                rank: rr.rank,
-                bytes_sent: rr.bytes_sent,
-                peak_activation_bytes: rr.peak_activation_bytes,
-                instructions: prog.instructions.len(),
-            })
-            .collect(),
-    }))
 }
 
 /// Where rank `rank` of a launched run writes its timeline: `run.json` →
@@ -476,14 +473,6 @@ fn median_after_warmup(times: &[f64]) -> f64 {
         n if n % 2 == 1 => t[n / 2],
         n => (t[n / 2 - 1] + t[n / 2]) / 2.0,
     }
-}
-
-/// The vocabulary: the last dim of the logits the loss reads.
-fn vocab_of(g: &Graph) -> Result<usize> {
-    g.tensors()
-        .find(|(_, t)| t.name == "loss/log_softmax")
-        .and_then(|(_, t)| t.ty.shape.0.last()?.fixed())
-        .context("the training graph has no loss over fixed-size logits")
 }
 
 /// The plan in one line, printed before training.

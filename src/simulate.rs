@@ -4,12 +4,12 @@
 use crate::units::{binary, seconds};
 use crate::{model, output, plan, run};
 use anyhow::{Context, Result};
-use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
+use autopar_cost_models::{estimate, Calibration, Sharding, Workload, WorkloadOptions};
 use autopar_exec::trace::chrome_json;
 use autopar_ir::interp::Precision;
-use autopar_lower::{for_strategy, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, Strategy};
 use autopar_planner::Plan;
-use autopar_sim::{simulate, Pricing, PricingOptions, RankReport, SimOptions, Simulation, Term};
+use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Term};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -66,15 +66,8 @@ pub fn run(r: &Request) -> Result<Report> {
         every_rank: r.every_rank,
         trace: r.trace.is_some(),
     };
-    let (sim, per_node) = simulate_plan(
-        &p,
-        &plan_arg,
-        &t,
-        &strategy,
-        &calibration,
-        Precision::F32,
-        &sim_opts,
-    )?;
+    let (sim, per_node) = simulate_plan(&p, &t, &strategy, None, &calibration, Precision::F32, &sim_opts)
+        .with_context(|| plan_arg.clone())?;
     let analytic = match &r.calibration {
         Some(_) => analytic_estimate(&p, &graph, &calibration, &plan_arg)?,
         None => p.predicted.clone(),
@@ -109,42 +102,6 @@ pub fn run(r: &Request) -> Result<Report> {
     })
 }
 
-/// The cluster a plan was made for, sized to its ranks.
-fn plan_cluster(p: &Plan, plan_arg: &str) -> Result<Cluster> {
-    Cluster::load(&p.inputs.cluster.name)
-        .and_then(|c| c.with_gpus(p.mesh.ranks.len()))
-        .with_context(|| format!("{plan_arg}: the plan's cluster '{}'", p.inputs.cluster.name))
-}
-
-/// Simulates plan `p` (lowered as `s` over training graph `t`) priced under
-/// `calibration`; also says whether nodes were priced from measured per-op
-/// rates. On the `cpu` preset, ranks beyond this host's cores share them.
-pub fn simulate_plan(
-    p: &Plan,
-    plan_arg: &str,
-    t: &TrainingGraph,
-    s: &Strategy,
-    calibration: &Calibration,
-    precision: Precision,
-    opts: &SimOptions,
-) -> Result<(Simulation, bool)> {
-    let cluster = plan_cluster(p, plan_arg)?;
-    let pricing_opts = PricingOptions {
-        attention: p.parallel.attention,
-        dropout: p.parallel.dropout,
-        precision,
-    };
-    let mut pricing = Pricing::new(t, &cluster, calibration, &pricing_opts).context("pricing the plan")?;
-    if p.inputs.cluster.name == "cpu" {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let slowdown = calibration.thread_slowdown(s.world().min(cores));
-        pricing = pricing.sharing_cores(s.world(), cores, slowdown);
-    }
-    let per_node = pricing.per_node;
-    let sim = simulate(t, s, &pricing, opts).with_context(|| format!("{plan_arg}: simulating"))?;
-    Ok((sim, per_node))
-}
-
 /// The plan's analytic estimate under another calibration.
 fn analytic_estimate(
     p: &Plan,
@@ -152,7 +109,7 @@ fn analytic_estimate(
     calibration: &Calibration,
     plan_arg: &str,
 ) -> Result<autopar_cost_models::Estimate> {
-    let cluster = &plan_cluster(p, plan_arg)?;
+    let cluster = &plan_cluster(p).with_context(|| plan_arg.to_string())?;
     let cfg = p.training_config();
     let opts = WorkloadOptions {
         micro_batch: Some(cfg.micro_batch),

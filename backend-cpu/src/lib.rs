@@ -11,8 +11,10 @@
 
 mod backend;
 pub mod profile;
+mod runner;
 
 pub use backend::CpuBackend;
+pub use runner::CpuRunner;
 
 use autopar_comm::collective::Endpoint;
 use autopar_exec::train::TokenSource;

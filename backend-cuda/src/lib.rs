@@ -17,8 +17,10 @@
 mod gate;
 pub mod kernels;
 pub mod memory;
+mod runner;
 
 pub use gate::gpu_or_skip;
+pub use runner::CudaRunner;
 
 #[cfg(feature = "cuda")]
 mod backend;

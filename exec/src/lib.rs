@@ -15,6 +15,7 @@ mod backend;
 mod distributed;
 mod overlap;
 mod rank;
+pub mod session;
 mod slices;
 pub mod trace;
 pub mod train;

@@ -18,8 +18,11 @@ pub mod pricing;
 pub mod ranks;
 pub mod report;
 
+use autopar_cost_models::{Calibration, Cluster, ClusterError};
 use autopar_exec::trace::{Stream, TraceEvent};
-use autopar_lower::{self as lower, LowerError, Strategy, TrainingGraph};
+use autopar_ir::interp::Precision;
+use autopar_lower::{self as lower, LowerError, Program, Strategy, TrainingGraph};
+use autopar_planner::Plan;
 use compile::{Compiler, GraphIndex, Lane};
 pub use pricing::{Pricing, PricingError, PricingOptions};
 use ranks::Representatives;
@@ -43,6 +46,14 @@ pub enum SimError {
     Pricing(#[from] PricingError),
     #[error(transparent)]
     Deadlock(#[from] engine::Deadlock),
+    #[error("the plan's cluster '{name}'")]
+    Cluster {
+        name: String,
+        #[source]
+        source: ClusterError,
+    },
+    #[error("{given} programs for a plan of {world} ranks")]
+    Programs { given: usize, world: usize },
 }
 
 /// Simulates one training step of `t` under `s`, priced by `pricing`.
@@ -52,6 +63,60 @@ pub fn simulate(
     pricing: &Pricing,
     opts: &SimOptions,
 ) -> Result<Simulation, SimError> {
+    replay(t, s, pricing, opts, None)
+}
+
+/// Simulates plan `p` (lowered as `s` over training graph `t`) priced under
+/// `calibration`, and says whether nodes were priced from measured per-op
+/// rates. On the `cpu` preset, ranks beyond this host's cores share them.
+/// `programs`, when the caller has lowered them already (every rank, in rank
+/// order), are replayed as they are instead of lowered again.
+pub fn simulate_plan(
+    p: &Plan,
+    t: &TrainingGraph,
+    s: &Strategy,
+    programs: Option<&[Program]>,
+    calibration: &Calibration,
+    precision: Precision,
+    opts: &SimOptions,
+) -> Result<(Simulation, bool), SimError> {
+    let cluster = plan_cluster(p)?;
+    let pricing_opts = PricingOptions {
+        attention: p.parallel.attention,
+        dropout: p.parallel.dropout,
+        precision,
+    };
+    let mut pricing = Pricing::new(t, &cluster, calibration, &pricing_opts)?;
+    if p.inputs.cluster.name == "cpu" {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let slowdown = calibration.thread_slowdown(s.world().min(cores));
+        pricing = pricing.sharing_cores(s.world(), cores, slowdown);
+    }
+    let sim = replay(t, s, &pricing, opts, programs)?;
+    Ok((sim, pricing.per_node))
+}
+
+/// The cluster plan `p` was made for, sized to its ranks.
+pub fn plan_cluster(p: &Plan) -> Result<Cluster, SimError> {
+    let name = &p.inputs.cluster.name;
+    Cluster::load(name)
+        .and_then(|c| c.with_gpus(p.mesh.ranks.len()))
+        .map_err(|source| SimError::Cluster {
+            name: name.clone(),
+            source,
+        })
+}
+
+/// Compiles the representative ranks' programs (`programs`, or lowered
+/// here) and replays them.
+fn replay(
+    t: &TrainingGraph,
+    s: &Strategy,
+    pricing: &Pricing,
+    opts: &SimOptions,
+    programs: Option<&[Program]>,
+) -> Result<Simulation, SimError> {
+    use rayon::prelude::*;
     let reps = if opts.every_rank {
         Representatives::all(s.world())
     } else {
@@ -65,7 +130,20 @@ pub fn simulate(
         labels: opts.trace,
         micro_batches: s.micro_batches.max(1),
     };
-    let programs = lower::lower_ranks(t, s, &reps.ranks, |p| compiler.compile(&p))?;
+    let programs = match programs {
+        None => lower::lower_ranks(t, s, &reps.ranks, |p| compiler.compile(&p))?,
+        Some(given) if given.len() != s.world() => {
+            return Err(SimError::Programs {
+                given: given.len(),
+                world: s.world(),
+            })
+        }
+        Some(given) => reps
+            .ranks
+            .par_iter()
+            .map(|&r| compiler.compile(&given[r]))
+            .collect(),
+    };
     let timelines = engine::replay(&programs)?;
     let trace = if opts.trace {
         trace_events(&programs, &timelines)

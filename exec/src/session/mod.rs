@@ -1,0 +1,296 @@
+//! A training run of a plan, from the plan and the model graph to a report:
+//! the strategy, initial weights, the training graph, the per-rank programs
+//! (lowered once: a caller that also simulates the plan replays these same
+//! programs, see [`Session::programs`]), data, optimizer, the launched
+//! processes' connection, training and the report.
+//!
+//! The backend comes from the caller as a [`Runner`], so the session names
+//! no backend: the CPU backend (`autopar_cpu::CpuRunner`) and the CUDA
+//! backend (`autopar_cuda::CudaRunner`) plug in from above, and a run in one
+//! process or one rank under a launcher is the session's one choice, made once.
+
+use crate::trace::TraceEvent;
+use crate::train::{initialize, DataError, InitError, Optimizer, TokenSource};
+use crate::{ExecError, RankResult, StepReport, TrainOptions, TrainReport};
+use autopar_comm::collective::{connect, Endpoint, MeshError};
+use autopar_comm::launch::LaunchEnv;
+use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
+use autopar_lower::{
+    for_strategy, lower, LowerError, Program, Strategy, StrategyError, TrainingError, TrainingGraph,
+};
+use autopar_planner::Plan;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a backend trains: the programs (one per rank) of one training
+/// graph, their data and options, and who hears about each step.
+#[derive(Clone, Copy)]
+pub struct Work<'a> {
+    pub training: &'a TrainingGraph,
+    pub programs: &'a [Program],
+    pub data: &'a TokenSource,
+    pub opts: &'a TrainOptions,
+    pub progress: &'a (dyn Fn(&StepReport) + Sync),
+}
+
+/// A backend that runs a session's programs: every rank in this process,
+/// or this process's one rank with its peers in other processes.
+pub trait Runner {
+    /// What the backend adds to the run's report (the CUDA backend: the
+    /// device, its memory plans and how collectives ran; the CPU: nothing).
+    type Details;
+
+    /// Runs every rank of `work` in this process.
+    fn train_all(&self, work: Work<'_>) -> Result<(TrainReport, Self::Details), ExecError>;
+
+    /// Runs rank `endpoint.rank()` of `work`, reaching the other ranks
+    /// through `endpoint`; rank 0 gets the run's report.
+    fn train_rank(
+        &self,
+        work: Work<'_>,
+        endpoint: Endpoint,
+    ) -> Result<RankResult<(TrainReport, Self::Details)>, ExecError>;
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub steps: usize,
+    /// Seeds the initial weights and the synthetic tokens.
+    pub seed: u64,
+    pub optimizer: Optimizer,
+    /// A tokens.bin file (little-endian uint16); `None` trains on synthetic tokens.
+    pub data: Option<PathBuf>,
+    /// What the programs' host values use (also what the simulator prices).
+    pub precision: Precision,
+    /// Gradient reductions and weight refreshes beside the backward pass.
+    pub overlap: bool,
+    /// Record every rank's timeline.
+    pub trace: bool,
+    /// How long launched processes wait for each other to start and connect.
+    pub rendezvous_wait: Duration,
+}
+
+/// Why a session could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("lowering the plan")]
+    Strategy(#[source] StrategyError),
+    #[error("initialising weights")]
+    Init(#[source] InitError),
+    #[error("building the training graph")]
+    Training(#[source] TrainingError),
+    #[error("lowering the plan")]
+    Lower(#[source] LowerError),
+    #[error("the training graph has no loss over fixed-size logits")]
+    NoVocab,
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error("connecting the launched processes")]
+    Connect(#[source] MeshError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+}
+
+/// A plan ready to run: lowered, with its data and options.
+pub struct Session {
+    plan: Plan,
+    strategy: Strategy,
+    training: TrainingGraph,
+    programs: Vec<Program>,
+    data: TokenSource,
+    opts: TrainOptions,
+    launch: LaunchEnv,
+    rendezvous_wait: Duration,
+    tokens_per_step: usize,
+}
+
+/// What a run ended with in this process.
+#[derive(Debug, Clone)]
+pub struct Outcome<D> {
+    /// The run's report: in a one-process run, or on rank 0 of a launched one.
+    pub report: Option<SessionReport<D>>,
+    /// Under a launcher, this process's rank's own timeline (when traced).
+    pub rank_trace: Option<Vec<TraceEvent>>,
+}
+
+/// What a run did.
+#[derive(Debug, Clone)]
+pub struct SessionReport<D> {
+    /// Mean token cross-entropy of each step.
+    pub losses: Vec<f64>,
+    pub step_times_s: Vec<f64>,
+    pub per_rank: Vec<RankRun>,
+    /// Every rank's timeline, in a one-process traced run.
+    pub trace: Vec<TraceEvent>,
+    /// What the backend adds.
+    pub details: D,
+}
+
+/// One rank's traffic, memory and program size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RankRun {
+    pub rank: usize,
+    /// Over the whole run.
+    pub bytes_sent: u64,
+    pub peak_activation_bytes: u64,
+    /// Instructions of its program (one step).
+    pub instructions: usize,
+}
+
+impl<D> Outcome<D> {
+    /// The same outcome with the report's details mapped by `f` (a caller
+    /// that picks the backend at run time makes one type of both).
+    pub fn map_details<E>(self, f: impl FnOnce(D) -> E) -> Outcome<E> {
+        Outcome {
+            report: self.report.map(|r| SessionReport {
+                losses: r.losses,
+                step_times_s: r.step_times_s,
+                per_rank: r.per_rank,
+                trace: r.trace,
+                details: f(r.details),
+            }),
+            rank_trace: self.rank_trace,
+        }
+    }
+}
+
+impl Session {
+    /// Prepares `plan` for `graph` (canonical, blocks detected, weightless
+    /// or not: weights are initialised from `opts.seed`) at sequence length
+    /// `seq`, for this process's place in `launch`.
+    pub fn new(
+        plan: Plan,
+        mut graph: Graph,
+        seq: usize,
+        opts: RunOptions,
+        launch: LaunchEnv,
+    ) -> Result<Session, SessionError> {
+        let strategy = Strategy::from_plan(&plan).map_err(SessionError::Strategy)?;
+        initialize(&mut graph, opts.seed).map_err(SessionError::Init)?;
+        let training = for_strategy(&graph, &strategy, seq).map_err(SessionError::Training)?;
+        let programs = lower(&training, &strategy).map_err(SessionError::Lower)?;
+        let vocab = vocab_of(&training.graph).ok_or(SessionError::NoVocab)?;
+        let data = match &opts.data {
+            None => TokenSource::synthetic(vocab, opts.seed),
+            Some(path) => TokenSource::open(path, vocab, seq, opts.seed)?,
+        };
+        let mut train = TrainOptions::new(opts.precision, opts.optimizer, opts.steps);
+        train.trace = opts.trace;
+        train.overlap_comm = opts.overlap;
+        Ok(Session {
+            tokens_per_step: strategy.global_batch() * seq,
+            plan,
+            strategy,
+            training,
+            programs,
+            data,
+            opts: train,
+            launch,
+            rendezvous_wait: opts.rendezvous_wait,
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The programs, one per rank: lowered once, for training and for a
+    /// simulation to set next to the measurement.
+    pub fn programs(&self) -> &[Program] {
+        &self.programs
+    }
+
+    /// The training graph every rank runs pieces of.
+    pub fn training(&self) -> &TrainingGraph {
+        &self.training
+    }
+
+    /// The part of the plan lowering read.
+    pub fn strategy(&self) -> &Strategy {
+        &self.strategy
+    }
+
+    /// The precision of the programs' host values.
+    pub fn precision(&self) -> Precision {
+        self.opts.precision
+    }
+
+    /// The tokens every step reads.
+    pub fn data(&self) -> &TokenSource {
+        &self.data
+    }
+
+    /// The options every rank trains with.
+    pub fn train_options(&self) -> &TrainOptions {
+        &self.opts
+    }
+
+    pub fn tokens_per_step(&self) -> usize {
+        self.tokens_per_step
+    }
+
+    /// Whether this process runs one rank of a launched job.
+    pub fn launched(&self) -> bool {
+        self.launch.world_size > 1
+    }
+
+    /// Trains on `runner`, calling `on_step` after each step (on the one
+    /// process, or on rank 0 of a launched run).
+    pub fn run<R: Runner>(
+        &self,
+        runner: &R,
+        on_step: &(dyn Fn(&StepReport) + Sync),
+    ) -> Result<Outcome<R::Details>, SessionError> {
+        let work = Work {
+            training: &self.training,
+            programs: &self.programs,
+            data: &self.data,
+            opts: &self.opts,
+            progress: on_step,
+        };
+        let (finished, rank_trace) = if self.launched() {
+            let endpoint = connect(&self.launch, self.rendezvous_wait, self.opts.timeout)
+                .map_err(SessionError::Connect)?;
+            let mine = runner.train_rank(work, endpoint)?;
+            (mine.report, Some(mine.trace))
+        } else {
+            (Some(runner.train_all(work)?), None)
+        };
+        let report = match finished {
+            Some((train, details)) => Some(self.report(train, details)),
+            None => None,
+        };
+        Ok(Outcome { report, rank_trace })
+    }
+
+    /// The report of a finished run.
+    fn report<D>(&self, train: TrainReport, details: D) -> SessionReport<D> {
+        SessionReport {
+            losses: train.steps.iter().map(|s| s.loss).collect(),
+            step_times_s: train.steps.iter().map(|s| s.seconds).collect(),
+            per_rank: train
+                .ranks
+                .iter()
+                .zip(&self.programs)
+                .map(|(r, p)| RankRun {
+                    rank: r.rank,
+                    bytes_sent: r.bytes_sent,
+                    peak_activation_bytes: r.peak_activation_bytes,
+                    instructions: p.instructions.len(),
+                })
+                .collect(),
+            trace: train.trace,
+            details,
+        }
+    }
+}
+
+/// The vocabulary: the last dim of the logits the loss reads.
+fn vocab_of(g: &Graph) -> Option<usize> {
+    g.tensors()
+        .find(|(_, t)| t.name == "loss/log_softmax")
+        .and_then(|(_, t)| t.ty.shape.0.last()?.fixed())
+}
+
