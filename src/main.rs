@@ -439,6 +439,75 @@ fn print_json<T: serde::Serialize>(value: &T) -> Result<()> {
     emit(&format!("{}\n", serde_json::to_string_pretty(value)?))
 }
 
+/// `autopar plan`: searches with a progress bar on terminals, then prints
+/// the plan (or its JSON).
+fn plan_command(a: PlanArgs) -> Result<()> {
+    let request = plan::Request {
+        model: a.model,
+        cluster: a.cluster,
+        gpus: a.gpus,
+        global_batch: a.global_batch,
+        seq: a.seq,
+        max_memory_fraction: a.max_memory_fraction,
+        top: a.top,
+        attention: a.attention,
+        dropout: a.dropout,
+        calibration: a.calibration,
+        output: a.output.clone(),
+        limits: autopar_planner::DegreeLimits::NONE,
+    };
+    let bar = progress_bar();
+    let report = |done: usize, total: usize| {
+        if let Some(bar) = &bar {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        }
+    };
+    let result = plan::run(&request, &report);
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let p = result?;
+    if a.json {
+        print_json(&p)?;
+    } else {
+        emit(&plan::render(&p, &a.output))?;
+    }
+    Ok(())
+}
+
+/// `autopar estimate`: prices the one configuration the flags give.
+fn estimate_command(a: EstimateArgs) -> Result<()> {
+    let report = estimate::run(&estimate::Request {
+        model: a.model,
+        cluster: a.cluster,
+        gpus: a.gpus,
+        tp: a.tp,
+        pp: a.pp,
+        dp: a.dp,
+        virtual_stages: a.virtual_stages,
+        sp: a.sp,
+        cp: a.cp,
+        ep: a.ep,
+        zero: a.zero,
+        global_batch: a.global_batch,
+        micro_batch: a.micro_batch,
+        seq: a.seq,
+        recompute: a.recompute,
+        schedule: a.schedule,
+        attention: a.attention,
+        dropout: a.dropout,
+        overlap_grad_reduce: a.overlap_grad_reduce,
+        calibration: a.calibration,
+    })?;
+    if a.json {
+        print_json(&report)?;
+    } else {
+        emit(&estimate::render(&report))?;
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Inspect {
@@ -481,69 +550,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         } => convert::run(&model, &output, rewrite)?,
         Command::Schema { plan: false } => emit(&format!("{}\n", autopar_ir::json::graph_schema()))?,
         Command::Schema { plan: true } => emit(&format!("{}\n", autopar_planner::Plan::schema()))?,
-        Command::Plan(a) => {
-            let request = plan::Request {
-                model: a.model,
-                cluster: a.cluster,
-                gpus: a.gpus,
-                global_batch: a.global_batch,
-                seq: a.seq,
-                max_memory_fraction: a.max_memory_fraction,
-                top: a.top,
-                attention: a.attention,
-                dropout: a.dropout,
-                calibration: a.calibration,
-                output: a.output.clone(),
-                limits: autopar_planner::DegreeLimits::NONE,
-            };
-            let bar = progress_bar();
-            let report = |done: usize, total: usize| {
-                if let Some(bar) = &bar {
-                    bar.set_length(total as u64);
-                    bar.set_position(done as u64);
-                }
-            };
-            let result = plan::run(&request, &report);
-            if let Some(bar) = bar {
-                bar.finish_and_clear();
-            }
-            let p = result?;
-            if a.json {
-                print_json(&p)?;
-            } else {
-                emit(&plan::render(&p, &a.output))?;
-            }
-        }
+        Command::Plan(a) => plan_command(a)?,
         Command::Explain { plan: path } => emit(&plan::explain(&plan::load(&path)?))?,
-        Command::Estimate(a) => {
-            let report = estimate::run(&estimate::Request {
-                model: a.model,
-                cluster: a.cluster,
-                gpus: a.gpus,
-                tp: a.tp,
-                pp: a.pp,
-                dp: a.dp,
-                virtual_stages: a.virtual_stages,
-                sp: a.sp,
-                cp: a.cp,
-                ep: a.ep,
-                zero: a.zero,
-                global_batch: a.global_batch,
-                micro_batch: a.micro_batch,
-                seq: a.seq,
-                recompute: a.recompute,
-                schedule: a.schedule,
-                attention: a.attention,
-                dropout: a.dropout,
-                overlap_grad_reduce: a.overlap_grad_reduce,
-                calibration: a.calibration,
-            })?;
-            if a.json {
-                print_json(&report)?;
-            } else {
-                emit(&estimate::render(&report))?;
-            }
-        }
+        Command::Estimate(a) => estimate_command(a)?,
         Command::Run(a) => run_command(a)?,
         Command::Simulate {
             plan,

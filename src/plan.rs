@@ -215,8 +215,6 @@ fn rank_ranges(ranks: &[usize]) -> String {
 /// why it beat the runner-up.
 pub fn explain(plan: &Plan) -> String {
     let mut out = String::new();
-    let p = &plan.parallel;
-    let e = &plan.predicted;
     let c = &plan.inputs.cluster;
     let _ = writeln!(
         out,
@@ -228,6 +226,27 @@ pub fn explain(plan: &Plan) -> String {
         "cluster   {}: {} nodes × {} {}, global batch {}",
         c.name, c.nodes, c.gpus_per_node, c.device, plan.inputs.global_batch
     );
+    explain_mesh(&mut out, plan);
+    explain_stages(&mut out, plan);
+    explain_memory(&mut out, plan);
+    explain_time(&mut out, plan);
+    explain_sharding(&mut out, plan);
+    let _ = writeln!(out, "\n{}", why(plan));
+    let _ = writeln!(
+        out,
+        "search: {} configurations in {}, memory limit {} per GPU",
+        plan.search.configs_evaluated,
+        seconds(plan.search.seconds),
+        binary(plan.search.memory_limit_bytes)
+    );
+    out
+}
+
+/// The mesh's axes, where tensor-parallel groups sit, and the configuration.
+fn explain_mesh(out: &mut String, plan: &Plan) {
+    let p = &plan.parallel;
+    let e = &plan.predicted;
+    let c = &plan.inputs.cluster;
     let axes: Vec<String> = plan
         .mesh
         .axes
@@ -251,6 +270,10 @@ pub fn explain(plan: &Plan) -> String {
         if p.sp { ", with sequence parallelism" } else { "" }
     );
     let _ = writeln!(out, "          {}", summary(p, e));
+}
+
+/// The pipeline stages (the first three and last two of long pipelines).
+fn explain_stages(out: &mut String, plan: &Plan) {
     let _ = writeln!(out, "\nstages");
     let shown: Vec<usize> = if plan.stages.len() <= 8 {
         (0..plan.stages.len()).collect()
@@ -285,6 +308,12 @@ pub fn explain(plan: &Plan) -> String {
             }
         );
     }
+}
+
+/// What each GPU holds at its peak stage, part by part, against its memory.
+fn explain_memory(out: &mut String, plan: &Plan) {
+    let e = &plan.predicted;
+    let c = &plan.inputs.cluster;
     let _ = writeln!(
         out,
         "\neach GPU holds (stage {} at its peak): {} of {}{}",
@@ -296,6 +325,11 @@ pub fn explain(plan: &Plan) -> String {
     for (name, bytes) in e.memory.parts() {
         let _ = writeln!(out, "  {name:<22} {:>11}", binary(bytes));
     }
+}
+
+/// Where a step's time goes, part by part, and the throughput.
+fn explain_time(out: &mut String, plan: &Plan) {
+    let e = &plan.predicted;
     let _ = writeln!(out, "\nwhere a step's {} goes", seconds(e.step_time_s));
     for (name, t) in e.breakdown.parts() {
         if t > 0.0 {
@@ -315,6 +349,11 @@ pub fn explain(plan: &Plan) -> String {
         100.0 * e.mfu,
         100.0 * e.hfu
     );
+}
+
+/// How the heavy ops shard over tensor parallelism (one layer's worth).
+fn explain_sharding(out: &mut String, plan: &Plan) {
+    let p = &plan.parallel;
     // The ops that carry the weights and the work; views follow them.
     let heavy = ["Linear", "MatMul", "Gemm", "Attention", "Embedding", "MoeExperts"];
     let ops: Vec<String> = plan
@@ -332,15 +371,6 @@ pub fn explain(plan: &Plan) -> String {
             let _ = writeln!(out, "  {}", chunk.join(", "));
         }
     }
-    let _ = writeln!(out, "\n{}", why(plan));
-    let _ = writeln!(
-        out,
-        "search: {} configurations in {}, memory limit {} per GPU",
-        plan.search.configs_evaluated,
-        seconds(plan.search.seconds),
-        binary(plan.search.memory_limit_bytes)
-    );
-    out
 }
 
 /// Why the plan beat the runner-up: the step-time parts that differ most.

@@ -67,293 +67,74 @@ fn suffix(x: &GpuTensor) -> &'static str {
     x.storage.suffix()
 }
 
-pub(super) fn eval(
-    gpu: &Gpu,
-    op: &Op,
-    args: &[Option<&GpuTensor>],
-    out: &[TensorType],
-) -> Result<Option<Vec<GpuTensor>>, CudaError> {
-    let arg = |i: usize| args.get(i).copied().flatten();
-    let float = |i: usize| super::float_arg(args, i);
-    let ints = |i: usize| arg(i).filter(|x| x.storage == Storage::I64);
-    let Some(x) = arg(0) else { return Ok(None) };
+/// The outputs of a node, or `None` to run it on the host.
+type Outputs = Result<Option<Vec<GpuTensor>>, CudaError>;
+
+/// The integer operand `i`, if present and stored as i64.
+fn int_arg<'a>(args: &[Option<&'a GpuTensor>], i: usize) -> Option<&'a GpuTensor> {
+    args.get(i)
+        .copied()
+        .flatten()
+        .filter(|x| x.storage == Storage::I64)
+}
+
+/// Routes `op` to its family's launcher below (one per op, mirroring
+/// `ir/src/op/<family>/`).
+pub(super) fn eval(gpu: &Gpu, op: &Op, args: &[Option<&GpuTensor>], out: &[TensorType]) -> Outputs {
+    let Some(x) = args.first().copied().flatten() else {
+        return Ok(None);
+    };
     let ty = &out[0];
-    Ok(match op {
+    let float = x.storage.is_float();
+    match op {
         Op::Reduce {
             kind,
             axes,
             noop_with_empty_axes,
             ..
-        } if x.storage.is_float() => {
-            let rank = x.shape.len();
-            let listed: Vec<i64> = match axes {
-                Some(a) => a.clone(),
-                None => match arg(1) {
-                    Some(t) => match &t.ints {
-                        Some(v) => (**v).clone(),
-                        None => return Ok(None),
-                    },
-                    None => Vec::new(),
-                },
-            };
-            let mut reduced: Vec<usize> = if listed.is_empty() {
-                if *noop_with_empty_axes {
-                    return Ok(Some(vec![x.alias(ty.dtype, x.shape.clone())]));
-                }
-                (0..rank).collect()
-            } else {
-                listed.iter().map(|&a| norm(a, rank)).collect()
-            };
-            reduced.sort_unstable();
-            reduced.dedup();
-            reduce(gpu, *kind, x, &reduced, ty)?.map(|y| vec![y])
-        }
-        Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } if x.storage.is_float() => {
-            let Some(scale) = float(1) else { return Ok(None) };
-            let axis = norm(*axis, x.shape.len());
-            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
-            if scale.numel() as i64 != cols || out.len() > 1 {
-                return Ok(None);
-            }
-            let y = gpu.output(ty)?;
-            let (py, px, pg, eps, null) = (gpu.ptr(&y), gpu.ptr(x), gpu.ptr(scale), *epsilon as f32, 0u64);
-            if matches!(op, Op::LayerNorm { .. }) {
-                let pb = match float(2) {
-                    Some(b) if b.numel() as i64 == cols => gpu.ptr(b),
-                    Some(_) => return Ok(None),
-                    None => 0u64,
-                };
-                let k = format!("layernorm_fwd_{}", suffix(x));
-                launch!(
-                    gpu,
-                    k,
-                    rows(rows_n as usize),
-                    py,
-                    null,
-                    null,
-                    px,
-                    pg,
-                    pb,
-                    rows_n,
-                    cols,
-                    eps
-                )?;
-            } else {
-                let k = format!("rmsnorm_fwd_{}", suffix(x));
-                launch!(gpu, k, rows(rows_n as usize), py, null, px, pg, rows_n, cols, eps)?;
-            }
-            Some(vec![y])
+        } if float => reduce_node(gpu, x, args, *kind, axes.as_deref(), *noop_with_empty_axes, ty),
+        Op::LayerNorm { axis, epsilon } | Op::RmsNorm { axis, epsilon } if float => {
+            let centre = matches!(op, Op::LayerNorm { .. });
+            norm_forward(gpu, x, args, out, centre, *axis, *epsilon)
         }
         Op::NormGrad {
             axis,
             epsilon,
             centre,
-        } if x.storage.is_float() => {
-            let (Some(scale), Some(dy)) = (float(1), float(2)) else {
-                return Ok(None);
-            };
-            let axis = norm(*axis, x.shape.len());
-            let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
-            if scale.numel() as i64 != cols || dy.storage != x.storage || out.len() != 2 {
-                return Ok(None);
-            }
-            let (dx, gx) = (gpu.output(&out[0])?, gpu.output(&out[1])?);
-            let (pdx, pgx, pdy) = (gpu.ptr(&dx), gpu.ptr(&gx), gpu.ptr(dy));
-            let (px, pg, eps) = (gpu.ptr(x), gpu.ptr(scale), *epsilon as f32);
-            let kind = if *centre { "layernorm" } else { "rmsnorm" };
-            let k = format!("{kind}_bwd_{}", suffix(x));
-            launch!(
-                gpu,
-                k,
-                rows(rows_n as usize),
-                pdx,
-                pgx,
-                pdy,
-                px,
-                pg,
-                rows_n,
-                cols,
-                eps
-            )?;
-            Some(vec![dx, gx])
+        } if float => norm_backward(gpu, x, args, out, *centre, *axis, *epsilon),
+        Op::Gelu { approximate } if float => gelu(gpu, x, ty, *approximate),
+        Op::Silu if float => silu(gpu, x, ty),
+        Op::ActivationGrad { activation } if float => activation_grad(gpu, x, args, ty, *activation),
+        Op::Softmax { axis } | Op::LogSoftmax { axis } if float => {
+            softmax(gpu, x, ty, *axis, matches!(op, Op::LogSoftmax { .. }))
         }
-        Op::Gelu { approximate } if x.storage.is_float() => {
-            let y = gpu.output(ty)?;
-            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
-            let tanh = i32::from(*approximate == GeluApprox::Tanh);
-            launch!(
-                gpu,
-                format!("gelu_fwd_{}", suffix(x)),
-                grid(x.numel()),
-                py,
-                px,
-                n,
-                tanh
-            )?;
-            Some(vec![y])
-        }
-        Op::Silu if x.storage.is_float() => {
-            let y = gpu.output(ty)?;
-            let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
-            launch!(gpu, format!("silu_fwd_{}", suffix(x)), grid(x.numel()), py, px, n)?;
-            Some(vec![y])
-        }
-        Op::ActivationGrad { activation } if x.storage.is_float() => {
-            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
-                return Ok(None);
-            };
-            let dx = gpu.output(ty)?;
-            let (pdx, pdy, px, n) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), x.numel() as i64);
-            let k = |name: &str| format!("{name}_bwd_{}", suffix(x));
-            match activation {
-                Activation::Silu => launch!(gpu, k("silu"), grid(x.numel()), pdx, pdy, px, n)?,
-                Activation::Gelu | Activation::GeluTanh => {
-                    let tanh = i32::from(*activation == Activation::GeluTanh);
-                    launch!(gpu, k("gelu"), grid(x.numel()), pdx, pdy, px, n, tanh)?
-                }
-                Activation::Relu => return Ok(None),
-            }
-            Some(vec![dx])
-        }
-        Op::Softmax { axis } | Op::LogSoftmax { axis } if x.storage.is_float() => {
-            let rank = x.shape.len();
-            if norm(*axis, rank) != rank - 1 {
-                return Ok(None);
-            }
-            let y = gpu.output(ty)?;
-            let cols = x.shape[rank - 1] as i64;
-            let rows_n = x.numel() as i64 / cols.max(1);
-            let log = i32::from(matches!(op, Op::LogSoftmax { .. }));
-            let (py, px) = (gpu.ptr(&y), gpu.ptr(x));
-            launch!(
-                gpu,
-                format!("softmax_fwd_{}", suffix(x)),
-                rows(rows_n as usize),
-                py,
-                px,
-                rows_n,
-                cols,
-                log
-            )?;
-            Some(vec![y])
-        }
-        Op::SoftmaxGrad { axis, log } if x.storage.is_float() => {
-            let rank = x.shape.len();
-            let Some(dy) = float(1).filter(|dy| dy.storage == x.storage) else {
-                return Ok(None);
-            };
-            if norm(*axis, rank) != rank - 1 {
-                return Ok(None);
-            }
-            let dx = gpu.output(ty)?;
-            let cols = x.shape[rank - 1] as i64;
-            let rows_n = x.numel() as i64 / cols.max(1);
-            let (pdx, pdy, py, log) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), i32::from(*log));
-            let k = format!("softmax_bwd_{}", suffix(x));
-            launch!(gpu, k, rows(rows_n as usize), pdx, pdy, py, rows_n, cols, log)?;
-            Some(vec![dx])
-        }
-        Op::Attention { scale, causal } => match Flash::of(gpu, args, *scale, *causal, 3) {
+        Op::SoftmaxGrad { axis, log } if float => softmax_grad(gpu, x, args, ty, *axis, *log),
+        // The flash kernels; mask operand 3 forward, 4 backward (`dout` is 3).
+        Op::Attention { scale, causal } => Ok(match Flash::of(gpu, args, *scale, *causal, 3) {
             Some(f) => {
                 let (o, _stats) = f.forward(gpu, ty)?;
                 Some(vec![o])
             }
             None => None,
-        },
+        }),
         Op::AttentionGrad {
             scale,
             causal,
             mask_grad: false,
-        } => match (Flash::of(gpu, args, *scale, *causal, 4), float(3)) {
-            (Some(f), Some(dout)) if dout.shape == f.q.shape => Some(f.backward(gpu, dout, out)?),
-            _ => None,
-        },
-        Op::Embedding => {
-            let (Some(table), Some(ids)) = (float(0), ints(1)) else {
-                return Ok(None);
-            };
-            if table.shape.len() != 2 {
-                return Ok(None);
-            }
-            // A row gather, so ids wrap and bound as the reference's do.
-            let y = gpu.output(ty)?;
-            let dims = [
-                1,
-                ids.numel() as i64,
-                table.shape[0] as i64,
-                table.shape[1] as i64,
-            ];
-            index_kernel(gpu, "gather", table, &y, ids, dims, y.numel())?;
-            Some(vec![y])
-        }
-        Op::Gather { axis } => {
-            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
-                return Ok(None);
-            };
-            let axis = norm(*axis, data.shape.len());
-            let y = gpu.output(ty)?;
-            let (outer, len, inner) = split_at(&data.shape, axis);
-            let dims = [outer, idx.numel() as i64, len, inner];
-            index_kernel(gpu, "gather", data, &y, idx, dims, y.numel())?;
-            Some(vec![y])
-        }
-        Op::GatherGrad { axis } => {
-            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
-                return Ok(None);
-            };
-            let dims = super::fixed(ty)?;
-            let axis = norm(*axis, dims.len());
-            let acc = scratch(gpu, dims.clone(), true)?;
-            let (outer, len, inner) = split_at(&dims, axis);
-            let sizes = [outer, idx.numel() as i64, len, inner];
-            index_kernel(gpu, "gather_grad", g, &acc, idx, sizes, g.numel())?;
-            Some(vec![finish(gpu, acc, ty)?])
-        }
-        Op::GatherElements { axis } => {
-            let (Some(data), Some(idx)) = (float(0), ints(1)) else {
-                return Ok(None);
-            };
-            let axis = norm(*axis, data.shape.len());
-            if !same_except(&data.shape, &idx.shape, axis) {
-                return Ok(None);
-            }
-            let y = gpu.output(ty)?;
-            let (outer, j, inner) = split_at(&idx.shape, axis);
-            let len = data.shape[axis] as i64;
-            index_kernel(
-                gpu,
-                "gather_elements",
-                data,
-                &y,
-                idx,
-                [outer, j, len, inner],
-                y.numel(),
-            )?;
-            Some(vec![y])
-        }
-        Op::GatherElementsGrad { axis } => {
-            let (Some(g), Some(idx)) = (float(0), ints(1)) else {
-                return Ok(None);
-            };
-            let dims = super::fixed(ty)?;
-            let axis = norm(*axis, dims.len());
-            if !same_except(&dims, &idx.shape, axis) || g.shape != idx.shape {
-                return Ok(None);
-            }
-            let acc = scratch(gpu, dims.clone(), true)?;
-            let (outer, j, inner) = split_at(&idx.shape, axis);
-            let len = dims[axis] as i64;
-            index_kernel(
-                gpu,
-                "gather_elements_grad",
-                g,
-                &acc,
-                idx,
-                [outer, j, len, inner],
-                g.numel(),
-            )?;
-            Some(vec![finish(gpu, acc, ty)?])
-        }
+        } => Ok(
+            match (
+                Flash::of(gpu, args, *scale, *causal, 4),
+                super::float_arg(args, 3),
+            ) {
+                (Some(f), Some(dout)) if dout.shape == f.q.shape => Some(f.backward(gpu, dout, out)?),
+                _ => None,
+            },
+        ),
+        Op::Embedding => embedding(gpu, args, ty),
+        Op::Gather { axis } => gather(gpu, args, ty, *axis),
+        Op::GatherGrad { axis } => gather_grad(gpu, args, ty, *axis),
+        Op::GatherElements { axis } => gather_elements(gpu, args, ty, *axis),
+        Op::GatherElementsGrad { axis } => gather_elements_grad(gpu, args, ty, *axis),
         // Operands the kernels above do not take (integer inputs, a mask
         // gradient), and the other modules' ops.
         Op::Reduce { .. }
@@ -366,9 +147,329 @@ pub(super) fn eval(
         | Op::Softmax { .. }
         | Op::LogSoftmax { .. }
         | Op::SoftmaxGrad { .. }
-        | Op::AttentionGrad { .. } => None,
-        elementwise_ops!() | linalg_ops!() | host_ops!() => None,
-    })
+        | Op::AttentionGrad { .. } => Ok(None),
+        elementwise_ops!() | linalg_ops!() | host_ops!() => Ok(None),
+    }
+}
+
+/// `Reduce`: the axes come from the attribute or, failing that, a constant
+/// second operand; none at all reduces everything (or nothing, when
+/// `noop_with_empty_axes`).
+fn reduce_node(
+    gpu: &Gpu,
+    x: &GpuTensor,
+    args: &[Option<&GpuTensor>],
+    kind: ReduceKind,
+    axes: Option<&[i64]>,
+    noop_with_empty_axes: bool,
+    ty: &TensorType,
+) -> Outputs {
+    let rank = x.shape.len();
+    let listed: Vec<i64> = match axes {
+        Some(a) => a.to_vec(),
+        None => match args.get(1).copied().flatten() {
+            Some(t) => match &t.ints {
+                Some(v) => (**v).clone(),
+                None => return Ok(None),
+            },
+            None => Vec::new(),
+        },
+    };
+    let mut reduced: Vec<usize> = if listed.is_empty() {
+        if noop_with_empty_axes {
+            return Ok(Some(vec![x.alias(ty.dtype, x.shape.clone())]));
+        }
+        (0..rank).collect()
+    } else {
+        listed.iter().map(|&a| norm(a, rank)).collect()
+    };
+    reduced.sort_unstable();
+    reduced.dedup();
+    Ok(reduce(gpu, kind, x, &reduced, ty)?.map(|y| vec![y]))
+}
+
+/// `LayerNorm` (`centre`, with an optional bias) or `RmsNorm` over the dims
+/// from `axis` on.
+fn norm_forward(
+    gpu: &Gpu,
+    x: &GpuTensor,
+    args: &[Option<&GpuTensor>],
+    out: &[TensorType],
+    centre: bool,
+    axis: i64,
+    epsilon: f64,
+) -> Outputs {
+    let float = |i: usize| super::float_arg(args, i);
+    let Some(scale) = float(1) else { return Ok(None) };
+    let axis = norm(axis, x.shape.len());
+    let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+    if scale.numel() as i64 != cols || out.len() > 1 {
+        return Ok(None);
+    }
+    let y = gpu.output(&out[0])?;
+    let (py, px, pg, eps, null) = (gpu.ptr(&y), gpu.ptr(x), gpu.ptr(scale), epsilon as f32, 0u64);
+    if centre {
+        let pb = match float(2) {
+            Some(b) if b.numel() as i64 == cols => gpu.ptr(b),
+            Some(_) => return Ok(None),
+            None => 0u64,
+        };
+        let k = format!("layernorm_fwd_{}", suffix(x));
+        launch!(
+            gpu,
+            k,
+            rows(rows_n as usize),
+            py,
+            null,
+            null,
+            px,
+            pg,
+            pb,
+            rows_n,
+            cols,
+            eps
+        )?;
+    } else {
+        let k = format!("rmsnorm_fwd_{}", suffix(x));
+        launch!(gpu, k, rows(rows_n as usize), py, null, px, pg, rows_n, cols, eps)?;
+    }
+    Ok(Some(vec![y]))
+}
+
+/// `NormGrad`: (dx, dscale) of layer norm (`centre`) or RMS norm.
+fn norm_backward(
+    gpu: &Gpu,
+    x: &GpuTensor,
+    args: &[Option<&GpuTensor>],
+    out: &[TensorType],
+    centre: bool,
+    axis: i64,
+    epsilon: f64,
+) -> Outputs {
+    let float = |i: usize| super::float_arg(args, i);
+    let (Some(scale), Some(dy)) = (float(1), float(2)) else {
+        return Ok(None);
+    };
+    let axis = norm(axis, x.shape.len());
+    let (rows_n, cols) = (prod(&x.shape[..axis]), prod(&x.shape[axis..]));
+    if scale.numel() as i64 != cols || dy.storage != x.storage || out.len() != 2 {
+        return Ok(None);
+    }
+    let (dx, gx) = (gpu.output(&out[0])?, gpu.output(&out[1])?);
+    let (pdx, pgx, pdy) = (gpu.ptr(&dx), gpu.ptr(&gx), gpu.ptr(dy));
+    let (px, pg, eps) = (gpu.ptr(x), gpu.ptr(scale), epsilon as f32);
+    let kind = if centre { "layernorm" } else { "rmsnorm" };
+    let k = format!("{kind}_bwd_{}", suffix(x));
+    launch!(
+        gpu,
+        k,
+        rows(rows_n as usize),
+        pdx,
+        pgx,
+        pdy,
+        px,
+        pg,
+        rows_n,
+        cols,
+        eps
+    )?;
+    Ok(Some(vec![dx, gx]))
+}
+
+/// `Gelu`, exact or with the tanh approximation.
+fn gelu(gpu: &Gpu, x: &GpuTensor, ty: &TensorType, approximate: GeluApprox) -> Outputs {
+    let y = gpu.output(ty)?;
+    let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+    let tanh = i32::from(approximate == GeluApprox::Tanh);
+    launch!(
+        gpu,
+        format!("gelu_fwd_{}", suffix(x)),
+        grid(x.numel()),
+        py,
+        px,
+        n,
+        tanh
+    )?;
+    Ok(Some(vec![y]))
+}
+
+/// `Silu`.
+fn silu(gpu: &Gpu, x: &GpuTensor, ty: &TensorType) -> Outputs {
+    let y = gpu.output(ty)?;
+    let (py, px, n) = (gpu.ptr(&y), gpu.ptr(x), x.numel() as i64);
+    launch!(gpu, format!("silu_fwd_{}", suffix(x)), grid(x.numel()), py, px, n)?;
+    Ok(Some(vec![y]))
+}
+
+/// `ActivationGrad` for SiLU and GELU (ReLU's runs on the host).
+fn activation_grad(
+    gpu: &Gpu,
+    x: &GpuTensor,
+    args: &[Option<&GpuTensor>],
+    ty: &TensorType,
+    activation: Activation,
+) -> Outputs {
+    let Some(dy) = super::float_arg(args, 1).filter(|dy| dy.storage == x.storage) else {
+        return Ok(None);
+    };
+    let dx = gpu.output(ty)?;
+    let (pdx, pdy, px, n) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), x.numel() as i64);
+    let k = |name: &str| format!("{name}_bwd_{}", suffix(x));
+    match activation {
+        Activation::Silu => launch!(gpu, k("silu"), grid(x.numel()), pdx, pdy, px, n)?,
+        Activation::Gelu | Activation::GeluTanh => {
+            let tanh = i32::from(activation == Activation::GeluTanh);
+            launch!(gpu, k("gelu"), grid(x.numel()), pdx, pdy, px, n, tanh)?
+        }
+        Activation::Relu => return Ok(None),
+    }
+    Ok(Some(vec![dx]))
+}
+
+/// `Softmax` or `LogSoftmax` (`log`) over the last axis.
+fn softmax(gpu: &Gpu, x: &GpuTensor, ty: &TensorType, axis: i64, log: bool) -> Outputs {
+    let rank = x.shape.len();
+    if norm(axis, rank) != rank - 1 {
+        return Ok(None);
+    }
+    let y = gpu.output(ty)?;
+    let cols = x.shape[rank - 1] as i64;
+    let rows_n = x.numel() as i64 / cols.max(1);
+    let log = i32::from(log);
+    let (py, px) = (gpu.ptr(&y), gpu.ptr(x));
+    launch!(
+        gpu,
+        format!("softmax_fwd_{}", suffix(x)),
+        rows(rows_n as usize),
+        py,
+        px,
+        rows_n,
+        cols,
+        log
+    )?;
+    Ok(Some(vec![y]))
+}
+
+/// `SoftmaxGrad` over the last axis, from the forward output `x`.
+fn softmax_grad(
+    gpu: &Gpu,
+    x: &GpuTensor,
+    args: &[Option<&GpuTensor>],
+    ty: &TensorType,
+    axis: i64,
+    log: bool,
+) -> Outputs {
+    let rank = x.shape.len();
+    let Some(dy) = super::float_arg(args, 1).filter(|dy| dy.storage == x.storage) else {
+        return Ok(None);
+    };
+    if norm(axis, rank) != rank - 1 {
+        return Ok(None);
+    }
+    let dx = gpu.output(ty)?;
+    let cols = x.shape[rank - 1] as i64;
+    let rows_n = x.numel() as i64 / cols.max(1);
+    let (pdx, pdy, py, log) = (gpu.ptr(&dx), gpu.ptr(dy), gpu.ptr(x), i32::from(log));
+    let k = format!("softmax_bwd_{}", suffix(x));
+    launch!(gpu, k, rows(rows_n as usize), pdx, pdy, py, rows_n, cols, log)?;
+    Ok(Some(vec![dx]))
+}
+
+/// `Embedding`: a row gather from a 2-d table.
+fn embedding(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType) -> Outputs {
+    let (Some(table), Some(ids)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    if table.shape.len() != 2 {
+        return Ok(None);
+    }
+    // A row gather, so ids wrap and bound as the reference's do.
+    let y = gpu.output(ty)?;
+    let dims = [
+        1,
+        ids.numel() as i64,
+        table.shape[0] as i64,
+        table.shape[1] as i64,
+    ];
+    index_kernel(gpu, "gather", table, &y, ids, dims, y.numel())?;
+    Ok(Some(vec![y]))
+}
+
+/// `Gather` along `axis`.
+fn gather(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
+    let (Some(data), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let axis = norm(axis, data.shape.len());
+    let y = gpu.output(ty)?;
+    let (outer, len, inner) = split_at(&data.shape, axis);
+    let dims = [outer, idx.numel() as i64, len, inner];
+    index_kernel(gpu, "gather", data, &y, idx, dims, y.numel())?;
+    Ok(Some(vec![y]))
+}
+
+/// `GatherGrad`: `Gather`'s adjoint, a scatter-add into an f32 accumulator.
+fn gather_grad(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
+    let (Some(g), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let dims = super::fixed(ty)?;
+    let axis = norm(axis, dims.len());
+    let acc = scratch(gpu, dims.clone(), true)?;
+    let (outer, len, inner) = split_at(&dims, axis);
+    let sizes = [outer, idx.numel() as i64, len, inner];
+    index_kernel(gpu, "gather_grad", g, &acc, idx, sizes, g.numel())?;
+    Ok(Some(vec![finish(gpu, acc, ty)?]))
+}
+
+/// `GatherElements` along `axis`.
+fn gather_elements(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
+    let (Some(data), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let axis = norm(axis, data.shape.len());
+    if !same_except(&data.shape, &idx.shape, axis) {
+        return Ok(None);
+    }
+    let y = gpu.output(ty)?;
+    let (outer, j, inner) = split_at(&idx.shape, axis);
+    let len = data.shape[axis] as i64;
+    index_kernel(
+        gpu,
+        "gather_elements",
+        data,
+        &y,
+        idx,
+        [outer, j, len, inner],
+        y.numel(),
+    )?;
+    Ok(Some(vec![y]))
+}
+
+/// `GatherElementsGrad`: `GatherElements`' adjoint, a scatter-add into an
+/// f32 accumulator.
+fn gather_elements_grad(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
+    let (Some(g), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+        return Ok(None);
+    };
+    let dims = super::fixed(ty)?;
+    let axis = norm(axis, dims.len());
+    if !same_except(&dims, &idx.shape, axis) || g.shape != idx.shape {
+        return Ok(None);
+    }
+    let acc = scratch(gpu, dims.clone(), true)?;
+    let (outer, j, inner) = split_at(&idx.shape, axis);
+    let len = dims[axis] as i64;
+    index_kernel(
+        gpu,
+        "gather_elements_grad",
+        g,
+        &acc,
+        idx,
+        [outer, j, len, inner],
+        g.numel(),
+    )?;
+    Ok(Some(vec![finish(gpu, acc, ty)?]))
 }
 
 /// `dims` as (outer, dims[axis], inner).

@@ -55,52 +55,116 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T
     let ids = idv.as_i64().unwrap_or_default();
     let (e, h, f) = (winv.shape[0], winv.shape[1], winv.shape[2]);
     let k = idv.shape.last().copied().unwrap_or(1).max(1);
-    // The assignments (flat routing slots) of each expert.
-    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); e];
-    for (slot, &id) in ids.iter().enumerate() {
-        let ex = usize::try_from(id)
-            .ok()
-            .filter(|&ex| ex < e)
-            .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{e}")))?;
-        slots[ex].push(slot);
-    }
+    let slots = assignments(cx.op, ids, e)?;
+    let experts = Experts {
+        op: cx.op,
+        act,
+        w_in,
+        w_out,
+        gate,
+        h,
+        f,
+    };
     let mut dx = vec![T::zero(); x.len()];
     let mut dw = vec![T::zero(); w.len()];
-    let mut dw_in = vec![T::zero(); w_in.len()];
-    let mut dw_out = vec![T::zero(); w_out.len()];
-    let mut dw_gate = vec![T::zero(); gate.map_or(0, <[T]>::len)];
+    let mut grads = WeightGrads {
+        w_in: vec![T::zero(); w_in.len()],
+        w_out: vec![T::zero(); w_out.len()],
+        gate: vec![T::zero(); gate.map_or(0, <[T]>::len)],
+    };
     let token = |s: usize| (s / k) * h..(s / k + 1) * h;
     for (ex, list) in slots.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
-        let n = list.len();
-        let (fo, wo) = (ex * h * f, ex * f * h);
         let xs: Vec<T> = list.iter().flat_map(|&s| x[token(s)].iter().copied()).collect();
         let dys: Vec<T> = list
             .iter()
             .flat_map(|&s| dout[token(s)].iter().map(move |&g| g * w[s]))
             .collect();
-        let (xm, xt) = (
-            Mat::row_major(&xs[..], 0, h, false),
-            Mat::row_major(&xs[..], 0, h, true),
-        );
-        let dym = Mat::row_major(&dys[..], 0, h, false);
+        let fwd = experts.recompute(ex, list.len(), &xs)?;
+        // Routing weights: the expert's unweighted output against dout.
+        let y = experts.output(ex, &fwd)?;
+        for (&s, yr) in list.iter().zip(y.chunks(h.max(1))) {
+            dw[s] = dout[token(s)].iter().zip(yr).map(|(&g, &v)| g * v).sum();
+        }
+        let dxs = experts.backward(ex, &xs, &dys, &fwd, &mut grads)?;
+        for (&s, dr) in list.iter().zip(dxs.chunks(h.max(1))) {
+            for (o, &v) in dx[token(s)].iter_mut().zip(dr) {
+                *o += v;
+            }
+        }
+    }
+    let mut out = vec![dx, dw, grads.w_in, grads.w_out];
+    if gate.is_some() {
+        out.push(grads.gate);
+    }
+    Ok(out)
+}
+
+/// The assignments (flat routing slots) of each of the `e` experts, in slot
+/// order; an index outside `0..e` is an error naming it.
+fn assignments(op: &str, ids: &[i64], e: usize) -> Result<Vec<Vec<usize>>, OpError> {
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); e];
+    for (slot, &id) in ids.iter().enumerate() {
+        let ex = usize::try_from(id)
+            .ok()
+            .filter(|&ex| ex < e)
+            .ok_or_else(|| invalid(op, format!("expert index {id} is outside 0..{e}")))?;
+        slots[ex].push(slot);
+    }
+    Ok(slots)
+}
+
+/// The experts' weights (`[e, h, f]` in, gate; `[e, f, h]` out) and
+/// activation, which every phase of one expert's adjoint reads.
+struct Experts<'a, T> {
+    op: &'a str,
+    act: Activation,
+    w_in: &'a [T],
+    w_out: &'a [T],
+    gate: Option<&'a [T]>,
+    h: usize,
+    f: usize,
+}
+
+/// One expert's forward values over its `n` assignments, recomputed:
+/// pre-activations `a` (and gate `g`) and the hidden `hid`, each `[n, f]`.
+struct Forward<T> {
+    n: usize,
+    a: Vec<T>,
+    g: Option<Vec<T>>,
+    hid: Vec<T>,
+}
+
+/// The weight gradients, summed over experts.
+struct WeightGrads<T> {
+    w_in: Vec<T>,
+    w_out: Vec<T>,
+    gate: Vec<T>,
+}
+
+impl<T: Real> Experts<'_, T> {
+    /// `a = xs·w_in`, `g = xs·w_gate` and `hid = act(a)` (or `act(g) ⊙ a`).
+    fn recompute(&self, ex: usize, n: usize, xs: &[T]) -> Result<Forward<T>, OpError> {
+        let (act, h, f) = (self.act, self.h, self.f);
+        let fo = ex * h * f;
+        let xm = Mat::row_major(xs, 0, h, false);
         let mut a = vec![T::zero(); n * f];
         gemm(
-            cx.op,
+            self.op,
             n,
             h,
             f,
             T::one(),
             xm,
-            Mat::row_major(w_in, fo, f, false),
+            Mat::row_major(self.w_in, fo, f, false),
             T::zero(),
             &mut a,
             0,
         )?;
-        let g = match gate {
+        let g = match self.gate {
             Some(gw) => {
                 let mut g = vec![T::zero(); n * f];
                 gemm(
-                    cx.op,
+                    self.op,
                     n,
                     h,
                     f,
@@ -119,78 +183,111 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T
             Some(g) => a.iter().zip(g).map(|(&a, &g)| a * activate(act, g)).collect(),
             None => a.iter().map(|&a| activate(act, a)).collect(),
         };
-        let hm = Mat::row_major(&hid[..], 0, f, false);
-        // Routing weights: the expert's unweighted output against dout.
+        Ok(Forward { n, a, g, hid })
+    }
+
+    /// The expert's unweighted output `hid·w_out`, `[n, h]`.
+    fn output(&self, ex: usize, fwd: &Forward<T>) -> Result<Vec<T>, OpError> {
+        let (h, f, n) = (self.h, self.f, fwd.n);
+        let wo = ex * f * h;
+        let hm = Mat::row_major(&fwd.hid[..], 0, f, false);
         let mut y = vec![T::zero(); n * h];
         gemm(
-            cx.op,
+            self.op,
             n,
             f,
             h,
             T::one(),
             hm,
-            Mat::row_major(w_out, wo, h, false),
+            Mat::row_major(self.w_out, wo, h, false),
             T::zero(),
             &mut y,
             0,
         )?;
-        for (&s, yr) in list.iter().zip(y.chunks(h.max(1))) {
-            dw[s] = dout[token(s)].iter().zip(yr).map(|(&g, &v)| g * v).sum();
-        }
-        let ht = Mat::row_major(&hid[..], 0, f, true);
-        gemm(cx.op, f, n, h, T::one(), ht, dym, T::one(), &mut dw_out, wo)?;
+        Ok(y)
+    }
+
+    /// From the weighted output gradient `dys`: adds the expert's slices of
+    /// `dw_out`, `dw_in` and `dw_gate` into `grads` and returns its rows of
+    /// `dx` (`da·w_inᵀ + dg·w_gateᵀ`), `[n, h]`.
+    fn backward(
+        &self,
+        ex: usize,
+        xs: &[T],
+        dys: &[T],
+        fwd: &Forward<T>,
+        grads: &mut WeightGrads<T>,
+    ) -> Result<Vec<T>, OpError> {
+        let (act, h, f, n) = (self.act, self.h, self.f, fwd.n);
+        let (fo, wo) = (ex * h * f, ex * f * h);
+        let (a, g) = (&fwd.a, &fwd.g);
+        let xt = Mat::row_major(xs, 0, h, true);
+        let dym = Mat::row_major(dys, 0, h, false);
+        let ht = Mat::row_major(&fwd.hid[..], 0, f, true);
+        gemm(
+            self.op,
+            f,
+            n,
+            h,
+            T::one(),
+            ht,
+            dym,
+            T::one(),
+            &mut grads.w_out,
+            wo,
+        )?;
         let mut dhid = vec![T::zero(); n * f];
         gemm(
-            cx.op,
+            self.op,
             n,
             h,
             f,
             T::one(),
             dym,
-            Mat::row_major(w_out, wo, h, true),
+            Mat::row_major(self.w_out, wo, h, true),
             T::zero(),
             &mut dhid,
             0,
         )?;
-        let (da, dg): (Vec<T>, Option<Vec<T>>) = match &g {
+        let (da, dg): (Vec<T>, Option<Vec<T>>) = match g {
             Some(g) => (
                 dhid.iter().zip(g).map(|(&d, &g)| d * activate(act, g)).collect(),
                 Some(
                     dhid.iter()
                         .zip(g)
-                        .zip(&a)
+                        .zip(a)
                         .map(|((&d, &g), &a)| d * a * activation_grad(act, g))
                         .collect(),
                 ),
             ),
             None => (
                 dhid.iter()
-                    .zip(&a)
+                    .zip(a)
                     .map(|(&d, &a)| d * activation_grad(act, a))
                     .collect(),
                 None,
             ),
         };
         let dam = Mat::row_major(&da[..], 0, f, false);
-        gemm(cx.op, h, n, f, T::one(), xt, dam, T::one(), &mut dw_in, fo)?;
+        gemm(self.op, h, n, f, T::one(), xt, dam, T::one(), &mut grads.w_in, fo)?;
         let mut dxs = vec![T::zero(); n * h];
         gemm(
-            cx.op,
+            self.op,
             n,
             f,
             h,
             T::one(),
             dam,
-            Mat::row_major(w_in, fo, f, true),
+            Mat::row_major(self.w_in, fo, f, true),
             T::zero(),
             &mut dxs,
             0,
         )?;
-        if let (Some(dg), Some(gw)) = (&dg, gate) {
+        if let (Some(dg), Some(gw)) = (&dg, self.gate) {
             let dgm = Mat::row_major(&dg[..], 0, f, false);
-            gemm(cx.op, h, n, f, T::one(), xt, dgm, T::one(), &mut dw_gate, fo)?;
+            gemm(self.op, h, n, f, T::one(), xt, dgm, T::one(), &mut grads.gate, fo)?;
             gemm(
-                cx.op,
+                self.op,
                 n,
                 f,
                 h,
@@ -202,17 +299,8 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T
                 0,
             )?;
         }
-        for (&s, dr) in list.iter().zip(dxs.chunks(h.max(1))) {
-            for (o, &v) in dx[token(s)].iter_mut().zip(dr) {
-                *o += v;
-            }
-        }
+        Ok(dxs)
     }
-    let mut out = vec![dx, dw, dw_in, dw_out];
-    if gate.is_some() {
-        out.push(dw_gate);
-    }
-    Ok(out)
 }
 
 /// FLOPs: each assignment's products recomputed (two, three when gated)
