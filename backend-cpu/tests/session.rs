@@ -35,7 +35,15 @@ fn session() -> Session {
         arg: SPEC,
         hash: "test".into(),
     };
-    let plan = plan_model(&graph, &model, &cluster, &Calibration::default(), &opts, &|_, _| {}).unwrap();
+    let plan = plan_model(
+        &graph,
+        &model,
+        &cluster,
+        &Calibration::default(),
+        &opts,
+        &|_, _| {},
+    )
+    .unwrap();
     assert_eq!(plan.mesh.ranks.len(), 2);
     let run = RunOptions {
         steps: 3,

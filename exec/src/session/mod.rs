@@ -293,4 +293,3 @@ fn vocab_of(g: &Graph) -> Option<usize> {
         .find(|(_, t)| t.name == "loss/log_softmax")
         .and_then(|(_, t)| t.ty.shape.0.last()?.fixed())
 }
-
