@@ -258,10 +258,7 @@ impl Session {
         } else {
             (Some(runner.train_all(work)?), None)
         };
-        let report = match finished {
-            Some((train, details)) => Some(self.report(train, details)),
-            None => None,
-        };
+        let report = finished.map(|(train, details)| self.report(train, details));
         Ok(Outcome { report, rank_trace })
     }
 
