@@ -19,6 +19,7 @@ pub mod session;
 mod slices;
 pub mod trace;
 pub mod train;
+mod zero_parts;
 
 pub use backend::{Backend, BackendError, DeviceCollectives, Order};
 pub use distributed::{train_rank_on, RankResult};
@@ -299,7 +300,7 @@ fn whole_gradient(
     by_tp: &BTreeMap<usize, Vec<(Option<autopar_lower::Shard>, Value)>>,
 ) -> Option<Value> {
     let Some(slice) = t.slices.get(param).or_else(|| t.expert_slices.get(param)) else {
-        return autopar_comm::collective::values::assemble(by_tp.values().next()?);
+        return zero_parts::assemble(by_tp.values().next()?);
     };
     let local = t
         .graph
@@ -313,7 +314,7 @@ fn whole_gradient(
     let pieces = by_tp
         .values()
         .map(|p| {
-            let mut v = autopar_comm::collective::values::assemble(p)?;
+            let mut v = zero_parts::assemble(p)?;
             v.shape = dims.clone();
             Some(v)
         })

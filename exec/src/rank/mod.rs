@@ -15,7 +15,7 @@ use super::slices;
 use super::{ExecError, TrainOptions};
 use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::TokenSource;
-use autopar_comm::collective::values::shard_of;
+use crate::zero_parts::shard_of;
 use autopar_comm::collective::Endpoint;
 use autopar_ir::interp::widen;
 use autopar_ir::{NodeIndex, TensorId, Value};
