@@ -11,6 +11,7 @@ mod dtype;
 mod graph;
 pub mod interp;
 pub mod json;
+pub mod layers;
 pub mod lowp;
 pub mod op;
 mod shape;

@@ -5,6 +5,7 @@
 
 use super::schedule::Phase;
 use super::training::TrainingGraph;
+use autopar_ir::layers::ancestors_outside_layers;
 use autopar_ir::{Graph, NodeIndex};
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -203,53 +204,6 @@ impl<'g> NodeNames<'g> {
 
 /// Marks an index of no node in [`NodeNames`].
 const NONE: usize = usize::MAX;
-
-/// The nodes outside the repeated layers, split into those the first layer
-/// depends on (embeddings, positions, masks) and the others (head, loss).
-pub fn outside_layers(g: &Graph) -> (HashSet<NodeIndex>, HashSet<NodeIndex>) {
-    let in_layers: HashMap<NodeIndex, usize> = g
-        .node_indices()
-        .filter(|&i| g.blocks.iter().any(|b| b.nodes.contains(&g.node(i).name)))
-        .map(|i| (i, 0))
-        .collect();
-    let first: HashSet<&str> = g
-        .blocks
-        .first()
-        .map(|b| b.nodes.iter().map(String::as_str).collect())
-        .unwrap_or_default();
-    let first_layer = g
-        .node_indices()
-        .filter(|&i| first.contains(g.node(i).name.as_str()))
-        .collect();
-    let pre = ancestors_outside_layers(g, first_layer, |i| in_layers.contains_key(&i));
-    let post = g
-        .node_indices()
-        .filter(|i| !in_layers.contains_key(i) && !pre.contains(i))
-        .collect();
-    (pre, post)
-}
-
-/// Nodes outside the layers (`in_layers` says which are in) that the first
-/// layer's nodes (`first_layer`) transitively depend on: embeddings,
-/// position and mask computations.
-fn ancestors_outside_layers(
-    g: &Graph,
-    first_layer: Vec<NodeIndex>,
-    in_layers: impl Fn(NodeIndex) -> bool,
-) -> HashSet<NodeIndex> {
-    let mut stack = first_layer;
-    let mut seen = HashSet::new();
-    while let Some(i) = stack.pop() {
-        for &x in g.node(i).inputs.iter().flatten() {
-            if let Some(p) = g.producer(x) {
-                if !in_layers(p) && seen.insert(p) {
-                    stack.push(p);
-                }
-            }
-        }
-    }
-    seen
-}
 
 #[cfg(test)]
 mod tests {

@@ -5,6 +5,7 @@
 use super::program::Coord;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
+use autopar_planner::spec::OpSharding;
 use autopar_planner::Plan;
 
 /// What lowering needs to know about a plan.
@@ -29,6 +30,12 @@ pub struct Strategy {
     pub recompute: Vec<Recompute>,
     /// Every rank's mesh coordinate, by rank.
     pub ranks: Vec<Coord>,
+    /// The plan's per-op sharding over the `tp` ranks, which the
+    /// tensor-parallel rewrite executes (with `sp`, the plan's program kept
+    /// activations split along the sequence between layers); empty: the
+    /// rewrite's propagation rules lay the group out as Megatron-LM does
+    /// (strategies built by hand, as tests do).
+    pub sharding: Vec<OpSharding>,
 }
 
 /// Why a plan cannot be lowered.
@@ -80,7 +87,14 @@ impl Strategy {
                     })
                 })
                 .collect(),
+            sharding: Vec::new(),
         }
+    }
+
+    /// The same strategy running the per-op sharding `sharding` (a plan's).
+    pub fn with_sharding(mut self, sharding: Vec<OpSharding>) -> Strategy {
+        self.sharding = sharding;
+        self
     }
 
     /// The same strategy with a `tp`-way tensor-parallel group inside each
@@ -189,6 +203,10 @@ impl Strategy {
             stage_layers,
             recompute: plan.stages.iter().map(|s| s.recompute).collect(),
             ranks,
+            sharding: match p.tp > 1 {
+                true => plan.sharding.clone(),
+                false => Vec::new(),
+            },
         };
         s.check()?;
         Ok(s)

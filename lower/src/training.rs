@@ -7,10 +7,11 @@
 //! run can be compared with a single-device run node for node.
 
 use super::expert_parallel::shard_experts;
-use super::tensor_parallel::{bind, shard, shard_context, TpError, WeightSlice};
+use super::tensor_parallel::{bind, shard, shard_context, shard_planned, TpError, WeightSlice};
 use super::Strategy;
 use autopar_ir::autodiff::{differentiate, AutodiffError};
 use autopar_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Role, Shape, TensorId, TensorType, Value};
+use autopar_planner::spec::OpSharding;
 use std::collections::{BTreeMap, HashMap};
 
 /// What a data input of the training graph is fed with.
@@ -105,6 +106,7 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
         seq,
         s.global_batch() * seq,
         (s.tp, s.sp, s.cp, s.ep),
+        &s.sharding,
     )
 }
 
@@ -118,7 +120,7 @@ pub fn training_graph(
     seq: usize,
     global_tokens: usize,
 ) -> Result<TrainingGraph, TrainingError> {
-    build(model, micro_batch, seq, global_tokens, (1, false, 1, 1))
+    build(model, micro_batch, seq, global_tokens, (1, false, 1, 1), &[])
 }
 
 fn build(
@@ -127,6 +129,7 @@ fn build(
     seq: usize,
     global_tokens: usize,
     (tp, sp, cp, ep): (usize, bool, usize, usize),
+    sharding: &[OpSharding],
 ) -> Result<TrainingGraph, TrainingError> {
     let mut g = model.clone();
     g.bindings.insert("batch".into(), micro_batch);
@@ -152,7 +155,13 @@ fn build(
     // stay split along the vocabulary and the cross-entropy runs on them.
     let mut slices = BTreeMap::new();
     if tp > 1 {
-        let split = shard(&g, tp, sp)?;
+        let split = match sharding.is_empty() {
+            true => shard(&g, tp, sp)?,
+            false => {
+                let whole: Vec<String> = tied.iter().flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
+                shard_planned(&g, tp, sp, sharding, &whole)?
+            }
+        };
         g = split.graph;
         slices = split.slices;
         check_tied_slices(&tied, &slices)?;
@@ -227,7 +236,7 @@ fn tie_copies(g: &mut Graph) -> Vec<(String, String)> {
     if g.blocks.is_empty() {
         return Vec::new();
     }
-    let (pre, post) = super::partition::outside_layers(g);
+    let (pre, post) = autopar_ir::layers::outside_layers(g);
     let params: Vec<TensorId> = g
         .tensors()
         .filter(|(_, t)| t.role == Role::Parameter && t.ty.dtype.is_float())

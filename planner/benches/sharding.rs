@@ -5,49 +5,11 @@
 
 use autopar_cost_models::{Calibration, Cluster};
 use autopar_import::onnx;
-use autopar_ir::{Graph, NodeIndex};
+use autopar_planner::layer_sharding::node_sets;
 use autopar_planner::sharding::{solve, ShardingProblem};
 use autopar_rewrite::{canonicalize, detect_blocks};
-use std::collections::HashSet;
 use std::error::Error;
 use std::time::Instant;
-
-/// The first layer's nodes, and the nodes outside every layer split into
-/// those before the layers and those after (as the cost model places them).
-fn parts(g: &Graph) -> Result<[Vec<NodeIndex>; 3], Box<dyn Error>> {
-    let in_blocks: HashSet<&str> = g
-        .blocks
-        .iter()
-        .flat_map(|b| b.nodes.iter().map(String::as_str))
-        .collect();
-    let first: HashSet<&str> = g
-        .blocks
-        .first()
-        .map(|b| b.nodes.iter().map(String::as_str).collect())
-        .unwrap_or_default();
-    let (mut pre, mut layer, mut post) = (Vec::new(), Vec::new(), Vec::new());
-    let mut before: HashSet<NodeIndex> = HashSet::new();
-    for idx in g.topo_order()? {
-        let node = g.node(idx);
-        if first.contains(node.name.as_str()) {
-            layer.push(idx);
-        } else if !in_blocks.contains(node.name.as_str()) {
-            let after = node
-                .inputs
-                .iter()
-                .flatten()
-                .filter_map(|&t| g.producer(t))
-                .any(|p| !before.contains(&p));
-            if after {
-                post.push(idx);
-            } else {
-                before.insert(idx);
-                pre.push(idx);
-            }
-        }
-    }
-    Ok([pre, layer, post])
-}
 
 fn main() -> Result<(), Box<dyn Error>> {
     let cluster = Cluster::preset("dgx-h100")?.with_gpus(8)?;
@@ -58,7 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         g.blocks = detect_blocks(&g)?;
         let bindings = g.bindings.clone();
         let start = Instant::now();
-        for (name, nodes) in ["pre", "layer", "post"].iter().zip(parts(&g)?) {
+        for (name, nodes) in ["pre", "layer", "post"].iter().zip(node_sets(&g)?) {
             let p = ShardingProblem {
                 graph: &g,
                 bindings: &bindings,
@@ -67,6 +29,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 cluster: &cluster,
                 calibration: &calibration,
                 memory_limit_bytes: None,
+                sequence_parallel: false,
             };
             let t = Instant::now();
             let s = solve(&p)?;

@@ -1,13 +1,35 @@
 //! Per-op sharding for a chosen configuration: the integer program of
-//! [`crate::sharding`] over the part before the layers, the first layer (every
-//! layer repeats it) and the part after, at the plan's micro-batch, sequence
-//! and tensor-parallel degree.
+//! [`crate::sharding`] over the part before the layers, the first layer
+//! (every layer repeats it) and the part after, each solved on its own so
+//! that every layer boundary, the first layer's input and the last one's
+//! output included, crosses in the same layout (replicated, or split along
+//! the sequence under sequence parallelism), at the plan's micro-batch,
+//! sequence and tensor-parallel degree.
 
 use crate::sharding::{self, ShardingError, ShardingProblem};
 use crate::spec::OpSharding;
 use autopar_cost_models::{Calibration, Cluster, TrainingConfig};
-use autopar_ir::{Dim, Graph};
+use autopar_ir::layers::outside_layers;
+use autopar_ir::{Bindings, Dim, Graph, GraphError, NodeIndex};
 use std::collections::HashSet;
+
+/// The node sets a plan's per-op sharding covers, in topological order:
+/// the part before the layers, the first layer and the part after; a graph
+/// without layers is one set.
+pub fn node_sets(graph: &Graph) -> Result<Vec<Vec<NodeIndex>>, GraphError> {
+    let order = graph.topo_order()?;
+    let Some(first) = graph.blocks.first() else {
+        return Ok(vec![order]);
+    };
+    let first: HashSet<&str> = first.nodes.iter().map(String::as_str).collect();
+    let (pre, post) = outside_layers(graph);
+    let pick = |keep: &dyn Fn(NodeIndex) -> bool| order.iter().copied().filter(|&i| keep(i)).collect();
+    Ok(vec![
+        pick(&|i| pre.contains(&i)),
+        pick(&|i| first.contains(graph.node(i).name.as_str())),
+        pick(&|i| post.contains(&i)),
+    ])
+}
 
 /// The per-op sharding of `graph` under `cfg` on `cluster` (sized).
 pub fn for_config(
@@ -17,17 +39,27 @@ pub fn for_config(
     cfg: &TrainingConfig,
     seq: Option<usize>,
 ) -> Result<Vec<OpSharding>, ShardingError> {
-    let repeats: HashSet<&str> = graph
-        .blocks
-        .iter()
-        .skip(1)
-        .flat_map(|b| b.nodes.iter().map(String::as_str))
-        .collect();
-    let nodes: Vec<_> = graph
-        .topo_order()?
-        .into_iter()
-        .filter(|&idx| !repeats.contains(graph.node(idx).name.as_str()))
-        .collect();
+    let bindings = bindings(graph, cfg.micro_batch, seq);
+    let mut ops = Vec::new();
+    for nodes in node_sets(graph)? {
+        let problem = ShardingProblem {
+            graph,
+            bindings: &bindings,
+            nodes: &nodes,
+            tp: cfg.tp,
+            cluster,
+            calibration,
+            memory_limit_bytes: None,
+            sequence_parallel: cfg.sp,
+        };
+        ops.extend(sharding::solve(&problem)?.ops);
+    }
+    Ok(ops)
+}
+
+/// The graph's bindings with `batch` the micro-batch and `seq` the
+/// sequence, where the graph has those symbols.
+pub fn bindings(graph: &Graph, micro_batch: usize, seq: Option<usize>) -> Bindings {
     let has_symbol = |name: &str| {
         graph
             .tensors()
@@ -35,19 +67,10 @@ pub fn for_config(
     };
     let mut bindings = graph.bindings.clone();
     if has_symbol("batch") {
-        bindings.insert("batch".into(), cfg.micro_batch);
+        bindings.insert("batch".into(), micro_batch);
     }
     if let Some(seq) = seq.filter(|_| has_symbol("seq")) {
         bindings.insert("seq".into(), seq);
     }
-    let problem = ShardingProblem {
-        graph,
-        bindings: &bindings,
-        nodes: &nodes,
-        tp: cfg.tp,
-        cluster,
-        calibration,
-        memory_limit_bytes: None,
-    };
-    Ok(sharding::solve(&problem)?.ops)
+    bindings
 }

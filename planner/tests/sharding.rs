@@ -69,6 +69,7 @@ impl Setup {
             cluster: &self.cluster,
             calibration: &self.calibration,
             memory_limit_bytes: None,
+            sequence_parallel: false,
         }
     }
 
@@ -87,6 +88,11 @@ impl Setup {
 
     /// Seconds of one ring all-reduce of `bytes` over ranks `0..tp` at calibrated link rates.
     fn all_reduce(&self, tp: usize, bytes: f64) -> f64 {
+        self.collective(tp, Collective::AllReduce, bytes)
+    }
+
+    /// Seconds of one ring `collective` of `bytes` over ranks `0..tp` at calibrated link rates.
+    fn collective(&self, tp: usize, collective: Collective, bytes: f64) -> f64 {
         let effective = Cluster {
             intra_node: self.calibration.effective_link(self.cluster.intra_node, true),
             inter_node: self.calibration.effective_link(self.cluster.inter_node, false),
@@ -94,7 +100,7 @@ impl Setup {
         };
         let ranks: Vec<usize> = (0..tp).collect();
         let span = Span::of(&effective, &ranks).unwrap();
-        comm::time(&effective, span, Collective::AllReduce, Algorithm::Ring, bytes).unwrap()
+        comm::time(&effective, span, collective, Algorithm::Ring, bytes).unwrap()
     }
 }
 
@@ -185,23 +191,53 @@ fn a_llama_layer_is_sharded_like_megatron() {
         ] {
             assert_eq!(strategy(&s, node), expected, "tp {tp}: {node}");
         }
+        // The three column products reading the normalised input share one
+        // backward all-reduce of its gradient. (Reduce-scattering the
+        // attention's sum into a batch-split norm would need the residual
+        // as a pending sum, which lowering cannot make.)
         let four = 4.0 * setup.all_reduce(tp, activation_bytes(2048));
-        if tp == 2 {
-            // At two ranks the norm's input is reduce-scattered and its
-            // output gathered (sequence parallelism): the same collective
-            // bytes, the norm's work halved, its small weights all-reduced.
-            assert_eq!(strategy(&s, "post_attention_layernorm"), "dim0");
-            assert!(s.comm_s > four && s.comm_s < 1.1 * four, "{} vs {four}", s.comm_s);
-        } else {
-            // The three column products reading the normalised input share
-            // one backward all-reduce of its gradient.
-            assert_eq!(strategy(&s, "input_layernorm"), "replicate");
-            assert!(
-                (s.comm_s - four).abs() < 1e-9 * four,
-                "tp {tp}: {} vs {four}",
-                s.comm_s
-            );
+        assert_eq!(strategy(&s, "input_layernorm"), "replicate");
+        assert_eq!(strategy(&s, "post_attention_layernorm"), "replicate");
+        assert!(
+            (s.comm_s - four).abs() < 1e-9 * four,
+            "tp {tp}: {} vs {four}",
+            s.comm_s
+        );
+    }
+}
+
+/// With sequence parallelism the layer's input and output stay split along
+/// the sequence: the program runs both norms and residuals on sequence
+/// slices, gathers before the column products and reduce-scatters after
+/// the row products (Megatron-LM's sequence parallelism), moving the bytes
+/// of four all-reduces in eight collectives (twice the latency) plus the
+/// norms' small weight gradients.
+#[test]
+fn sequence_parallelism_keeps_norms_on_sequence_slices() {
+    let setup = Setup::layer(LLAMA);
+    for tp in [2, 4, 8] {
+        let mut p = setup.problem(tp);
+        p.sequence_parallel = true;
+        let s = solve(&p).unwrap();
+        for (node, expected) in [
+            ("input_layernorm", "dim1"),
+            ("post_attention_layernorm", "dim1"),
+            ("q_proj", "column"),
+            ("o_proj", "row"),
+            ("down_proj", "row"),
+        ] {
+            assert_eq!(strategy(&s, node), expected, "tp {tp}: {node}");
         }
+        let act = activation_bytes(2048);
+        let eight = 4.0
+            * (setup.collective(tp, Collective::ReduceScatter, act)
+                + setup.collective(tp, Collective::AllGather, act));
+        let norm_grads = 2.0 * setup.all_reduce(tp, 2.0 * 2048.0);
+        assert!(
+            (s.comm_s - eight - norm_grads).abs() < 1e-9 * eight,
+            "tp {tp}: {} vs {eight} + {norm_grads}",
+            s.comm_s
+        );
     }
 }
 

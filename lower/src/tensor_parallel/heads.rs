@@ -277,7 +277,7 @@ impl Rewriter<'_> {
     }
 
     /// A shape constant: `dims` with dim `j` cut to the rank's part.
-    fn local_shape(&mut self, dims: &[usize], j: usize) -> TensorId {
+    pub(super) fn local_shape(&mut self, dims: &[usize], j: usize) -> TensorId {
         let mut local: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
         local[j] /= self.parts as i64;
         self.count += 1;

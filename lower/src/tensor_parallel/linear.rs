@@ -146,7 +146,7 @@ impl Rewriter<'_> {
         blocks: usize,
         at: &str,
     ) -> Result<TensorId, TpError> {
-        if self.g.tensor(w).role == Role::Parameter && self.sole_use(w) {
+        if self.g.tensor(w).role == Role::Parameter && self.sole_use(w) && !self.whole_stored(w) {
             self.store_sliced(w, axis, blocks, at)?;
             return Ok(w);
         }
@@ -162,6 +162,11 @@ impl Rewriter<'_> {
             return Err(self.err(at, format!("shared weight '{name}' cannot be block-split")));
         }
         self.comm(w, CommKind::Slice, axis, Layout::Split { axis, blocks })
+    }
+
+    /// True when parameter `t` must be stored whole.
+    fn whole_stored(&self, t: TensorId) -> bool {
+        self.stored_whole.contains(&self.g.tensor(t).name)
     }
 
     /// True when the source tensor named like `t` has one consumer.
@@ -184,7 +189,10 @@ impl Rewriter<'_> {
         let rank = self.dims(param).len();
         let perm = perm.clone().unwrap_or_else(|| (0..rank).rev().collect());
         let from = *perm.get(axis)?;
-        let own = self.g.tensor(param).role == Role::Parameter && self.sole_use(param) && self.sole_use(w);
+        let own = self.g.tensor(param).role == Role::Parameter
+            && self.sole_use(param)
+            && self.sole_use(w)
+            && !self.whole_stored(param);
         own.then_some((param, from))
     }
 

@@ -30,10 +30,13 @@
 mod context;
 mod heads;
 mod linear;
+mod planned;
 mod vocab;
 
 use autopar_ir::{CommGroup, CommKind, Graph, NodeIndex, Op, Role, Shape, TensorId};
-use std::collections::{BTreeMap, HashMap};
+use autopar_planner::sharding::{ShardingError, Strategy as Planned};
+use autopar_planner::spec::OpSharding;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// How a stored weight is cut: dim `axis` into `parts` slices, or, with
 /// `blocks > 1`, each of `blocks` equal blocks along `axis` into slices.
@@ -60,6 +63,8 @@ pub enum TpError {
     #[error("node '{node}': {message}")]
     Node { node: String, message: String },
     #[error(transparent)]
+    Plan(#[from] ShardingError),
+    #[error(transparent)]
     Graph(#[from] autopar_ir::GraphError),
 }
 
@@ -82,7 +87,24 @@ const WHOLE: usize = 1;
 /// The graph one rank of a `parts`-way tensor-parallel group runs
 /// (sequence-parallel between the split regions when `sp`). Dims must be bound.
 pub fn shard(model: &Graph, parts: usize, sp: bool) -> Result<TensorParallel, TpError> {
-    rewrite(model, parts, sp, None)
+    rewrite(model, parts, sp, None, None)
+}
+
+/// The graph one rank of a `parts`-way tensor-parallel group runs when
+/// the nodes `plan` covers run the per-op sharding it names (a plan's
+/// `sharding`); the nodes it does not cover (the loss lowering adds)
+/// follow their inputs' layouts as in [`shard`] (`sp`: pending sums they
+/// read are reduce-scattered along the sequence). The parameters named in
+/// `whole` (the two copies of a tied weight, whose gradients are summed
+/// element by element) are stored whole, each use slicing what it reads.
+pub fn shard_planned(
+    model: &Graph,
+    parts: usize,
+    sp: bool,
+    plan: &[OpSharding],
+    whole: &[String],
+) -> Result<TensorParallel, TpError> {
+    rewrite(model, parts, sp, None, Some((plan, whole)))
 }
 
 /// The training graph one rank of a `parts`-way context-parallel group
@@ -94,7 +116,7 @@ pub fn shard(model: &Graph, parts: usize, sp: bool) -> Result<TensorParallel, Tp
 /// gradients are summed over the context-parallel ranks with the
 /// data-parallel ones.
 pub fn shard_context(graph: &Graph, parts: usize, per_token: &[String]) -> Result<Graph, TpError> {
-    Ok(rewrite(graph, parts, false, Some(per_token))?.graph)
+    Ok(rewrite(graph, parts, false, Some(per_token), None)?.graph)
 }
 
 fn rewrite(
@@ -102,9 +124,17 @@ fn rewrite(
     parts: usize,
     sp: bool,
     per_token: Option<&[String]>,
+    plan: Option<(&[OpSharding], &[String])>,
 ) -> Result<TensorParallel, TpError> {
     let mut src = model.clone();
     bind(&mut src)?;
+    let (plan, stored_whole) = match plan {
+        Some((plan, whole)) => (
+            planned::resolve(&src, parts, plan)?,
+            whole.iter().cloned().collect(),
+        ),
+        None => (HashMap::new(), HashSet::new()),
+    };
     let mut g = Graph::new(src.name.clone());
     g.bindings = src.bindings.clone();
     g.blocks = src.blocks.clone();
@@ -124,6 +154,9 @@ fn rewrite(
         layouts: HashMap::new(),
         slices: BTreeMap::new(),
         cache: HashMap::new(),
+        plan,
+        stored_whole,
+        pending: HashMap::new(),
         block: None,
         count: 0,
     };
@@ -177,6 +210,13 @@ struct Rewriter<'a> {
     slices: BTreeMap<String, WeightSlice>,
     /// One comm node per (tensor, kind, axis), shared by all consumers.
     cache: HashMap<(TensorId, CommKind, usize), TensorId>,
+    /// The plan's strategy per node it covers, by node name.
+    plan: HashMap<String, Planned>,
+    /// Parameters stored whole whatever their uses read.
+    stored_whole: HashSet<String>,
+    /// Pending sums with an addend still to add after their reduction (a
+    /// row-parallel product's bias), by the sum.
+    pending: HashMap<TensorId, TensorId>,
     /// The layer of the node being rewritten: nodes added for it join it.
     block: Option<usize>,
     count: usize,
@@ -282,7 +322,7 @@ impl Rewriter<'_> {
             Some(Layout::Split { .. }) => {
                 Err(self.err(at, "gathering a block-split tensor is not supported"))
             }
-            Some(Layout::Partial) => self.comm(x, CommKind::AllReduce, 0, Layout::Replicated),
+            Some(Layout::Partial) => self.settle(x, CommKind::AllReduce, 0, Layout::Replicated),
             Some(Layout::Replicated) | None => Ok(x),
         }
     }
@@ -342,6 +382,9 @@ impl Rewriter<'_> {
     fn node(&mut self, idx: NodeIndex) -> Result<(), TpError> {
         let n = self.src.node(idx).clone();
         let mut ins: Vec<Option<TensorId>> = n.inputs.iter().map(|t| t.map(|t| self.tensor(t))).collect();
+        if let Some(s) = self.plan.get(&n.name).cloned() {
+            return self.planned(idx, ins, &s);
+        }
         if !self.context {
             if self.settle_partials(idx, &mut ins)? {
                 return Ok(());

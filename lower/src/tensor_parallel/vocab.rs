@@ -58,8 +58,22 @@ impl Rewriter<'_> {
             return Ok(None);
         }
         let name = self.src.node(idx).name.clone();
-        let (local, inside) = self.local_ids(ids, vocab)?;
         let table = self.slice_weight(table, 0, WHOLE, &name)?;
+        self.vocab_rows(idx, table, ids, vocab)?;
+        Ok(Some(()))
+    }
+
+    /// `Embedding` of `ids` (whole) in the rank's rows `table` of a
+    /// `vocab`-row table: ids outside its rows read row 0 and are zeroed,
+    /// so the output is a pending sum.
+    pub(super) fn vocab_rows(
+        &mut self,
+        idx: NodeIndex,
+        table: TensorId,
+        ids: TensorId,
+        vocab: usize,
+    ) -> Result<(), TpError> {
+        let (local, inside) = self.local_ids(ids, vocab)?;
         let rows = self.helper("rows", Op::Embedding, vec![Some(table), Some(local)])?;
         let dtype = self.g.tensor(rows).ty.dtype;
         let keep = self.helper("keep", Op::cast(dtype), vec![Some(inside)])?;
@@ -70,7 +84,7 @@ impl Rewriter<'_> {
         )?;
         let mul = Op::Binary { func: BinaryOp::Mul };
         self.emit(idx, mul, vec![Some(rows), Some(keep)], Some(Layout::Partial))?;
-        Ok(Some(()))
+        Ok(())
     }
 
     /// `log_softmax(x)` along the split vocabulary: `x − (m + log Σ exp(x − m))`
@@ -144,7 +158,7 @@ impl Rewriter<'_> {
 
     /// Token ids relative to the rank's first vocabulary row, with those
     /// outside its rows set to 0, and the mask of those inside.
-    fn local_ids(&mut self, ids: TensorId, vocab: usize) -> Result<(TensorId, TensorId), TpError> {
+    pub(super) fn local_ids(&mut self, ids: TensorId, vocab: usize) -> Result<(TensorId, TensorId), TpError> {
         let rows = vocab / self.parts;
         let int = |v: i64| Value::i64(vec![], vec![v]).expect("scalar");
         self.count += 1;
@@ -197,9 +211,9 @@ impl Rewriter<'_> {
                 axis: 1,
                 blocks: WHOLE,
             };
-            return self.comm(x, CommKind::ReduceScatter, 1, seq);
+            return self.settle(x, CommKind::ReduceScatter, 1, seq);
         }
-        self.comm(x, CommKind::AllReduce, 0, Layout::Replicated)
+        self.settle(x, CommKind::AllReduce, 0, Layout::Replicated)
     }
 
     /// Settles pending sums before node `idx` reads them: sums and

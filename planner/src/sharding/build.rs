@@ -8,7 +8,7 @@
 
 use super::ilp::{Choice, Model, Pair};
 use super::reshard::Pricer;
-use super::rules::{self, output_grad, Layout, NodeView, Strategy};
+use super::rules::{self, output_grad, Layout, Strategy};
 use super::{ShardingError, ShardingProblem};
 use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_ir::{Bindings, Graph, NodeIndex, Role, Shape, Tensor, TensorId, TensorType};
@@ -59,6 +59,8 @@ struct Builder<'p> {
     requires_grad: Vec<bool>,
     /// Per tensor: computed (partly) from graph inputs, so not a prepared weight.
     dynamic: Vec<bool>,
+    /// Activations cross the set's edge split along the sequence.
+    sequence_parallel: bool,
     model: Model,
     strategies: Vec<Vec<Strategy>>,
 }
@@ -103,6 +105,7 @@ pub fn build(p: &ShardingProblem, pins: &BTreeMap<String, String>) -> Result<Bui
             true,
         ),
         dynamic: flags(graph, &topo, |t| t.role == Role::Input, false),
+        sequence_parallel: p.sequence_parallel,
         model: Model::default(),
         strategies: Vec::new(),
     };
@@ -158,16 +161,7 @@ fn state_bytes_per_param(t: &TensorType) -> f64 {
 impl Builder<'_> {
     /// Resolved dims of `t`, read by `node`.
     fn dims(&self, node: NodeIndex, t: TensorId) -> Result<Vec<usize>, ShardingError> {
-        let tensor = self.graph.tensor(t);
-        tensor
-            .ty
-            .shape
-            .resolve(&self.bindings)
-            .ok_or_else(|| ShardingError::Unbound {
-                node: self.graph.node(node).name.clone(),
-                tensor: tensor.name.clone(),
-                shape: tensor.ty.shape.to_string(),
-            })
+        rules::resolved_dims(self.graph, &self.bindings, node, t)
     }
 
     fn flow(&self, t: TensorId, dims: &[usize]) -> Flow {
@@ -188,30 +182,7 @@ impl Builder<'_> {
     ) -> Result<Vec<f64>, ShardingError> {
         let graph = self.graph;
         let node = graph.node(idx);
-        let inputs = node
-            .inputs
-            .iter()
-            .map(|t| t.map(|t| self.dims(idx, t)).transpose())
-            .collect::<Result<Vec<_>, _>>()?;
-        let outputs = node
-            .outputs
-            .iter()
-            .map(|&t| self.dims(idx, t))
-            .collect::<Result<Vec<_>, _>>()?;
-        let view = NodeView {
-            values: node
-                .inputs
-                .iter()
-                .map(|t| t.and_then(|t| graph.tensor(t).data.as_deref()))
-                .collect(),
-            inputs,
-            float_out: node
-                .outputs
-                .first()
-                .is_some_and(|&t| graph.tensor(t).ty.dtype.is_float()),
-            outputs,
-            tp: self.tp,
-        };
+        let view = rules::node_view(graph, &self.bindings, idx, self.tp)?;
         let mut strategies = rules::strategies(&node.op, &view);
         if let Some(pin) = pins.get(&node.name) {
             let names: Vec<&str> = strategies.iter().map(|s| s.name.as_str()).collect();
@@ -353,6 +324,23 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// The layout tensor `t` (of `dims`) crosses the set's edge in:
+    /// replicated, or under sequence parallelism an activation carrying a
+    /// gradient split along its sequence (dim 1), as Megatron-LM keeps the
+    /// residual stream between layers.
+    fn boundary(&self, t: TensorId, dims: &[usize]) -> Layout {
+        let seq_split = self.sequence_parallel
+            && self.tp > 1
+            && self.requires_grad[t.index()]
+            && self.dynamic[t.index()]
+            && dims.len() >= 3
+            && dims[1] % self.tp == 0;
+        match seq_split {
+            true => Layout::Shard(1),
+            false => Layout::Replicate,
+        }
+    }
+
     /// Layouts a tensor of `dims` may take on its own (fan-out choices).
     fn layouts(&self, t: TensorId, dims: &[usize]) -> Vec<Layout> {
         let mut all = vec![Layout::Replicate];
@@ -378,12 +366,13 @@ impl Builder<'_> {
         t: TensorId,
     ) -> Result<(), ShardingError> {
         let flow = self.flow(t, dims);
+        let edge = self.boundary(t, dims);
         let from: Vec<Layout> = match source {
             Source::Node { choice, slot } => self.strategies[choice]
                 .iter()
                 .map(|s| s.outputs.get(slot).copied().unwrap_or(Layout::Replicate))
                 .collect(),
-            Source::Outside => vec![Layout::Replicate],
+            Source::Outside => vec![edge],
         };
         let uses: Vec<(usize, Vec<Layout>, Vec<Layout>)> = reads
             .iter()
@@ -401,7 +390,7 @@ impl Builder<'_> {
             let (target, to, grad_back): (Option<usize>, Vec<Layout>, Vec<Layout>) =
                 match (uses.first(), exit) {
                     (Some((c, fwd, bwd)), _) => (Some(*c), fwd.clone(), bwd.clone()),
-                    (None, Some(Exit::Outside)) => (None, vec![Layout::Replicate], vec![Layout::Replicate]),
+                    (None, Some(Exit::Outside)) => (None, vec![edge], vec![edge]),
                     (None, Some(Exit::Output)) => (None, vec![Layout::Replicate], vec![]),
                     (None, None) => return Ok(()),
                 };
@@ -422,7 +411,15 @@ impl Builder<'_> {
         let options = self.layouts(t, dims);
         let fan = self.fan(options.len());
         let sum = flow.grad.then(|| self.fan(options.len()));
-        let links = self.fan_links(&flow, source_choice, &from, &uses, exit, &options, (fan, sum))?;
+        let links = self.fan_links(
+            &flow,
+            source_choice,
+            &from,
+            &uses,
+            (exit, edge),
+            &options,
+            (fan, sum),
+        )?;
         for (a, b, cost) in links {
             self.link(a, b, cost);
         }
@@ -439,7 +436,7 @@ impl Builder<'_> {
         source: Option<usize>,
         from: &[Layout],
         uses: &[(usize, Vec<Layout>, Vec<Layout>)],
-        exit: Option<Exit>,
+        (exit, edge): (Option<Exit>, Layout),
         options: &[Layout],
         (fan, sum): (usize, Option<usize>),
     ) -> Result<Vec<Link>, ShardingError> {
@@ -456,7 +453,11 @@ impl Builder<'_> {
         }
         if let Some(exit) = exit {
             let out = |a: Layout, b: Layout| self.forward(a, b, flow, exit == Exit::Output);
-            links.push((Some(fan), None, matrix(options, &[Layout::Replicate], &out)?));
+            let to = match exit {
+                Exit::Outside => edge,
+                Exit::Output => Layout::Replicate,
+            };
+            links.push((Some(fan), None, matrix(options, &[to], &out)?));
         }
         let Some(sum) = sum else { return Ok(links) };
         let bwd = |a: Layout, b: Layout| self.backward(a, b, flow);
@@ -464,7 +465,7 @@ impl Builder<'_> {
             links.push((Some(*choice), Some(sum), matrix(grads, options, &bwd)?));
         }
         if exit == Some(Exit::Outside) {
-            links.push((None, Some(sum), matrix(&[Layout::Replicate], options, &bwd)?));
+            links.push((None, Some(sum), matrix(&[edge], options, &bwd)?));
         }
         let needs: Vec<Layout> = from.iter().map(|&l| output_grad(l)).collect();
         links.push((Some(sum), source, matrix(options, &needs, &bwd)?));

@@ -12,7 +12,8 @@
 //!
 //! Boundary conventions: a tensor entering the node set from another op
 //! arrives replicated and its gradient must go back replicated; one leaving
-//! it to another op must be replicated; graph outputs may stay sharded (a
+//! it to another op must be replicated (under sequence parallelism an
+//! activation carrying a gradient crosses split along the sequence instead); graph outputs may stay sharded (a
 //! sharded loss, as Megatron's vocabulary-parallel cross-entropy), but not
 //! partial. Parameters, constants and graph inputs are laid out as each
 //! consumer reads them; a parameter's bytes count once, at its first
@@ -31,7 +32,7 @@ mod views;
 
 use crate::spec::{DimSpec, OpSharding, TensorSpec};
 use autopar_ir::{Bindings, Graph, NodeIndex, TensorId};
-use rules::Layout;
+pub use rules::{Layout, Strategy};
 use std::collections::BTreeMap;
 
 /// The mesh axis name used in the specs.
@@ -50,6 +51,11 @@ pub struct ShardingProblem<'a> {
     pub nodes: &'a [NodeIndex],
     /// Ranks on the `tp` mesh axis.
     pub tp: usize,
+    /// Sequence parallelism: activations cross the edge of the node set
+    /// (the layer boundaries) split along the sequence (dim 1) instead of
+    /// replicated, so the program can keep norms and residuals on
+    /// sequence slices between the tensor-parallel regions.
+    pub sequence_parallel: bool,
     /// The cluster (sized); the `tp` group is ranks `0..tp`.
     pub cluster: &'a autopar_cost_models::Cluster,
     pub calibration: &'a autopar_cost_models::Calibration,
@@ -102,6 +108,8 @@ pub enum ShardingError {
     Infeasible { limit: f64, min: f64 },
     #[error(transparent)]
     Graph(#[from] autopar_ir::GraphError),
+    #[error("plan sharding of node '{node}': {message}")]
+    Plan { node: String, message: String },
     #[error("pricing: {0}")]
     Pricing(String),
     #[error("integer program: {0}")]
@@ -149,6 +157,105 @@ pub fn solve_pinned(
         param_bytes_per_rank,
         variables: picks.variables,
     })
+}
+
+/// The strategy a plan names for node `idx` of `graph` (bound), looked up
+/// among the node's rules on `tp` ranks and checked against the layouts
+/// the plan records for it. Lowering runs what this returns, so a plan's
+/// per-op sharding and the program that runs it cannot disagree, and an
+/// edited plan is refused if it names a strategy the rules do not have or
+/// layouts that strategy does not read and write.
+pub fn planned_strategy(
+    graph: &Graph,
+    idx: NodeIndex,
+    tp: usize,
+    planned: &OpSharding,
+) -> Result<Strategy, ShardingError> {
+    let node = graph.node(idx);
+    let fail = |message: String| ShardingError::Plan {
+        node: planned.node.clone(),
+        message,
+    };
+    let s = named_strategy(graph, idx, tp, &planned.strategy)?;
+    if planned.inputs.len() != node.inputs.len() || planned.outputs.len() != node.outputs.len() {
+        return Err(fail(format!(
+            "the plan lists {} inputs and {} outputs, the node has {} and {}",
+            planned.inputs.len(),
+            planned.outputs.len(),
+            node.inputs.len(),
+            node.outputs.len()
+        )));
+    }
+    let check = |what: &str, slot: usize, spec: &TensorSpec, rule: Layout| {
+        let layout = layout_of(spec).map_err(|m| fail(format!("{what} {slot}: {m}")))?;
+        if layout == rule {
+            return Ok(());
+        }
+        Err(fail(format!(
+            "{what} {slot} is laid out as {layout:?} in the plan, but strategy '{}' uses {rule:?}",
+            s.name
+        )))
+    };
+    for (slot, spec) in planned.inputs.iter().enumerate() {
+        if let Some(spec) = spec {
+            check("input", slot, spec, s.reads(slot).0)?;
+        }
+    }
+    for (slot, spec) in planned.outputs.iter().enumerate() {
+        let rule = s.outputs.get(slot).copied().unwrap_or(Layout::Replicate);
+        check("output", slot, spec, rule)?;
+    }
+    Ok(s.clone())
+}
+
+/// The strategy called `name` among node `idx`'s rules on `tp` ranks (its
+/// layouts follow the node's own operands: a later layer's copy of a
+/// planned node runs the strategy of the same name).
+pub fn named_strategy(
+    graph: &Graph,
+    idx: NodeIndex,
+    tp: usize,
+    name: &str,
+) -> Result<Strategy, ShardingError> {
+    let node = graph.node(idx);
+    let view = rules::node_view(graph, &graph.bindings, idx, tp)?;
+    let all = rules::strategies(&node.op, &view);
+    match all.iter().find(|s| s.name == name) {
+        Some(s) => Ok(s.clone()),
+        None => {
+            let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
+            Err(ShardingError::Plan {
+                node: node.name.clone(),
+                message: format!(
+                    "{} has no strategy '{name}' on {tp} ranks (it has {})",
+                    node.op.name(),
+                    names.join(", ")
+                ),
+            })
+        }
+    }
+}
+
+/// The layout a spec describes on the one mesh axis [`AXIS`].
+fn layout_of(spec: &TensorSpec) -> Result<Layout, String> {
+    let mut sharded = spec.dims.iter().enumerate().filter_map(|(d, s)| match s {
+        DimSpec::Replicate => None,
+        DimSpec::Shard(axis) => Some((d, axis.as_str())),
+    });
+    let first = sharded.next();
+    if sharded.next().is_some() {
+        return Err(format!("'{}' is sharded on more than one dim", spec.tensor));
+    }
+    match (first, spec.partial.as_deref()) {
+        (Some((_, axis)), _) | (None, Some(axis)) if axis != AXIS => Err(format!(
+            "'{}' uses mesh axis '{axis}'; per-op sharding is over '{AXIS}'",
+            spec.tensor
+        )),
+        (Some(_), Some(_)) => Err(format!("'{}' is both sharded and a pending sum", spec.tensor)),
+        (Some((d, _)), None) => Ok(Layout::Shard(d)),
+        (None, Some(_)) => Ok(Layout::Partial),
+        (None, None) => Ok(Layout::Replicate),
+    }
 }
 
 /// The spec of tensor `t` in `layout`.
@@ -245,6 +352,7 @@ mod tests {
             cluster: &e.cluster,
             calibration: &e.calibration,
             memory_limit_bytes: None,
+            sequence_parallel: false,
         }
     }
 

@@ -10,6 +10,10 @@ use autopar_cost_models::workload::{Kernel, OpWork};
 use autopar_cost_models::{Calibration, Cluster};
 use autopar_ir::{DType, Op, TensorType};
 
+/// The price of a layout change lowering cannot run: far above any step,
+/// so the program never picks it while replicating stays possible.
+pub const UNRUNNABLE_S: f64 = 1e3;
+
 /// Prices collectives over ranks `0..tp` and kernels on one device.
 pub struct Pricer<'a> {
     /// The cluster with achievable link bandwidths.
@@ -46,13 +50,16 @@ impl<'a> Pricer<'a> {
 
     /// Seconds to turn a tensor of `bytes` (whole logical size) laid out as
     /// `from` into `to`: gathers, reductions and all-to-all; taking a block
-    /// of a replicated tensor, or keeping one's own values as an addend, is free.
+    /// of a replicated tensor is free. Turning a whole tensor or a block into
+    /// a pending sum is not something lowering runs (its gradient would need
+    /// a reduction the layouts do not show), so it costs [`UNRUNNABLE_S`].
     pub fn reshard(&self, from: Layout, to: Layout, bytes: f64) -> Result<f64, String> {
         use Collective::*;
         use Layout::*;
         let (collective, bytes) = match (from, to) {
             _ if from == to || bytes == 0.0 || self.tp < 2 => return Ok(0.0),
-            (Replicate, _) | (Shard(_), Partial) | (Partial, Partial) => return Ok(0.0),
+            (Replicate | Shard(_), Partial) => return Ok(UNRUNNABLE_S),
+            (Replicate, _) | (Partial, Partial) => return Ok(0.0),
             (Shard(_), Replicate) => (AllGather, bytes),
             (Partial, Replicate) => (AllReduce, bytes),
             (Partial, Shard(_)) => (ReduceScatter, bytes),
@@ -170,12 +177,13 @@ mod tests {
         let mb = 1e6;
         let t = |a, b| p.reshard(a, b, mb).unwrap();
         assert_eq!(
-            (
-                t(Replicate, Shard(1)),
-                t(Shard(0), Partial),
-                t(Shard(2), Shard(2))
-            ),
+            (t(Replicate, Shard(1)), t(Partial, Partial), t(Shard(2), Shard(2))),
             (0.0, 0.0, 0.0)
+        );
+        // Lowering has no way to make a pending sum of whole values.
+        assert_eq!(
+            (t(Replicate, Partial), t(Shard(0), Partial)),
+            (UNRUNNABLE_S, UNRUNNABLE_S)
         );
         // Ring all-reduce = reduce-scatter + all-gather.
         let ar = t(Partial, Replicate);

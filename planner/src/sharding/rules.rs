@@ -8,8 +8,9 @@
 //! Products are in [`super::products`], movement and indexing ops in
 //! [`super::views`].
 
+use super::ShardingError;
 use super::{products, views};
-use autopar_ir::{BinaryOp, Op, ReduceKind, UnaryOp, Value};
+use autopar_ir::{BinaryOp, Bindings, Graph, NodeIndex, Op, ReduceKind, TensorId, UnaryOp, Value};
 
 /// How a tensor is laid out over the `tp` ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -163,6 +164,59 @@ impl NodeView<'_> {
         });
         Some(Strategy::new("partial", inputs, self.all_out(Layout::Partial), 1))
     }
+}
+
+/// Resolved dims of tensor `t`, read or written by `node`.
+pub(super) fn resolved_dims(
+    graph: &Graph,
+    bindings: &Bindings,
+    node: NodeIndex,
+    t: TensorId,
+) -> Result<Vec<usize>, ShardingError> {
+    let tensor = graph.tensor(t);
+    tensor
+        .ty
+        .shape
+        .resolve(bindings)
+        .ok_or_else(|| ShardingError::Unbound {
+            node: graph.node(node).name.clone(),
+            tensor: tensor.name.clone(),
+            shape: tensor.ty.shape.to_string(),
+        })
+}
+
+/// What the rules see of node `idx` of `graph` on `tp` ranks.
+pub(super) fn node_view<'g>(
+    graph: &'g Graph,
+    bindings: &Bindings,
+    idx: NodeIndex,
+    tp: usize,
+) -> Result<NodeView<'g>, ShardingError> {
+    let node = graph.node(idx);
+    let inputs = node
+        .inputs
+        .iter()
+        .map(|t| t.map(|t| resolved_dims(graph, bindings, idx, t)).transpose())
+        .collect::<Result<Vec<_>, _>>()?;
+    let outputs = node
+        .outputs
+        .iter()
+        .map(|&t| resolved_dims(graph, bindings, idx, t))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(NodeView {
+        values: node
+            .inputs
+            .iter()
+            .map(|t| t.and_then(|t| graph.tensor(t).data.as_deref()))
+            .collect(),
+        inputs,
+        float_out: node
+            .outputs
+            .first()
+            .is_some_and(|&t| graph.tensor(t).ty.dtype.is_float()),
+        outputs,
+        tp,
+    })
 }
 
 /// Normalises a possibly negative axis; `None` when out of range.

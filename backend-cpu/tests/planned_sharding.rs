@@ -1,0 +1,365 @@
+//! The plan's per-op sharding is what runs: lowering executes the strategy
+//! the planner's integer program chose for every op (looked up in the same
+//! sharding rules it priced), the losses and gradients equal one rank's,
+//! and editing one op's sharding in the plan changes the traffic but not
+//! the losses.
+
+use autopar_cost_models::{Calibration, Cluster};
+use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::{TrainOptions, TrainReport};
+use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
+use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_planner::layer_sharding;
+use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
+use autopar_planner::spec::{DimSpec, OpSharding};
+use std::collections::{BTreeMap, HashSet};
+
+const MICRO_BATCH: usize = 2;
+
+fn fixture(file: &str) -> Graph {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
+    let g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
+    let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
+    g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
+    g
+}
+
+fn zoo_gpt() -> Graph {
+    let mut g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    initialize(&mut g, 7).unwrap();
+    g
+}
+
+/// A model, its sequence length, vocabulary and the tensor-parallel
+/// degrees its heads allow.
+struct Case {
+    name: &'static str,
+    graph: Graph,
+    seq: usize,
+    vocab: usize,
+    tps: &'static [usize],
+}
+
+fn cases() -> Vec<Case> {
+    let mut all = vec![Case {
+        name: "zoo gpt",
+        graph: zoo_gpt(),
+        seq: 8,
+        vocab: 64,
+        tps: &[2, 4],
+    }];
+    for (file, tps) in [
+        ("gpt2-tiny.ts.onnx", &[2, 4][..]),
+        ("gpt2-tiny.dynamo.onnx", &[2, 4]),
+        ("llama-tiny.ts.onnx", &[2]),
+        ("llama-tiny.dynamo.onnx", &[2]),
+        ("bert-tiny.ts.onnx", &[2]),
+        ("bert-tiny.dynamo.onnx", &[2]),
+        ("mixtral-tiny.dynamo.onnx", &[2]),
+    ] {
+        all.push(Case {
+            name: file,
+            graph: fixture(file),
+            seq: 16,
+            vocab: 1000,
+            tps,
+        });
+    }
+    all
+}
+
+/// How the integer program is asked to shard.
+enum Ask<'a> {
+    /// Parameters in the least memory per rank: every weight it can shard
+    /// is sharded (without a limit these tiny models stay replicated).
+    LeastMemory,
+    /// The cheapest layout with these nodes pinned to these strategies.
+    Pinned(&'a [(&'a str, &'a str)]),
+}
+
+/// The per-op sharding the planner's integer program chooses for `g` at
+/// `tp`, over the node sets a plan records (the part before the layers, the
+/// first layer and the part after, or every node when `g` has no layers).
+fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSharding> {
+    let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
+    let calibration = Calibration::default();
+    let bindings = layer_sharding::bindings(g, MICRO_BATCH, Some(seq));
+    let mut ops = Vec::new();
+    for nodes in layer_sharding::node_sets(g).unwrap() {
+        let mut p = ShardingProblem {
+            graph: g,
+            bindings: &bindings,
+            nodes: &nodes,
+            tp,
+            cluster: &cluster,
+            calibration: &calibration,
+            memory_limit_bytes: None,
+            sequence_parallel: sp,
+        };
+        let solved = match ask {
+            Ask::LeastMemory => {
+                p.memory_limit_bytes = Some(0.0);
+                let Err(ShardingError::Infeasible { min, .. }) = sharding::solve(&p) else {
+                    panic!("no memory floor")
+                };
+                p.memory_limit_bytes = Some(min * 1.000001);
+                sharding::solve(&p)
+            }
+            Ask::Pinned(pins) => {
+                let names: HashSet<&str> = nodes.iter().map(|&i| g.node(i).name.as_str()).collect();
+                let pins: BTreeMap<String, String> = pins
+                    .iter()
+                    .filter(|(n, _)| names.contains(n))
+                    .map(|(n, s)| (n.to_string(), s.to_string()))
+                    .collect();
+                sharding::solve_pinned(&p, &pins)
+            }
+        };
+        ops.extend(solved.unwrap().ops);
+    }
+    ops
+}
+
+fn strategy(g: &Graph, tp: usize, sp: bool, sharding: Vec<OpSharding>) -> Strategy {
+    Strategy::new(1, 1, g.blocks.len(), MICRO_BATCH, 2)
+        .with_tp(tp, sp)
+        .with_sharding(sharding)
+}
+
+fn run(g: &Graph, s: &Strategy, seq: usize, vocab: usize) -> TrainReport {
+    let t = for_strategy(g, s, seq).unwrap();
+    let programs = lower(&t, s).unwrap();
+    let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
+    opts.record_grads = true;
+    autopar_cpu::train(&t, &programs, &TokenSource::synthetic(vocab, 3), &opts, &|_| {}).unwrap()
+}
+
+fn single(c: &Case) -> TrainReport {
+    let s = Strategy::new(1, 1, c.graph.blocks.len(), MICRO_BATCH, 2);
+    run(&c.graph, &s, c.seq, c.vocab)
+}
+
+/// `b`'s step equals `a`'s in f64: the loss and every gradient to 1e-9 of
+/// the largest gradient.
+fn assert_same_step(a: &TrainReport, b: &TrainReport, what: &str) {
+    let (la, lb) = (a.steps[0].loss, b.steps[0].loss);
+    assert!(((la - lb) / la).abs() <= 1e-9, "{what}: loss {la} vs {lb}");
+    assert_eq!(a.gradients.len(), b.gradients.len(), "{what}");
+    let max = a
+        .gradients
+        .values()
+        .flat_map(|g| g.to_f64_vec())
+        .fold(0.0, |m: f64, x| m.max(x.abs()));
+    for (p, ga) in &a.gradients {
+        let (x, y) = (b.gradients[p].to_f64_vec(), ga.to_f64_vec());
+        let diff = x.iter().zip(&y).map(|(x, y)| (x - y).abs()).fold(0.0, f64::max);
+        assert!(diff <= 1e-9 * max, "{what}: gradient of {p} off by {diff}");
+    }
+}
+
+fn sharded_ops(sharding: &[OpSharding]) -> usize {
+    sharding.iter().filter(|o| o.strategy != "replicate").count()
+}
+
+#[test]
+fn the_planners_sharding_runs_with_one_ranks_losses() {
+    for c in cases() {
+        let one = single(&c);
+        for &tp in c.tps {
+            for sp in [false, true] {
+                let what = format!("{} tp {tp} sp {sp}", c.name);
+                let sharding = planned(&c.graph, tp, sp, c.seq, Ask::LeastMemory);
+                assert!(sharded_ops(&sharding) > 0, "{what}: nothing sharded");
+                let r = run(&c.graph, &strategy(&c.graph, tp, sp, sharding), c.seq, c.vocab);
+                assert!(r.ranks[0].bytes_sent > 0, "{what}");
+                assert_same_step(&one, &r, &what);
+            }
+        }
+    }
+}
+
+/// Megatron-LM's layout, pinned on the zoo GPT's linears and embedding:
+/// column- then row-parallel (a row-parallel bias is added once, after the
+/// sum), a vocabulary-parallel embedding; the program fills in the rest,
+/// and under sequence parallelism keeps the residual stream on sequence
+/// slices between layers.
+const MEGATRON: &[(&str, &str)] = &[
+    ("wte", "vocab"),
+    ("h.0.attn.qkv", "column"),
+    ("h.0.attn.proj", "row"),
+    ("h.0.mlp.fc", "column"),
+    ("h.0.mlp.proj", "row"),
+];
+
+#[test]
+fn megatrons_layout_runs_as_the_plans_choice() {
+    let c = cases().remove(0);
+    let one = single(&c);
+    for &tp in c.tps {
+        for sp in [false, true] {
+            let sharding = planned(&c.graph, tp, sp, c.seq, Ask::Pinned(MEGATRON));
+            // Under sequence parallelism some of the layer runs on sequence slices.
+            let seq_split = |o: &&OpSharding| {
+                let specs = o.inputs.iter().flatten().chain(&o.outputs);
+                specs
+                    .into_iter()
+                    .any(|t| t.dims.len() == 3 && t.dims[1] != DimSpec::Replicate)
+            };
+            assert_eq!(sharding.iter().any(|o| seq_split(&o)), sp, "tp {tp} sp {sp}");
+            let r = run(&c.graph, &strategy(&c.graph, tp, sp, sharding), c.seq, c.vocab);
+            assert_same_step(&one, &r, &format!("megatron tp {tp} sp {sp}"));
+        }
+    }
+}
+
+#[test]
+fn a_graph_without_detected_layers_runs_its_sharding() {
+    let mut g = fixture("gpt2-tiny.ts.onnx");
+    g.blocks.clear();
+    let c = Case {
+        name: "gpt2 without layers",
+        graph: g,
+        seq: 16,
+        vocab: 1000,
+        tps: &[2],
+    };
+    let sharding = planned(&c.graph, 2, false, c.seq, Ask::LeastMemory);
+    assert!(sharded_ops(&sharding) > 10);
+    let r = run(&c.graph, &strategy(&c.graph, 2, false, sharding), c.seq, c.vocab);
+    assert_same_step(&single(&c), &r, c.name);
+}
+
+/// `sharding` with node `node`'s entry edited in its JSON, as a user
+/// edits a plan file: `strategy` renamed and the layouts rewritten.
+fn edited(sharding: &[OpSharding], node: &str, edit: impl Fn(&mut serde_json::Value)) -> Vec<OpSharding> {
+    let mut json = serde_json::to_value(sharding).unwrap();
+    let entry = json
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|e| e["node"] == node)
+        .unwrap_or_else(|| panic!("no entry for {node}"));
+    edit(entry);
+    serde_json::from_value(json).unwrap()
+}
+
+/// Every dim of a tensor spec replicated, no pending sum.
+fn replicate(spec: &mut serde_json::Value) {
+    if spec.is_null() {
+        return;
+    }
+    for d in spec["dims"].as_array_mut().unwrap() {
+        *d = serde_json::json!("Replicate");
+    }
+    spec.as_object_mut().unwrap().remove("partial");
+}
+
+/// Dim `dim` (from the end when negative) of a tensor spec sharded over `tp`.
+fn shard(spec: &mut serde_json::Value, dim: i64) {
+    replicate(spec);
+    let dims = spec["dims"].as_array_mut().unwrap();
+    let d = if dim < 0 { dims.len() as i64 + dim } else { dim } as usize;
+    dims[d] = serde_json::json!({ "Shard": "tp" });
+}
+
+#[test]
+fn editing_one_ops_sharding_changes_the_traffic_not_the_losses() {
+    let c = cases().remove(0);
+    let one = single(&c);
+    let base = planned(&c.graph, 2, false, c.seq, Ask::Pinned(MEGATRON));
+    let sent = |sharding: Vec<OpSharding>, what: &str| {
+        let r = run(&c.graph, &strategy(&c.graph, 2, false, sharding), c.seq, c.vocab);
+        assert_same_step(&one, &r, what);
+        r.ranks[0].bytes_sent
+    };
+    let megatron = sent(base.clone(), "megatron");
+    // The MLP's first linear replicated: its input is no longer copied in
+    // (no all-reduce of its gradient), and the GELU slices its output.
+    let whole_fc = edited(&base, "h.0.mlp.fc", |e| {
+        e["strategy"] = "replicate".into();
+        e["inputs"].as_array_mut().unwrap().iter_mut().for_each(replicate);
+        e["outputs"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .for_each(replicate);
+    });
+    let replicated = sent(whole_fc, "h.0.mlp.fc replicated");
+    assert_ne!(replicated, megatron, "replicating a linear changes nothing sent");
+    // The MLP's first linear row- instead of column-parallel: it reads its
+    // input split (a free slice) and leaves a pending sum that the GELU,
+    // reading its input split, reduce-scatters.
+    let row_fc = edited(&base, "h.0.mlp.fc", |e| {
+        e["strategy"] = "row".into();
+        let inputs = e["inputs"].as_array_mut().unwrap();
+        shard(&mut inputs[0], -1);
+        shard(&mut inputs[1], 0);
+        replicate(&mut inputs[2]);
+        let out = &mut e["outputs"][0];
+        replicate(out);
+        out["partial"] = "tp".into();
+    });
+    let row = sent(row_fc, "h.0.mlp.fc row-parallel");
+    assert_ne!(
+        row, megatron,
+        "a row-parallel linear sends what a column one does"
+    );
+    assert_ne!(row, replicated);
+}
+
+#[test]
+fn a_bad_edit_is_refused_naming_the_node() {
+    let c = cases().remove(0);
+    let base = planned(&c.graph, 2, false, c.seq, Ask::Pinned(MEGATRON));
+    let lowered = |sharding: Vec<OpSharding>| {
+        let s = strategy(&c.graph, 2, false, sharding);
+        for_strategy(&c.graph, &s, c.seq)
+            .map(drop)
+            .unwrap_err()
+            .to_string()
+    };
+    let err = lowered(edited(&base, "h.0.mlp.fc", |e| e["strategy"] = "diagonal".into()));
+    assert!(
+        err.contains("'h.0.mlp.fc'") && err.contains("no strategy 'diagonal'") && err.contains("column, row"),
+        "{err}"
+    );
+    // Renamed without rewriting the layouts: the plan contradicts itself.
+    let err = lowered(edited(&base, "h.0.mlp.fc", |e| e["strategy"] = "row".into()));
+    assert!(
+        err.contains("'h.0.mlp.fc'") && err.contains("input 0") && err.contains("strategy 'row'"),
+        "{err}"
+    );
+    let err = lowered(edited(&base, "h.0.mlp.fc", |e| e["node"] = "h.0.mlp.gone".into()));
+    assert!(
+        err.contains("'h.0.mlp.gone'") && err.contains("does not have"),
+        "{err}"
+    );
+}
+
+#[test]
+fn experts_split_by_expert_or_by_width_run_with_one_ranks_losses() {
+    let c = cases().pop().unwrap();
+    assert_eq!(c.name, "mixtral-tiny.dynamo.onnx");
+    let one = single(&c);
+    let experts: Vec<String> = c.graph.blocks[0]
+        .nodes
+        .iter()
+        .filter(|n| {
+            let idx = c
+                .graph
+                .node_indices()
+                .find(|&i| &c.graph.node(i).name == *n)
+                .unwrap();
+            c.graph.node(idx).op.name() == "MoeExperts"
+        })
+        .cloned()
+        .collect();
+    assert!(!experts.is_empty());
+    for how in ["expert", "ffn"] {
+        let pins: Vec<(&str, &str)> = experts.iter().map(|n| (n.as_str(), how)).collect();
+        let sharding = planned(&c.graph, 2, false, c.seq, Ask::Pinned(&pins));
+        let r = run(&c.graph, &strategy(&c.graph, 2, false, sharding), c.seq, c.vocab);
+        assert_same_step(&one, &r, &format!("experts by {how}"));
+    }
+}
