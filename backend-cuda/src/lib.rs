@@ -21,6 +21,8 @@ mod runner;
 
 pub use gate::gpu_or_skip;
 pub use runner::CudaRunner;
+#[cfg(feature = "cuda")]
+pub use nvrtc::NvrtcError;
 
 #[cfg(feature = "cuda")]
 mod backend;
@@ -70,6 +72,10 @@ pub enum CudaError {
     Driver(String),
     #[error("no CUDA kernel named '{name}' was compiled for {arch} (the names are in backend-cuda/src/kernels.rs)")]
     UnknownKernel { name: String, arch: String },
+    /// An NVRTC call failed outside a compile (reading its version).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Nvrtc(#[from] NvrtcError),
 }
 
 /// What [`probe`] found: the device a rank would run on.
