@@ -22,7 +22,7 @@ mod runner;
 pub use gate::gpu_or_skip;
 pub use runner::CudaRunner;
 #[cfg(feature = "cuda")]
-pub use nvrtc::NvrtcError;
+pub use {device_comms::CommsError, meetings::MeetingError, nvrtc::NvrtcError};
 
 #[cfg(feature = "cuda")]
 mod backend;
@@ -76,6 +76,10 @@ pub enum CudaError {
     #[cfg(feature = "cuda")]
     #[error(transparent)]
     Nvrtc(#[from] NvrtcError),
+    /// Collectives between GPUs, or setting them up, failed.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Comms(#[from] CommsError),
 }
 
 /// What [`probe`] found: the device a rank would run on.
