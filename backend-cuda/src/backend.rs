@@ -8,7 +8,7 @@
 //! device kernel run on the host through the reference kernels and are
 //! counted, so a run can say what did not run on the GPU.
 
-use super::device_comms::DeviceComms;
+use super::device_comms::{DeviceComms, DeviceOp};
 use super::module::{Kernels, View};
 use super::nccl::{DataType, Posted, TransferRoute};
 use super::ops::{self, grid, launch, Gpu, IndexCheck};
@@ -235,7 +235,11 @@ impl Backend for CudaBackend {
             self.gpu.indices.code.set(self.gathers.len() as i32);
         }
         let plain: Vec<Option<&GpuTensor>> = args.iter().map(|a| a.map(|x| &**x)).collect();
-        match ops::eval(&self.gpu, op, &plain).map_err(|e| format!("node '{node}': {e}"))? {
+        let failed = |e: CudaError| BackendError::Node {
+            node: node.to_string(),
+            message: e.to_string(),
+        };
+        match ops::eval(&self.gpu, op, &plain).map_err(failed)? {
             Some(outs) => Ok(outs.into_iter().map(Arc::new).collect()),
             None => self.on_host(node, op, args),
         }
@@ -407,10 +411,10 @@ impl Backend for CudaBackend {
         }
         self.gpu.stream.synchronize().map_err(|e| {
             // A failure after the watchdog aborted NCCL names the failed rank.
-            match self.comms.as_ref().and_then(|c| c.stopped()) {
+            BackendError::Device(match self.comms.as_ref().and_then(|c| c.stopped()) {
                 Some(why) => format!("{e} ({why})"),
                 None => e.to_string(),
-            }
+            })
         })?;
         let fault = self.gpu.indices.take(&self.gpu.stream).map_err(err)?;
         let gathers = std::mem::take(&mut self.gathers);
@@ -450,7 +454,8 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         let target = self.owned(x)?;
         let (ptr, count) = (self.gpu.ptr(target), target.numel());
         let stream = self.stream_for(order)?;
-        self.comms()?.all_reduce(group, ptr, count, dtype, &stream)?;
+        let call = DeviceOp::AllReduce(ptr).over(group, count, dtype);
+        self.comms()?.collective(call, &stream)?;
         self.hold(order, [x.clone()]);
         Ok(true)
     }
@@ -471,9 +476,10 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
             false => x.clone(),
         };
         let mine = Arc::new(self.allocate_like(x, vec![part])?);
-        let ptrs = (self.gpu.ptr(&whole), self.gpu.ptr(&mine));
+        let (send, recv) = (self.gpu.ptr(&whole), self.gpu.ptr(&mine));
         let stream = self.stream_for(order)?;
-        self.comms()?.reduce_scatter(group, ptrs, part, dtype, &stream)?;
+        let call = DeviceOp::ReduceScatter { send, recv }.over(group, part, dtype);
+        self.comms()?.collective(call, &stream)?;
         self.hold(order, [whole, mine.clone()]);
         Ok(Some(mine))
     }
@@ -495,9 +501,9 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
             )));
         }
         let all = self.allocate_like(part, vec![count * group.len()])?;
-        let ptrs = (self.gpu.ptr(part), self.gpu.ptr(&all));
-        self.comms()?
-            .all_gather(group, ptrs, count, dtype, &self.gpu.stream)?;
+        let (send, recv) = (self.gpu.ptr(part), self.gpu.ptr(&all));
+        let call = DeviceOp::AllGather { send, recv }.over(group, count, dtype);
+        self.comms()?.collective(call, &self.gpu.stream)?;
         Ok(Some(Arc::new(all.alias(part.dtype, shape.to_vec()))))
     }
 
@@ -525,8 +531,8 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         let at = self.gpu.ptr(target);
         let mine = at + (position * part * target.storage.size()) as u64;
         let stream = self.stream_for(order)?;
-        self.comms()?
-            .all_gather(group, (mine, at), part, dtype, &stream)?;
+        let call = DeviceOp::AllGather { send: mine, recv: at }.over(group, part, dtype);
+        self.comms()?.collective(call, &stream)?;
         self.hold(order, [w.clone()]);
         Ok(true)
     }
@@ -636,8 +642,8 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
             // The compute stream waits here for the data, as a receive from
             // the fabric waits for its message.
             Some(TransferRoute::Pairs(_)) => {
-                self.comms()?
-                    .recv_from(from, ptr, x.numel(), nccl_type, &self.gpu.stream)?
+                let posted = Posted::new(false, from, ptr, x.numel(), nccl_type);
+                self.comms()?.transfer_pair(posted, &self.gpu.stream)?
             }
             _ => self.post(false, from, ptr, nccl_type, x.clone()),
         }
@@ -672,9 +678,7 @@ impl CudaBackend {
     }
 
     fn comms(&self) -> Result<&dyn DeviceComms, BackendError> {
-        self.comms
-            .as_deref()
-            .ok_or_else(|| BackendError::Device("no device collectives".into()))
+        comms_in(&self.comms)
     }
 
     /// The stream a collective issued with `order` is queued on. An
@@ -734,12 +738,8 @@ impl CudaBackend {
                 in_flight: VecDeque::new(),
             }),
         };
-        let comms = self
-            .comms
-            .as_deref()
-            .ok_or_else(|| BackendError::Device("no device collectives".into()))?;
-        let ptr = x.ptr(compute);
-        comms.send_to(to, ptr, x.numel(), dtype, &sending.stream)?;
+        let posted = Posted::new(true, to, x.ptr(compute), x.numel(), dtype);
+        comms_in(&self.comms)?.transfer_pair(posted, &sending.stream)?;
         let ended = sending.stream.record_event(None).map_err(err)?;
         sending.in_flight.push_back((ended, x.clone()));
         while sending
@@ -754,17 +754,8 @@ impl CudaBackend {
 
     /// Adds a transfer of `x` (at `ptr`) to the open group.
     fn post(&mut self, send: bool, peer: usize, ptr: u64, dtype: DataType, x: Arc<GpuTensor>) {
-        let count = x.numel();
-        self.posted.push((
-            Posted {
-                send,
-                peer,
-                ptr,
-                count,
-                dtype,
-            },
-            x,
-        ));
+        self.posted
+            .push((Posted::new(send, peer, ptr, x.numel(), dtype), x));
     }
 
     /// A new tensor of `x`'s types and `shape` (contents unset).
@@ -778,6 +769,13 @@ impl CudaBackend {
         self.copy_into(&y, x).map_err(err)?;
         Ok(y)
     }
+}
+
+/// The backend's device collectives, borrowed apart from its other fields.
+fn comms_in(comms: &Option<Box<dyn DeviceComms>>) -> Result<&dyn DeviceComms, BackendError> {
+    comms
+        .as_deref()
+        .ok_or_else(|| BackendError::Device("no device collectives".into()))
 }
 
 /// Whether every dim of `shape` before `axis` is 1, so that slices along

@@ -7,7 +7,7 @@
 //! model's `2 (p - 1) / p × size / time` of a ring, and a level's figure is
 //! its slowest ring's.
 
-use super::device_comms::DeviceComms;
+use super::device_comms::{CommsError, DeviceComms, DeviceOp};
 use super::nccl::{self, decode_bytes, encode_bytes, DataType, Link, Nccl};
 use super::{device, CudaError, NetworkProfile};
 use autopar_comm::collective::{Algorithm, Buffer, Endpoint, Watchdog};
@@ -29,11 +29,10 @@ pub(crate) fn profile_network(
     quick: bool,
 ) -> Result<NetworkProfile, CudaError> {
     let ctx = device::context(ordinal)?;
-    let failed = CudaError::Driver;
-    let hosts = job_hosts(ep).map_err(failed)?;
+    let hosts = job_hosts(ep)?;
     let (intra, inter) = rings(&hosts);
     let groups: BTreeSet<Vec<usize>> = intra.iter().chain(&inter).cloned().collect();
-    let nccl = match nccl::open(ep, &groups, None, &ctx).map_err(failed)? {
+    let nccl = match nccl::open(ep, &groups, None, &ctx)? {
         Link::Nccl(nccl) => nccl,
         Link::Staged(why) => return Ok(NetworkProfile::unmeasured(format!("NCCL cannot run here: {why}"))),
         Link::Alone => return Ok(NetworkProfile::unmeasured("a job of one process".into())),
@@ -41,12 +40,14 @@ pub(crate) fn profile_network(
     // A rank that fails ends its peers' NCCL waits on the GPU.
     let comms = nccl.comms();
     let _watchdog = Watchdog::spawn(ep.clone(), move |by, why| comms.abort(by, &why));
-    let stream = ctx.new_stream().map_err(|e| failed(e.to_string()))?;
+    let stream = ctx
+        .new_stream()
+        .map_err(CommsError::driver("making the bandwidth test's stream"))?;
     let elements = if quick { 1 << 18 } else { 1 << 26 };
     let calls = if quick { 2 } else { 10 };
     let buffer = stream
         .alloc_zeros::<f32>(elements)
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(CommsError::driver("allocating the bandwidth test's buffer"))?;
     let ptr = buffer.device_ptr(&stream).0;
     let everyone: Vec<usize> = (0..ep.world()).collect();
     let mut mine = Vec::new();
@@ -60,9 +61,9 @@ pub(crate) fn profile_network(
             &format!("profile/start/{level}"),
             "starting a bandwidth test",
         )
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(CommsError::from)?;
         let rate = match level_rings.iter().find(|r| r.contains(&ep.rank())) {
-            Some(ring) => ring_rate(&nccl, ring, (ptr, elements), &stream, calls).map_err(failed)?,
+            Some(ring) => ring_rate(&nccl, ring, (ptr, elements), &stream, calls)?,
             None => 0.0,
         };
         mine.push(rate);
@@ -74,9 +75,9 @@ pub(crate) fn profile_network(
             "profile/rates",
             "sharing measured bandwidths",
         )
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(CommsError::from)?;
     let Buffer::F64(rows) = rows else {
-        return Err(failed("the measured bandwidths arrived as f32".into()));
+        return Err(CommsError::ArrivedAsF32("the measured bandwidths".into()).into());
     };
     let slowest = |level: usize| {
         rows.chunks(2)
@@ -116,9 +117,18 @@ fn ring_rate(
     (ptr, elements): (u64, usize),
     stream: &Arc<CudaStream>,
     calls: usize,
-) -> Result<f64, String> {
-    let call = || nccl.all_reduce(ring, ptr, elements, DataType::ncclFloat32, stream);
-    let sync = || stream.synchronize().map_err(|e| e.to_string());
+) -> Result<f64, CommsError> {
+    let call = || {
+        nccl.collective(
+            DeviceOp::AllReduce(ptr).over(ring, elements, DataType::ncclFloat32),
+            stream,
+        )
+    };
+    let sync = || {
+        stream
+            .synchronize()
+            .map_err(CommsError::driver("waiting for the bandwidth test"))
+    };
     call()?;
     sync()?;
     let began = Instant::now();
@@ -132,26 +142,22 @@ fn ring_rate(
 }
 
 /// Every rank's host name, in rank order.
-fn job_hosts(ep: &Endpoint) -> Result<Vec<String>, String> {
+fn job_hosts(ep: &Endpoint) -> Result<Vec<String>, CommsError> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .or_else(|_| std::env::var("HOSTNAME"))
-        .map_err(|_| {
-            "cannot tell which node this process runs on (no /proc/sys/kernel/hostname or HOSTNAME)"
-        })?;
+        .map_err(|_| CommsError::UnknownHost)?;
     let mut bytes = name.into_bytes();
     bytes.resize(HOST_BYTES, 0);
     let everyone: Vec<usize> = (0..ep.world()).collect();
-    let all = ep
-        .all_gather(
-            &everyone,
-            &Buffer::F64(encode_bytes(&bytes)),
-            "profile/hosts",
-            "sharing host names",
-        )
-        .map_err(|e| e.to_string())?;
+    let all = ep.all_gather(
+        &everyone,
+        &Buffer::F64(encode_bytes(&bytes)),
+        "profile/hosts",
+        "sharing host names",
+    )?;
     let Buffer::F64(words) = all else {
-        return Err("the host names arrived as f32".into());
+        return Err(CommsError::ArrivedAsF32("the host names".into()));
     };
     words
         .chunks(HOST_BYTES / 4)

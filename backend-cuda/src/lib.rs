@@ -21,6 +21,8 @@ mod runner;
 
 pub use gate::gpu_or_skip;
 pub use runner::CudaRunner;
+#[cfg(feature = "cuda")]
+pub use {device_comms::CommsError, meetings::MeetingError, nvrtc::NvrtcError};
 
 #[cfg(feature = "cuda")]
 mod backend;
@@ -70,6 +72,14 @@ pub enum CudaError {
     Driver(String),
     #[error("no CUDA kernel named '{name}' was compiled for {arch} (the names are in backend-cuda/src/kernels.rs)")]
     UnknownKernel { name: String, arch: String },
+    /// An NVRTC call failed outside a compile (reading its version).
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Nvrtc(#[from] NvrtcError),
+    /// Collectives between GPUs, or setting them up, failed.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Comms(#[from] CommsError),
 }
 
 /// What [`probe`] found: the device a rank would run on.

@@ -15,6 +15,35 @@ use std::time::{Duration, Instant};
 /// A meeting: a group, that group's call number, and a phase of the call.
 pub(crate) type Key = (Vec<usize>, u64, u8);
 
+/// Why a member left a meeting without everyone's items; `what` names the
+/// collective and `group` its ranks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MeetingError {
+    #[error("rank {rank} is not in the group {group:?} of {what}")]
+    NotMember {
+        rank: usize,
+        group: Vec<usize>,
+        what: String,
+    },
+    /// A rank panicked while it held the meeting place.
+    #[error("a rank panicked")]
+    Poisoned,
+    /// A member that had not come stopped (its backend was dropped).
+    #[error("rank {gone} stopped before {what} over ranks {group:?}")]
+    Stopped {
+        gone: usize,
+        what: String,
+        group: Vec<usize>,
+    },
+    #[error("{what} over ranks {group:?}: ranks {waiting:?} did not come within {timeout:?}")]
+    TimedOut {
+        what: String,
+        group: Vec<usize>,
+        waiting: Vec<usize>,
+        timeout: Duration,
+    },
+}
+
 /// The meeting place of one process's ranks.
 pub(crate) struct Meetings<T> {
     state: Mutex<State<T>>,
@@ -50,14 +79,18 @@ impl<T: Clone> Meetings<T> {
     /// Leaves `item` as rank `me` at meeting `key` (whose group is
     /// `key.0`) and returns every member's, in group order, once all have
     /// come. `what` names the collective in errors.
-    pub fn meet(&self, key: Key, me: usize, item: T, what: &str) -> Result<Vec<T>, String> {
+    pub fn meet(&self, key: Key, me: usize, item: T, what: &str) -> Result<Vec<T>, MeetingError> {
         let group = key.0.clone();
         let place = group
             .iter()
             .position(|&r| r == me)
-            .ok_or_else(|| format!("rank {me} is not in the group {group:?} of {what}"))?;
+            .ok_or_else(|| MeetingError::NotMember {
+                rank: me,
+                group: group.clone(),
+                what: what.to_string(),
+            })?;
         let deadline = Instant::now() + self.timeout;
-        let mut state = self.state.lock().map_err(|_| "a rank panicked".to_string())?;
+        let mut state = self.state.lock().map_err(|_| MeetingError::Poisoned)?;
         let meeting = state.open.entry(key.clone()).or_insert_with(|| Meeting {
             left: vec![None; group.len()],
             taken: 0,
@@ -75,20 +108,23 @@ impl<T: Clone> Meetings<T> {
                 .filter(|(_, left)| left.is_none())
                 .map(|(&r, _)| r);
             if let Some(gone) = missing.clone().find(|r| state.gone.contains(r)) {
-                return Err(format!("rank {gone} stopped before {what} over ranks {group:?}"));
+                let what = what.to_string();
+                return Err(MeetingError::Stopped { gone, what, group });
             }
             let now = Instant::now();
             if now >= deadline {
-                let waiting: Vec<usize> = missing.collect();
-                return Err(format!(
-                    "{what} over ranks {group:?}: ranks {waiting:?} did not come within {:?}",
-                    self.timeout
-                ));
+                let waiting = missing.collect();
+                return Err(MeetingError::TimedOut {
+                    what: what.to_string(),
+                    group,
+                    waiting,
+                    timeout: self.timeout,
+                });
             }
             state = self
                 .arrived
                 .wait_timeout(state, deadline - now)
-                .map_err(|_| "a rank panicked".to_string())?
+                .map_err(|_| MeetingError::Poisoned)?
                 .0;
         }
         let meeting = state.open.get_mut(&key).expect("checked above");
@@ -173,7 +209,11 @@ mod tests {
             meetings.leave(2);
             waiting.join().unwrap().unwrap_err()
         });
-        assert_eq!(err, "rank 2 stopped before the all-reduce over ranks [0, 2]");
+        assert_eq!(
+            err.to_string(),
+            "rank 2 stopped before the all-reduce over ranks [0, 2]"
+        );
+        assert!(matches!(err, MeetingError::Stopped { gone: 2, .. }), "{err:?}");
         assert!(began.elapsed() < Duration::from_secs(10));
         // A meeting it came to before it left still completes.
         let meetings = Meetings::new(Duration::from_secs(5));
@@ -198,12 +238,19 @@ mod tests {
             .meet((vec![0, 1, 2], 0, 0), 1, (), "the gather")
             .unwrap_err();
         assert_eq!(
-            err,
+            err.to_string(),
             "the gather over ranks [0, 1, 2]: ranks [0, 2] did not come within 50ms"
         );
         let err = meetings
             .meet((vec![0, 2], 0, 0), 1, (), "the gather")
             .unwrap_err();
-        assert!(err.contains("rank 1 is not in the group [0, 2]"), "{err}");
+        assert_eq!(
+            err,
+            MeetingError::NotMember {
+                rank: 1,
+                group: vec![0, 2],
+                what: "the gather".into()
+            }
+        );
     }
 }

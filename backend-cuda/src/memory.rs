@@ -30,6 +30,9 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Bound::{Excluded, Included};
 
+mod error;
+pub use error::{BufferError, MemoryError, PlacementError};
+
 /// Every offset and every buffer's extent is a multiple of this (cudaMalloc
 /// aligns to 256 bytes, and vectorised kernels need at least 16).
 pub const ALIGNMENT: u64 = 256;
@@ -73,6 +76,19 @@ impl Block {
     /// Bytes the block takes in the arena: its own, rounded up to [`ALIGNMENT`].
     pub fn extent(&self) -> u64 {
         self.bytes.div_ceil(ALIGNMENT) * ALIGNMENT
+    }
+}
+
+/// `x@mb0 (instructions 3..=7, bytes 512..1024)`, as errors name a block.
+impl std::fmt::Display for Block {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (first, last, offset) = (self.first, self.last, self.offset);
+        let end = offset + self.extent();
+        write!(
+            f,
+            "{} (instructions {first}..={last}, bytes {offset}..{end})",
+            self.buf
+        )
     }
 }
 
@@ -157,24 +173,6 @@ impl MemoryPlan {
     }
 }
 
-/// Why a program cannot be planned.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum MemoryError {
-    #[error("rank {rank}, instruction {index} ({what}): {message}")]
-    Instruction {
-        rank: usize,
-        index: usize,
-        what: String,
-        message: String,
-    },
-    #[error("rank {rank}, parameter '{param}': {message}")]
-    Param {
-        rank: usize,
-        param: String,
-        message: String,
-    },
-}
-
 /// Plans the arena of `program`, one rank's step of `t`, with buffers sized
 /// by `size`.
 pub fn plan_memory(
@@ -198,11 +196,11 @@ pub fn plan_memory(
     };
     for (index, instr) in program.instructions.iter().enumerate() {
         life.instr(index, instr)
-            .map_err(|message| MemoryError::Instruction {
+            .map_err(|source| MemoryError::Instruction {
                 rank: program.rank,
                 index,
                 what: instr.describe(),
-                message,
+                source,
             })?;
     }
     let end = program.instructions.len().saturating_sub(1);
@@ -226,27 +224,16 @@ pub fn plan_memory(
 /// Checks that no two blocks alive at the same instruction share a byte,
 /// and that every block is aligned and inside the arena: a sweep over the
 /// instructions keeping the live blocks ordered by offset.
-pub fn check(plan: &MemoryPlan) -> Result<(), String> {
+pub fn check(plan: &MemoryPlan) -> Result<(), PlacementError> {
     let blocks = &plan.blocks;
-    let describe = |b: &Block| {
-        format!(
-            "{} (instructions {}..={}, bytes {}..{})",
-            b.buf,
-            b.first,
-            b.last,
-            b.offset,
-            b.offset + b.extent()
-        )
-    };
     // (instruction, 0: leaves before it / 1: arrives at it, block)
     let mut events = Vec::with_capacity(2 * blocks.len());
     for (i, b) in blocks.iter().enumerate() {
         if b.offset % ALIGNMENT != 0 || b.offset + b.extent() > plan.arena_bytes || b.first > b.last {
-            return Err(format!(
-                "{} is misaligned, outside the {}-byte arena or ends before it starts",
-                describe(b),
-                plan.arena_bytes
-            ));
+            return Err(PlacementError::Misplaced {
+                block: Box::new(b.clone()),
+                arena_bytes: plan.arena_bytes,
+            });
         }
         if b.extent() > 0 {
             events.push((b.first, 1, i));
@@ -266,7 +253,10 @@ pub fn check(plan: &MemoryPlan) -> Result<(), String> {
         if let Some((_, &j)) = live.range(..b.offset + b.extent()).next_back() {
             let other = &blocks[j];
             if other.offset + other.extent() > b.offset {
-                return Err(format!("{} overlaps {}", describe(b), describe(other)));
+                return Err(PlacementError::Overlap {
+                    block: Box::new(b.clone()),
+                    other: Box::new(other.clone()),
+                });
             }
         }
         live.insert(b.offset, i);
@@ -289,20 +279,20 @@ struct Lifetimes<'t> {
 
 impl Lifetimes<'_> {
     /// Elements and planned type of `tensor`.
-    fn tensor(&self, tensor: &str) -> Result<(u64, DType), String> {
+    fn tensor(&self, tensor: &str) -> Result<(u64, DType), BufferError> {
         let id = self
             .tensors
             .get(tensor)
-            .ok_or_else(|| format!("no tensor '{tensor}' in the training graph"))?;
+            .ok_or_else(|| BufferError::NoTensor(tensor.to_string()))?;
         let ty = &self.g.tensor(*id).ty;
         let numel = ty
             .shape
             .numel(&self.g.bindings)
-            .ok_or_else(|| format!("tensor '{tensor}' has dims the micro-batch does not bind"))?;
+            .ok_or_else(|| BufferError::UnboundDims(tensor.to_string()))?;
         Ok((numel, self.size.dtype(ty.dtype)))
     }
 
-    fn create(&mut self, buf: Buf, at: usize) -> Result<(), String> {
+    fn create(&mut self, buf: Buf, at: usize) -> Result<(), BufferError> {
         if let Some(&b) = self.live.get(&buf) {
             // Written again while alive: the same memory.
             self.blocks[b].last = at;
@@ -320,13 +310,13 @@ impl Lifetimes<'_> {
         Ok(())
     }
 
-    fn read(&mut self, buf: &Buf, at: usize) -> Result<(), String> {
+    fn read(&mut self, buf: &Buf, at: usize) -> Result<(), BufferError> {
         let b = self.live.get(buf).ok_or_else(|| not_live("reads", buf))?;
         self.blocks[*b].last = at;
         Ok(())
     }
 
-    fn free(&mut self, buf: &Buf, at: usize) -> Result<(), String> {
+    fn free(&mut self, buf: &Buf, at: usize) -> Result<(), BufferError> {
         let b = self.live.remove(buf).ok_or_else(|| not_live("frees", buf))?;
         self.blocks[b].last = at;
         Ok(())
@@ -334,7 +324,7 @@ impl Lifetimes<'_> {
 
     /// What instruction `at` does to the transient buffers (the others
     /// touch only weights, gradient accumulators and optimizer state).
-    fn instr(&mut self, at: usize, instr: &Instr) -> Result<(), String> {
+    fn instr(&mut self, at: usize, instr: &Instr) -> Result<(), BufferError> {
         let g = self.g;
         match instr.buffers() {
             BufferUse::Creates(buf) => self.create(buf, at),
@@ -344,7 +334,7 @@ impl Lifetimes<'_> {
                 let grad = self
                     .gradients
                     .get(param)
-                    .ok_or_else(|| format!("parameter '{param}' has no gradient in the training graph"))?;
+                    .ok_or_else(|| BufferError::NoGradient(param.to_string()))?;
                 self.read(&Buf::of(grad, micro_batch), at)
             }
             BufferUse::Node { node, micro_batch } => {
@@ -352,7 +342,7 @@ impl Lifetimes<'_> {
                     *self
                         .nodes
                         .get(node)
-                        .ok_or_else(|| format!("no node '{node}' in the training graph"))?,
+                        .ok_or_else(|| BufferError::NoNode(node.to_string()))?,
                 );
                 for x in operands(g, n) {
                     match x {
@@ -376,8 +366,11 @@ impl Lifetimes<'_> {
     }
 }
 
-fn not_live(what: &str, buf: &Buf) -> String {
-    format!("{what} {buf}, which is not alive here (never created on this rank, or already freed)")
+fn not_live(action: &'static str, buf: &Buf) -> BufferError {
+    BufferError::NotAlive {
+        action,
+        buf: buf.clone(),
+    }
 }
 
 /// Bytes of `numel` elements of `dtype`.
@@ -402,10 +395,10 @@ fn model_state(life: &Lifetimes, program: &Program) -> Result<ModelState, Memory
     }
     let mut state = ModelState::default();
     for slot in &program.params {
-        let (numel, dtype) = life.tensor(&slot.name).map_err(|message| MemoryError::Param {
+        let (numel, dtype) = life.tensor(&slot.name).map_err(|source| MemoryError::Param {
             rank: program.rank,
             param: slot.name.clone(),
-            message,
+            source,
         })?;
         let stored = slot.stored_shard.map_or(1, |s| s.parts as u64);
         state.weights += bytes(numel.div_ceil(stored), dtype);
@@ -717,11 +710,21 @@ mod tests {
         assert_eq!(good.offset(&Buf::of("c", 0), 3), None);
         // a's 300 bytes take 512 (aligned): c at 256 collides at instruction 1.
         let bad = plan(vec![block("a", 0, 1, 300, 0), block("c", 1, 2, 100, 256)]);
-        let e = check(&bad).unwrap_err();
-        assert!(e.contains("a@mb0") && e.contains("c@mb0"), "{e}");
+        assert_eq!(
+            check(&bad).unwrap_err().to_string(),
+            "c@mb0 (instructions 1..=2, bytes 256..512) overlaps a@mb0 (instructions 0..=1, bytes 0..512)"
+        );
         let misaligned = plan(vec![block("a", 0, 1, 300, 128)]);
         let e = check(&misaligned).unwrap_err();
-        assert!(e.contains("a@mb0") && e.contains("is misaligned"), "{e}");
+        assert!(
+            matches!(&e, PlacementError::Misplaced { block, .. } if block.offset == 128),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .starts_with("a@mb0 (instructions 0..=1, bytes 128..640) is misaligned"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -32,14 +32,13 @@
 //! other kernels, as NCCL does when the GPU has room (PyTorch's pipelines
 //! rely on the same).
 
-use super::device_comms::{ring_bytes, DeviceComms, Stream};
+use super::device_comms::{Call, CommsError, DeviceComms, DeviceOp, Member, Stream};
 use autopar_comm::collective::{Buffer, Collective, Endpoint};
 use autopar_ir::CommKind;
 use autopar_lower::blocking::{check_blocking, check_transfer_order, Transfers};
 use autopar_lower::{Instr, Program};
 use cudarc::driver::CudaContext;
 use cudarc::nccl::{result, sys};
-use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,18 +59,15 @@ const MIN_VERSION: i32 = 21000;
 /// One rank's NCCL communicators, one per group it meets in a collective,
 /// and those its pipeline transfers run on when they go to NCCL too.
 pub(crate) struct Nccl {
-    rank: usize,
+    member: Member,
     comms: Arc<Comms>,
     /// How transfers run on NCCL, where they do.
     route: Option<TransferRoute>,
     version: i32,
-    /// Bytes this rank has sent, counted per ring algorithm as the fabric
-    /// counts its collectives (NCCL's own choice of ring or tree aside).
-    sent: Cell<u64>,
 }
 
 /// A send or receive of `count` elements at a device address, posted for
-/// the next group.
+/// the next group, or for a pair's own communicator.
 #[derive(Clone, Copy)]
 pub(crate) struct Posted {
     pub send: bool,
@@ -79,6 +75,19 @@ pub(crate) struct Posted {
     pub ptr: u64,
     pub count: usize,
     pub dtype: DataType,
+}
+
+impl Posted {
+    /// A send to (`send`) or receive from `peer`.
+    pub fn new(send: bool, peer: usize, ptr: u64, count: usize, dtype: DataType) -> Posted {
+        Posted {
+            send,
+            peer,
+            ptr,
+            count,
+            dtype,
+        }
+    }
 }
 
 /// How pipeline transfers run on NCCL. Both need every pair of ranks to
@@ -123,8 +132,9 @@ pub(crate) struct Comms {
     by_group: BTreeMap<Vec<usize>, Comm>,
     /// Communicators of [`TransferRoute::Pairs`], by (sender, receiver).
     by_pair: BTreeMap<(usize, usize), Comm>,
-    /// Why the communicators were aborted early, once they were.
-    stopped: Mutex<Option<String>>,
+    /// The rank whose failure aborted the communicators early, and why it
+    /// failed, once they were.
+    stopped: Mutex<Option<(usize, String)>>,
     aborted: AtomicBool,
 }
 
@@ -138,7 +148,7 @@ impl Comms {
     /// Aborts every communicator because rank `by` failed (`why`).
     pub fn abort(&self, by: usize, why: &str) {
         if let Ok(mut stopped) = self.stopped.lock() {
-            stopped.get_or_insert_with(|| format!("NCCL stopped because rank {by} failed: {why}"));
+            stopped.get_or_insert_with(|| (by, why.to_string()));
         }
         self.abort_once();
     }
@@ -154,8 +164,9 @@ impl Comms {
     }
 
     /// Why the communicators were aborted early, if they were.
-    pub fn stopped(&self) -> Option<String> {
-        self.stopped.lock().ok().and_then(|s| s.clone())
+    pub fn stopped(&self) -> Option<CommsError> {
+        let stopped = self.stopped.lock().ok()?.clone();
+        stopped.map(|(by, why)| CommsError::Stopped { by, why })
     }
 }
 
@@ -186,71 +197,70 @@ impl Nccl {
         format!("NCCL {}.{}.{}", v / 10000, v / 100 % 100, v % 100)
     }
 
-    /// Counts a `collective` of `count` elements of `dtype` over `group`.
-    fn count(&self, collective: Collective, group: &[usize], count: usize, dtype: DataType) {
-        self.sent
-            .set(self.sent.get() + ring_bytes(collective, group.len(), count, dtype));
-    }
-
     /// The communicators, for a watchdog to abort.
     pub fn comms(&self) -> Arc<Comms> {
         self.comms.clone()
     }
 
-    fn pair(&self, from: usize, to: usize) -> Result<&Comm, String> {
+    /// The communicator of `group`.
+    fn group(&self, group: &[usize]) -> Result<&Comm, CommsError> {
         self.comms
-            .by_pair
-            .get(&(from, to))
-            .ok_or_else(|| format!("no NCCL communicator for transfers from rank {from} to rank {to}"))
-    }
-
-    /// Queues `call` on `group`'s communicator and `stream`.
-    fn enqueue(
-        &self,
-        name: &str,
-        group: &[usize],
-        stream: &Stream,
-        call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
-    ) -> Result<(), String> {
-        let comm = self
-            .comms
             .by_group
             .get(group)
-            .ok_or_else(|| format!("no NCCL communicator for ranks {group:?}"))?;
-        self.call_on(comm, &format!("{name} over ranks {group:?}"), stream, call)
+            .ok_or_else(|| CommsError::NoGroup(group.to_vec()))
     }
 
     /// Queues `call` on `comm` and `stream`; `what` names it in errors.
     fn call_on(
         &self,
         comm: &Comm,
-        what: &str,
+        what: impl FnOnce() -> String,
         stream: &Stream,
         call: impl FnOnce(sys::ncclComm_t, sys::cudaStream_t) -> Result<result::NcclStatus, result::NcclError>,
-    ) -> Result<(), String> {
-        if let Some(why) = self.comms.stopped() {
-            return Err(why);
+    ) -> Result<(), CommsError> {
+        if let Some(stopped) = self.comms.stopped() {
+            return Err(stopped);
         }
         // NCCL enqueues on the calling thread's current device.
         stream
             .context()
             .bind_to_thread()
-            .map_err(|e| format!("binding the CUDA context: {e}"))?;
+            .map_err(CommsError::driver("binding the CUDA context"))?;
         call(comm.0, stream.cu_stream() as _)
             .map(drop)
-            .map_err(|e| format!("NCCL {what}: {:?}", e.0))
+            .map_err(|e| CommsError::Nccl {
+                call: format!("NCCL {}", what()),
+                code: e.0,
+            })
+    }
+}
+
+/// Queues `p`'s send to or receive from `peer`, its counterpart's place in
+/// `comm`, on `s`.
+///
+/// # Safety
+/// `p.ptr` holds (or has room for) `p.count` elements of `p.dtype` on this
+/// device, kept alive by the caller until the transfer is queued.
+unsafe fn send_or_recv(
+    p: &Posted,
+    peer: i32,
+    comm: sys::ncclComm_t,
+    s: sys::cudaStream_t,
+) -> Result<result::NcclStatus, result::NcclError> {
+    match p.send {
+        true => result::send(p.ptr as *const _, p.count, p.dtype, peer, comm, s),
+        false => result::recv(p.ptr as *mut _, p.count, p.dtype, peer, comm, s),
     }
 }
 
 impl DeviceComms for Nccl {
+    fn member(&self) -> &Member {
+        &self.member
+    }
+
     /// Whether `group` has a communicator (every member gets the same answer).
     fn connects(&self, group: &[usize]) -> bool {
         self.comms.by_group.contains_key(group)
-    }
-
-    /// Bytes this rank has sent through NCCL (see the field).
-    fn bytes_sent(&self) -> u64 {
-        self.sent.get()
     }
 
     /// How transfers between ranks run on NCCL, if they do (all ranks agree).
@@ -258,27 +268,51 @@ impl DeviceComms for Nccl {
         self.route.as_ref()
     }
 
+    /// Queues `call` on its group's communicator and `stream`.
+    fn queue(&self, call: Call, stream: &Stream) -> Result<(), CommsError> {
+        let Call {
+            op,
+            group,
+            count,
+            dtype,
+        } = call;
+        let comm = self.group(group)?;
+        let sum = sys::ncclRedOp_t::ncclSum;
+        let what = || format!("{} over ranks {group:?}", op.name());
+        // SAFETY: the addresses hold the elements the op reads and writes
+        // (see `DeviceOp`) on this rank's device, used in stream order.
+        self.call_on(comm, what, stream, |comm, s| unsafe {
+            match op {
+                DeviceOp::AllReduce(ptr) => {
+                    result::all_reduce(ptr as *const _, ptr as *mut _, count, dtype, sum, comm, s)
+                }
+                DeviceOp::ReduceScatter { send, recv } => {
+                    result::reduce_scatter(send as *const _, recv as *mut _, count, dtype, sum, comm, s)
+                }
+                DeviceOp::AllGather { send, recv } => {
+                    result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s)
+                }
+            }
+        })
+    }
+
     /// Runs `posted` as one NCCL group on the communicator of all ranks,
     /// queued on `stream`: it completes when every peer has posted its side.
-    fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), String> {
+    fn transfer(&self, posted: &[Posted], stream: &Stream) -> Result<(), CommsError> {
         let Some(TransferRoute::Grouped(world)) = &self.route else {
-            return Err("transfers are not grouped on NCCL here".into());
+            return Err(CommsError::NotGrouped("NCCL"));
         };
         for p in posted.iter().filter(|p| p.send) {
-            self.count(Collective::SendRecv, &[self.rank, p.peer], p.count, p.dtype);
+            self.member.count(Collective::SendRecv, 2, p.count, p.dtype);
         }
-        self.enqueue("send/receive group", world, stream, |comm, s| {
+        let comm = self.group(world)?;
+        let what = || format!("send/receive group over ranks {world:?}");
+        self.call_on(comm, what, stream, |comm, s| {
             result::group_start()?;
             let issued = posted.iter().try_for_each(|p| {
-                // SAFETY: `ptr` holds `count` elements of `dtype` on this
-                // device, kept alive by the caller until the group is queued.
-                unsafe {
-                    match p.send {
-                        true => result::send(p.ptr as *const _, p.count, p.dtype, p.peer as i32, comm, s),
-                        false => result::recv(p.ptr as *mut _, p.count, p.dtype, p.peer as i32, comm, s),
-                    }
-                }
-                .map(drop)
+                // SAFETY: the caller keeps every posted buffer alive until
+                // the group is queued.
+                unsafe { send_or_recv(p, p.peer as i32, comm, s) }.map(drop)
             });
             // The group is closed even when a call failed.
             let ended = result::group_end();
@@ -286,126 +320,37 @@ impl DeviceComms for Nccl {
         })
     }
 
-    /// This rank's position in `group` (its rank in the group's communicator).
-    fn position(&self, group: &[usize]) -> Option<usize> {
-        group.iter().position(|&r| r == self.rank)
-    }
-
-    /// Sums `count` elements of `dtype` at device address `ptr` in place
-    /// over `group`, queued on `stream`.
-    fn all_reduce(
-        &self,
-        group: &[usize],
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::AllReduce, group, count, dtype);
-        self.enqueue("all-reduce", group, stream, |comm, s| {
-            // SAFETY: `ptr` holds `count` elements of `dtype` on this rank's
-            // device, used in stream order.
-            unsafe {
-                result::all_reduce(
-                    ptr as *const _,
-                    ptr as *mut _,
-                    count,
-                    dtype,
-                    sys::ncclRedOp_t::ncclSum,
-                    comm,
-                    s,
-                )
-            }
+    /// Sends `p` to its peer on the pair's own communicator, where the
+    /// sender is position 0 and the receiver 1 ([`TransferRoute::Pairs`]),
+    /// or receives it there. A send completes when the peer receives it; a
+    /// receive holds `stream` until its data is there.
+    fn transfer_pair(&self, p: Posted, stream: &Stream) -> Result<(), CommsError> {
+        let rank = self.member.rank();
+        let (from, to) = match p.send {
+            true => (rank, p.peer),
+            false => (p.peer, rank),
+        };
+        if p.send {
+            self.member.count(Collective::SendRecv, 2, p.count, p.dtype);
+        }
+        let comm = self
+            .comms
+            .by_pair
+            .get(&(from, to))
+            .ok_or(CommsError::NoPair { from, to })?;
+        let what = || match p.send {
+            true => format!("send to rank {to}"),
+            false => format!("receive from rank {from}"),
+        };
+        let peer = i32::from(p.send);
+        // SAFETY: the caller keeps `p`'s buffer alive until the transfer
+        // completes (a send) or uses it in stream order (a receive).
+        self.call_on(comm, what, stream, |comm, s| unsafe {
+            send_or_recv(&p, peer, comm, s)
         })
     }
 
-    /// Sums the `count × group size` elements at `send` over `group` and
-    /// writes part `position` of the sum (`count` elements) to `recv`.
-    fn reduce_scatter(
-        &self,
-        group: &[usize],
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::ReduceScatter, group, count * group.len(), dtype);
-        self.enqueue("reduce-scatter", group, stream, |comm, s| {
-            // SAFETY: `send` holds count × group size elements and `recv`
-            // count, both on this device, used in stream order.
-            unsafe {
-                result::reduce_scatter(
-                    send as *const _,
-                    recv as *mut _,
-                    count,
-                    dtype,
-                    sys::ncclRedOp_t::ncclSum,
-                    comm,
-                    s,
-                )
-            }
-        })
-    }
-
-    /// Concatenates every member's `count` elements at `send` into `recv`
-    /// (`count × group size` elements, parts in group order). In place
-    /// when `send` is this member's part of `recv`.
-    fn all_gather(
-        &self,
-        group: &[usize],
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::AllGather, group, count * group.len(), dtype);
-        self.enqueue("all-gather", group, stream, |comm, s| {
-            // SAFETY: `send` holds `count` elements and `recv` count × group
-            // size, both on this device, used in stream order.
-            unsafe { result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s) }
-        })
-    }
-
-    /// Sends `count` elements of `dtype` at `ptr` to rank `to` on the
-    /// pair's own communicator ([`TransferRoute::Pairs`]), queued on
-    /// `stream`; it completes when `to` receives it.
-    fn send_to(
-        &self,
-        to: usize,
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        self.count(Collective::SendRecv, &[self.rank, to], count, dtype);
-        let comm = self.pair(self.rank, to)?;
-        self.call_on(comm, &format!("send to rank {to}"), stream, |comm, s| {
-            // SAFETY: `ptr` holds `count` elements of `dtype` on this
-            // device, kept alive by the caller until the send completes.
-            // The receiver is position 1 of the pair's communicator.
-            unsafe { result::send(ptr as *const _, count, dtype, 1, comm, s) }
-        })
-    }
-
-    /// Receives `count` elements of `dtype` from rank `from` into `ptr`
-    /// ([`TransferRoute::Pairs`]), queued on `stream`.
-    fn recv_from(
-        &self,
-        from: usize,
-        ptr: u64,
-        count: usize,
-        dtype: DataType,
-        stream: &Stream,
-    ) -> Result<(), String> {
-        let comm = self.pair(from, self.rank)?;
-        self.call_on(comm, &format!("receive from rank {from}"), stream, |comm, s| {
-            // SAFETY: `ptr` has room for `count` elements of `dtype` on this
-            // device, used in stream order. The sender is position 0.
-            unsafe { result::recv(ptr as *mut _, count, dtype, 0, comm, s) }
-        })
-    }
-
-    fn stopped(&self) -> Option<String> {
+    fn stopped(&self) -> Option<CommsError> {
         self.comms.stopped()
     }
 }
@@ -413,7 +358,11 @@ impl DeviceComms for Nccl {
 /// Connects this rank's NCCL communicators, or says why collectives stay
 /// host-staged. Every rank of the run calls it at the same point; they all
 /// reach the same decision.
-pub(crate) fn connect(ep: &Endpoint, programs: &[Program], ctx: &Arc<CudaContext>) -> Result<Link, String> {
+pub(crate) fn connect(
+    ep: &Endpoint,
+    programs: &[Program],
+    ctx: &Arc<CudaContext>,
+) -> Result<Link, CommsError> {
     let world = ep.world();
     if world == 1 {
         return Ok(Link::Alone);
@@ -463,29 +412,27 @@ pub(crate) fn open(
     groups: &BTreeSet<Vec<usize>>,
     route: Option<TransferRoute>,
     ctx: &Arc<CudaContext>,
-) -> Result<Link, String> {
+) -> Result<Link, CommsError> {
     let (rank, world) = (ep.rank(), ep.world());
     let (readiness, version) = local_readiness();
     let uuid = ctx
         .uuid()
-        .map_err(|e| format!("reading the GPU's UUID: {e}"))?
+        .map_err(CommsError::driver("reading the GPU's UUID"))?
         .bytes
         .map(|b| b as u8);
     let transfers = !std::env::var(TRANSFERS_VAR).is_ok_and(|v| v.trim() == "0");
     let mine = Buffer::F64(encode_row(readiness, transfers, &uuid));
     let everyone: Vec<usize> = (0..world).collect();
-    let rows = ep
-        .all_gather(&everyone, &mine, "nccl/readiness", "agreeing on NCCL")
-        .map_err(|e| e.to_string())?;
+    let rows = ep.all_gather(&everyone, &mine, "nccl/readiness", "agreeing on NCCL")?;
     let Buffer::F64(rows) = rows else {
-        return Err("the NCCL readiness rows arrived as f32".into());
+        return Err(CommsError::ArrivedAsF32("the NCCL readiness rows".into()));
     };
     let route = match agree(&rows, world) {
         Ok(transfers) => route.filter(|_| transfers),
-        Err(why) => return Ok(Link::Staged(why)),
+        Err(why) => return Ok(Link::Staged(why.to_string())),
     };
     ctx.bind_to_thread()
-        .map_err(|e| format!("binding the CUDA context: {e}"))?;
+        .map_err(CommsError::driver("binding the CUDA context"))?;
     let mut groups = groups.clone();
     if let Some(TransferRoute::Grouped(world_group)) = &route {
         groups.insert(world_group.clone());
@@ -507,7 +454,7 @@ pub(crate) fn open(
         }
     }
     Ok(Link::Nccl(Nccl {
-        rank,
+        member: Member::new(rank),
         comms: Arc::new(Comms {
             by_group,
             by_pair,
@@ -516,7 +463,6 @@ pub(crate) fn open(
         }),
         route,
         version,
-        sent: Cell::new(0),
     }))
 }
 
@@ -524,29 +470,35 @@ pub(crate) fn open(
 /// places in it), or `None` where it is not one of them. The first member
 /// makes the id and sends it to the others over the fabric; `key` names
 /// the communicator in messages.
-fn join(ep: &Endpoint, members: &[usize], key: &str) -> Result<Option<Comm>, String> {
+fn join(ep: &Endpoint, members: &[usize], key: &str) -> Result<Option<Comm>, CommsError> {
     let Some(position) = members.iter().position(|&r| r == ep.rank()) else {
         return Ok(None);
     };
     let tag = format!("nccl/id/{key}");
     let what = format!("sharing the NCCL id of ranks {key}");
     let id = if position == 0 {
-        let id = result::get_uniqueid().map_err(|e| format!("ncclGetUniqueId: {:?}", e.0))?;
+        let id = result::get_uniqueid().map_err(|e| CommsError::Nccl {
+            call: "ncclGetUniqueId".into(),
+            code: e.0,
+        })?;
         for &member in &members[1..] {
-            ep.send(member, &tag, Buffer::F64(encode_bytes(&id_bytes(&id))), &what)
-                .map_err(|e| e.to_string())?;
+            ep.send(member, &tag, Buffer::F64(encode_bytes(&id_bytes(&id))), &what)?;
         }
         id
     } else {
-        match ep.recv(members[0], &tag, &what).map_err(|e| e.to_string())? {
+        match ep.recv(members[0], &tag, &what)? {
             Buffer::F64(words) => id_from(&decode_bytes(&words, 128)?),
-            Buffer::F32(_) => return Err(format!("{what}: the id arrived as f32")),
+            Buffer::F32(_) => return Err(CommsError::ArrivedAsF32(format!("{what}: the id"))),
         }
     };
     let mut comm = std::ptr::null_mut();
     // SAFETY: `comm` is written by NCCL.
-    unsafe { result::comm_init_rank(&mut comm, members.len() as i32, id, position as i32) }
-        .map_err(|e| format!("ncclCommInitRank for ranks {key}: {:?}", e.0))?;
+    unsafe { result::comm_init_rank(&mut comm, members.len() as i32, id, position as i32) }.map_err(|e| {
+        CommsError::Nccl {
+            call: format!("ncclCommInitRank for ranks {key}"),
+            code: e.0,
+        }
+    })?;
     Ok(Some(Comm(comm)))
 }
 
@@ -589,21 +541,35 @@ fn encode_row(readiness: u32, transfers: bool, uuid: &[u8; 16]) -> Vec<f64> {
 
 const ROW: usize = 6;
 
+/// Why the ranks' collectives stay host-staged instead of going to NCCL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Unready {
+    #[error("{values} readiness values from {world} ranks")]
+    Rows { values: usize, world: usize },
+    /// Rank `rank` cannot use NCCL, for reason `code` ([`reason`]).
+    #[error("rank {rank}: {}", reason(*.code))]
+    Rank { rank: usize, code: u32 },
+    #[error("ranks {first} and {rank} share a GPU")]
+    SharedGpu { first: usize, rank: usize },
+}
+
 /// Collectives go to NCCL only if every rank can use it and no two ranks
 /// share a GPU (NCCL refuses duplicate devices); otherwise says why not.
 /// Transfers may go too (`Ok(true)`) unless a rank keeps them staged.
-fn agree(rows: &[f64], world: usize) -> Result<bool, String> {
+fn agree(rows: &[f64], world: usize) -> Result<bool, Unready> {
     if rows.len() != world * ROW {
-        return Err(format!("{} readiness values from {world} ranks", rows.len()));
+        let values = rows.len();
+        return Err(Unready::Rows { values, world });
     }
     let mut seen: BTreeMap<Vec<u64>, usize> = BTreeMap::new();
     for (rank, row) in rows.chunks(ROW).enumerate() {
         if row[0] != 0.0 {
-            return Err(format!("rank {rank}: {}", reason(row[0] as u32)));
+            let code = row[0] as u32;
+            return Err(Unready::Rank { rank, code });
         }
         let uuid: Vec<u64> = row[2..].iter().map(|&w| w as u64).collect();
         if let Some(first) = seen.insert(uuid, rank) {
-            return Err(format!("ranks {first} and {rank} share a GPU"));
+            return Err(Unready::SharedGpu { first, rank });
         }
     }
     Ok(rows.chunks(ROW).all(|row| row[1] == 1.0))
@@ -650,13 +616,13 @@ pub(super) fn encode_bytes(bytes: &[u8]) -> Vec<f64> {
 }
 
 /// The `len` bytes [`encode_bytes`] made.
-pub(super) fn decode_bytes(words: &[f64], len: usize) -> Result<Vec<u8>, String> {
+pub(super) fn decode_bytes(words: &[f64], len: usize) -> Result<Vec<u8>, CommsError> {
     if words.len() != len.div_ceil(4)
         || words
             .iter()
             .any(|&w| w.fract() != 0.0 || !(0.0..=4294967295.0).contains(&w))
     {
-        return Err(format!("malformed {len}-byte message"));
+        return Err(CommsError::Malformed(len));
     }
     let mut bytes: Vec<u8> = words.iter().flat_map(|&w| (w as u32).to_le_bytes()).collect();
     bytes.truncate(len);
@@ -687,9 +653,11 @@ mod tests {
         assert_eq!(words.len(), 33);
         assert_eq!(decode_bytes(&words, 130).unwrap(), bytes);
         assert_eq!(id_bytes(&id_from(&bytes[..128])), bytes[..128]);
-        let malformed = Err("malformed 130-byte message".to_string());
-        assert_eq!(decode_bytes(&words[1..], 130), malformed);
-        assert_eq!(decode_bytes(&[0.5; 33], 130), malformed);
+        for malformed in [&words[1..], &[0.5; 33]] {
+            let e = decode_bytes(malformed, 130).unwrap_err();
+            assert!(matches!(e, CommsError::Malformed(130)), "{e:?}");
+            assert_eq!(e.to_string(), "malformed 130-byte message");
+        }
     }
 
     /// A pipeline's pairs are its neighbours in both directions (and the
@@ -715,7 +683,7 @@ mod tests {
     #[test]
     fn bytes_are_counted_per_ring_algorithm() {
         let nccl = Nccl {
-            rank: 1,
+            member: Member::new(1),
             comms: Arc::new(Comms {
                 by_group: BTreeMap::new(),
                 by_pair: BTreeMap::new(),
@@ -724,14 +692,13 @@ mod tests {
             }),
             route: None,
             version: 0,
-            sent: Cell::new(0),
         };
-        let group = [0, 1, 2, 3];
-        nccl.count(Collective::AllReduce, &group, 1000, DataType::ncclFloat32);
+        let member = nccl.member();
+        member.count(Collective::AllReduce, 4, 1000, DataType::ncclFloat32);
         assert_eq!(nccl.bytes_sent(), 2 * 3 * 1000);
-        nccl.count(Collective::AllGather, &group, 400, DataType::ncclBfloat16);
+        member.count(Collective::AllGather, 4, 400, DataType::ncclBfloat16);
         assert_eq!(nccl.bytes_sent(), 6000 + 3 * 200);
-        nccl.count(Collective::SendRecv, &[1, 3], 10, DataType::ncclFloat32);
+        member.count(Collective::SendRecv, 2, 10, DataType::ncclFloat32);
         assert_eq!(nccl.bytes_sent(), 6600 + 40);
     }
 
@@ -759,18 +726,20 @@ mod tests {
         // One rank keeping its transfers staged keeps everyone's staged.
         let staged = encode_row(0, false, &[4; 16]);
         assert_eq!(agree(&rows(vec![row(0, 1), staged]), 2), Ok(false));
-        assert_eq!(
-            agree(&rows(vec![row(0, 1), row(0, 2), row(0, 1)]), 3),
-            Err("ranks 0 and 2 share a GPU".into())
-        );
+        let shared = agree(&rows(vec![row(0, 1), row(0, 2), row(0, 1)]), 3);
+        assert_eq!(shared, Err(Unready::SharedGpu { first: 0, rank: 2 }));
+        assert_eq!(shared.unwrap_err().to_string(), "ranks 0 and 2 share a GPU");
         let missing = agree(&rows(vec![row(0, 1), row(2, 2)]), 2).unwrap_err();
-        assert!(missing.starts_with("rank 1: libnccl.so not found"), "{missing}");
-        assert_eq!(
-            agree(&rows(vec![row(1, 1), row(0, 2)]), 2),
-            Err("rank 0: AUTOPAR_NCCL=0".into())
+        assert_eq!(missing, Unready::Rank { rank: 1, code: 2 });
+        assert!(
+            missing.to_string().starts_with("rank 1: libnccl.so not found"),
+            "{missing}"
         );
+        let disabled = agree(&rows(vec![row(1, 1), row(0, 2)]), 2).unwrap_err();
+        assert_eq!(disabled.to_string(), "rank 0: AUTOPAR_NCCL=0");
         let short = agree(&row(0, 1), 2).unwrap_err();
-        assert!(short.ends_with(" readiness values from 2 ranks"), "{short}");
+        assert_eq!(short, Unready::Rows { values: 6, world: 2 });
+        assert_eq!(short.to_string(), "6 readiness values from 2 ranks");
     }
 
     /// The groups are the same from every rank's view, and cover the

@@ -13,6 +13,15 @@ const INSTALL_HINT: &str =
     "run scripts/install-nvrtc.sh and put the lib folder it prints on LD_LIBRARY_PATH \
      (or install the CUDA toolkit)";
 
+/// An NVRTC call that failed, with NVRTC's message for its result code.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} failed: {message}")]
+pub struct NvrtcError {
+    /// The call, or the program output it was reading ("CUBIN").
+    pub call: &'static str,
+    pub message: String,
+}
+
 /// Fails with [`CudaError::MissingLibrary`] unless `libnvrtc` can be loaded
 /// (cudarc's loader panics on first use otherwise).
 pub(crate) fn ensure_library() -> Result<(), CudaError> {
@@ -39,8 +48,7 @@ pub(crate) fn version() -> Result<(i32, i32), CudaError> {
     check(
         unsafe { sys::nvrtcVersion(&mut major, &mut minor) },
         "nvrtcVersion",
-    )
-    .map_err(CudaError::Driver)?;
+    )?;
     Ok((major, minor))
 }
 
@@ -99,13 +107,14 @@ pub(crate) fn compile(source_name: &str, arch: &str) -> Result<Compiled, CudaErr
         .collect::<Result<_, _>>()?;
     let option_ptrs: Vec<*const c_char> = options.iter().map(|o| o.as_ptr()).collect();
 
-    let program = Program::new(&c_text, &c_name).map_err(fail)?;
+    let nvrtc = |e: NvrtcError| fail(e.to_string());
+    let program = Program::new(&c_text, &c_name).map_err(nvrtc)?;
     // SAFETY: `program` is live; the option pointers outlive the call.
     let compiled =
         unsafe { sys::nvrtcCompileProgram(program.0, option_ptrs.len() as i32, option_ptrs.as_ptr()) };
-    let log = program.log().map_err(fail)?;
+    let log = program.log().map_err(nvrtc)?;
     check(compiled, "nvrtcCompileProgram").map_err(|e| fail(format!("{e}\n{log}")))?;
-    let cubin = program.cubin().map_err(fail)?;
+    let cubin = program.cubin().map_err(nvrtc)?;
     Ok((cubin, parse_ptxas(source_name, &log)))
 }
 
@@ -134,7 +143,7 @@ fn is_real_arch(arch: &str) -> bool {
 struct Program(sys::nvrtcProgram);
 
 impl Program {
-    fn new(text: &CStr, name: &CStr) -> Result<Self, String> {
+    fn new(text: &CStr, name: &CStr) -> Result<Self, NvrtcError> {
         let mut program = std::ptr::null_mut();
         // SAFETY: valid C strings; no headers passed.
         let r = unsafe {
@@ -152,7 +161,7 @@ impl Program {
     }
 
     /// The compiler's log (errors, warnings, ptxas statistics).
-    fn log(&self) -> Result<String, String> {
+    fn log(&self) -> Result<String, NvrtcError> {
         let bytes = self.read(
             sys::nvrtcGetProgramLogSize,
             sys::nvrtcGetProgramLog,
@@ -161,7 +170,7 @@ impl Program {
         Ok(String::from_utf8_lossy(&bytes).trim_end_matches('\0').to_string())
     }
 
-    fn cubin(&self) -> Result<Vec<u8>, String> {
+    fn cubin(&self) -> Result<Vec<u8>, NvrtcError> {
         self.read(sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN, "CUBIN")
     }
 
@@ -170,8 +179,8 @@ impl Program {
         &self,
         size: unsafe fn(sys::nvrtcProgram, *mut usize) -> sys::nvrtcResult,
         get: unsafe fn(sys::nvrtcProgram, *mut c_char) -> sys::nvrtcResult,
-        what: &str,
-    ) -> Result<Vec<u8>, String> {
+        what: &'static str,
+    ) -> Result<Vec<u8>, NvrtcError> {
         let mut n = 0usize;
         // SAFETY: live program, valid out pointer.
         check(unsafe { size(self.0, &mut n) }, what)?;
@@ -191,13 +200,16 @@ impl Drop for Program {
 }
 
 /// `Ok` for NVRTC_SUCCESS, else NVRTC's message for the code.
-fn check(r: sys::nvrtcResult, what: &str) -> Result<(), String> {
+fn check(r: sys::nvrtcResult, call: &'static str) -> Result<(), NvrtcError> {
     if r == sys::nvrtcResult::NVRTC_SUCCESS {
         return Ok(());
     }
     // SAFETY: returns a static string for any result code.
     let message = unsafe { CStr::from_ptr(sys::nvrtcGetErrorString(r)) };
-    Err(format!("{what} failed: {}", message.to_string_lossy()))
+    Err(NvrtcError {
+        call,
+        message: message.to_string_lossy().into_owned(),
+    })
 }
 
 /// Each entry function's registers and spill bytes from ptxas's `-v` lines:

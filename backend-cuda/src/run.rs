@@ -13,7 +13,7 @@ use autopar_exec::train::TokenSource;
 use autopar_exec::{train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::DType;
-use autopar_lower::blocking::{check_blocking, Transfers};
+use autopar_lower::blocking::{check_blocking, Deadlock, Transfers};
 use autopar_lower::{Program, TrainingGraph};
 use cudarc::driver::CudaContext;
 use std::sync::Arc;
@@ -75,14 +75,13 @@ impl Setup {
     }
 
     /// A rank's backend: its own stream and cuBLAS handle on the shared device.
-    fn backend(&self, cuda: &CudaOptions) -> Result<CudaBackend, String> {
+    fn backend(&self, cuda: &CudaOptions) -> Result<CudaBackend, CudaError> {
         CudaBackend::new(
             &self.ctx,
             self.kernels.clone(),
             cuda.precision,
             self.host_nodes.clone(),
         )
-        .map_err(|e| e.to_string())
     }
 
     /// The run's report; `ranks` are the ranks this process ran.
@@ -123,7 +122,8 @@ pub(super) fn train(
         .map(|()| Arc::new(Meetings::new(opts.timeout)));
     let groups = nccl::collective_groups(programs);
     let report = train_on(t, programs, data, opts, progress, &|rank| {
-        let backend = setup.backend(cuda)?;
+        // The interpreter takes a rank's failure to start as text.
+        let backend = setup.backend(cuda).map_err(|e| e.to_string())?;
         Ok(match &meetings {
             Some(meetings) => backend.with_comms(Box::new(SameDevice::new(
                 rank,
@@ -145,18 +145,29 @@ pub(super) fn train(
     Ok(setup.report(report, collectives, &ranks))
 }
 
+/// Why the ranks sharing this process's GPU stage their collectives
+/// through host memory instead of the same-device exchange.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Staged {
+    #[error("one rank")]
+    OneRank,
+    #[error("{}=0", SAME_DEVICE_VAR)]
+    Disabled,
+    #[error("under blocking collectives {0}")]
+    Deadlock(Deadlock),
+}
+
 /// Whether the ranks of `programs`, sharing this process's GPU, run their
 /// collectives through the same-device exchange, or why not.
-fn same_device(programs: &[Program]) -> Result<(), String> {
+fn same_device(programs: &[Program]) -> Result<(), Staged> {
     if programs.len() == 1 {
-        return Err("one rank".into());
+        return Err(Staged::OneRank);
     }
     if std::env::var(SAME_DEVICE_VAR).is_ok_and(|v| v.trim() == "0") {
-        return Err(format!("{SAME_DEVICE_VAR}=0"));
+        return Err(Staged::Disabled);
     }
     // Each member's thread waits at every meeting, in program order.
-    check_blocking(programs, Transfers::Buffered)
-        .map_err(|deadlock| format!("under blocking collectives {deadlock}"))
+    check_blocking(programs, Transfers::Buffered).map_err(Staged::Deadlock)
 }
 
 pub(super) fn train_rank(
@@ -177,7 +188,7 @@ pub(super) fn train_rank(
         what: "starting the backend".into(),
         message,
     };
-    let backend = setup.backend(cuda).map_err(starting)?;
+    let backend = setup.backend(cuda).map_err(|e| starting(e.to_string()))?;
     // NCCL calls wait on the GPU, out of the fabric's sight: when a rank
     // fails, the watchdog aborts this rank's communicators so it fails too.
     let mut watchdog = None;
@@ -192,7 +203,8 @@ pub(super) fn train_rank(
         }
         Ok(Link::Staged(why)) => (backend, format!("host-staged ({why})")),
         Ok(Link::Alone) => (backend, ONE_RANK.to_string()),
-        Err(message) => {
+        Err(e) => {
+            let message = e.to_string();
             endpoint.abort(&message);
             return Err(starting(message));
         }
@@ -220,10 +232,10 @@ mod tests {
     /// their transfers stay on the fabric, whose sends never wait).
     #[test]
     fn ranks_on_one_gpu_exchange_on_the_device_when_their_programs_finish() {
-        assert_eq!(
-            same_device(&programs(&Strategy::new(1, 1, 2, 1, 1))),
-            Err("one rank".into())
-        );
+        let one = same_device(&programs(&Strategy::new(1, 1, 2, 1, 1)));
+        assert_eq!(one, Err(Staged::OneRank));
+        assert_eq!(one.unwrap_err().to_string(), "one rank");
+        assert_eq!(Staged::Disabled.to_string(), "AUTOPAR_SAME_DEVICE=0");
         let mut hybrid = Strategy::new(2, 2, 2, 1, 4).with_tp(2, true);
         hybrid.zero = 2;
         assert_eq!(same_device(&programs(&hybrid)), Ok(()));

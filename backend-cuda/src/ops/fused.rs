@@ -15,19 +15,36 @@ fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, Cuda
     allocate(&gpu.stream, DType::F32, Storage::F32, shape, zeroed)
 }
 
-/// Launches one of gather.cu's kernels, which all read `src` through `idx`
-/// into `out` over `(outer, indexed, axis length, inner)`, one thread per
-/// element of `threads`.
-fn index_kernel(
+/// Where a gather.cu kernel writes.
+#[derive(Clone, Copy)]
+enum Writes {
+    /// A gather: a new output, one thread per element of it.
+    Output,
+    /// An adjoint's scatter-add: a zeroed f32 accumulator of the output's
+    /// shape, cast to its type at the end; one thread per element read.
+    Accumulator,
+}
+
+/// Runs one of gather.cu's kernels, which all read `src` through `idx`
+/// over `(outer, indexed, axis length, inner)`, into the node's output of
+/// type `ty` as `writes` says.
+fn index_node(
     gpu: &Gpu,
     name: &str,
-    src: &GpuTensor,
-    out: &GpuTensor,
-    idx: &GpuTensor,
+    (src, idx): (&GpuTensor, &GpuTensor),
     [outer, indexed, len, inner]: [i64; 4],
-    threads: usize,
-) -> Result<(), CudaError> {
-    let (po, ps, pi) = (gpu.ptr(out), gpu.ptr(src), gpu.ptr(idx));
+    ty: &TensorType,
+    writes: Writes,
+) -> Outputs {
+    let (out, threads) = match writes {
+        Writes::Output => {
+            let y = gpu.output(ty)?;
+            let n = y.numel();
+            (y, n)
+        }
+        Writes::Accumulator => (scratch(gpu, super::fixed(ty)?, true)?, src.numel()),
+    };
+    let (po, ps, pi) = (gpu.ptr(&out), gpu.ptr(src), gpu.ptr(idx));
     let (fault, code) = gpu.indices.args(&gpu.stream);
     let k = format!("{name}_{}", suffix(src));
     launch!(
@@ -43,7 +60,11 @@ fn index_kernel(
         inner,
         fault,
         code
-    )
+    )?;
+    Ok(Some(vec![match writes {
+        Writes::Output => out,
+        Writes::Accumulator => finish(gpu, out, ty)?,
+    }]))
 }
 
 /// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.
@@ -70,12 +91,15 @@ fn suffix(x: &GpuTensor) -> &'static str {
 /// The outputs of a node, or `None` to run it on the host.
 type Outputs = Result<Option<Vec<GpuTensor>>, CudaError>;
 
-/// The integer operand `i`, if present and stored as i64.
-fn int_arg<'a>(args: &[Option<&'a GpuTensor>], i: usize) -> Option<&'a GpuTensor> {
-    args.get(i)
+/// A gather's (or its adjoint's) float operand and its i64 indices, if
+/// both are there so.
+fn gather_operands<'a>(args: &[Option<&'a GpuTensor>]) -> Option<(&'a GpuTensor, &'a GpuTensor)> {
+    let idx = args
+        .get(1)
         .copied()
         .flatten()
-        .filter(|x| x.storage == Storage::I64)
+        .filter(|x| x.storage == Storage::I64)?;
+    Some((super::float_arg(args, 0)?, idx))
 }
 
 /// Routes `op` to its family's launcher below (one per op, mirroring
@@ -377,79 +401,61 @@ fn softmax_grad(
 
 /// `Embedding`: a row gather from a 2-d table.
 fn embedding(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType) -> Outputs {
-    let (Some(table), Some(ids)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+    let Some((table, ids)) = gather_operands(args) else {
         return Ok(None);
     };
     if table.shape.len() != 2 {
         return Ok(None);
     }
     // A row gather, so ids wrap and bound as the reference's do.
-    let y = gpu.output(ty)?;
-    let dims = [
+    let sizes = [
         1,
         ids.numel() as i64,
         table.shape[0] as i64,
         table.shape[1] as i64,
     ];
-    index_kernel(gpu, "gather", table, &y, ids, dims, y.numel())?;
-    Ok(Some(vec![y]))
+    index_node(gpu, "gather", (table, ids), sizes, ty, Writes::Output)
 }
 
 /// `Gather` along `axis`.
 fn gather(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
-    let (Some(data), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+    let Some((data, idx)) = gather_operands(args) else {
         return Ok(None);
     };
-    let axis = norm(axis, data.shape.len());
-    let y = gpu.output(ty)?;
-    let (outer, len, inner) = split_at(&data.shape, axis);
-    let dims = [outer, idx.numel() as i64, len, inner];
-    index_kernel(gpu, "gather", data, &y, idx, dims, y.numel())?;
-    Ok(Some(vec![y]))
+    let (outer, len, inner) = split_at(&data.shape, norm(axis, data.shape.len()));
+    let sizes = [outer, idx.numel() as i64, len, inner];
+    index_node(gpu, "gather", (data, idx), sizes, ty, Writes::Output)
 }
 
 /// `GatherGrad`: `Gather`'s adjoint, a scatter-add into an f32 accumulator.
 fn gather_grad(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
-    let (Some(g), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+    let Some((g, idx)) = gather_operands(args) else {
         return Ok(None);
     };
     let dims = super::fixed(ty)?;
-    let axis = norm(axis, dims.len());
-    let acc = scratch(gpu, dims.clone(), true)?;
-    let (outer, len, inner) = split_at(&dims, axis);
+    let (outer, len, inner) = split_at(&dims, norm(axis, dims.len()));
     let sizes = [outer, idx.numel() as i64, len, inner];
-    index_kernel(gpu, "gather_grad", g, &acc, idx, sizes, g.numel())?;
-    Ok(Some(vec![finish(gpu, acc, ty)?]))
+    index_node(gpu, "gather_grad", (g, idx), sizes, ty, Writes::Accumulator)
 }
 
 /// `GatherElements` along `axis`.
 fn gather_elements(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
-    let (Some(data), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+    let Some((data, idx)) = gather_operands(args) else {
         return Ok(None);
     };
     let axis = norm(axis, data.shape.len());
     if !same_except(&data.shape, &idx.shape, axis) {
         return Ok(None);
     }
-    let y = gpu.output(ty)?;
     let (outer, j, inner) = split_at(&idx.shape, axis);
-    let len = data.shape[axis] as i64;
-    index_kernel(
-        gpu,
-        "gather_elements",
-        data,
-        &y,
-        idx,
-        [outer, j, len, inner],
-        y.numel(),
-    )?;
-    Ok(Some(vec![y]))
+    let sizes = [outer, j, data.shape[axis] as i64, inner];
+    index_node(gpu, "gather_elements", (data, idx), sizes, ty, Writes::Output)
 }
 
 /// `GatherElementsGrad`: `GatherElements`' adjoint, a scatter-add into an
 /// f32 accumulator.
 fn gather_elements_grad(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType, axis: i64) -> Outputs {
-    let (Some(g), Some(idx)) = (super::float_arg(args, 0), int_arg(args, 1)) else {
+    let Some((g, idx)) = gather_operands(args) else {
         return Ok(None);
     };
     let dims = super::fixed(ty)?;
@@ -457,19 +463,16 @@ fn gather_elements_grad(gpu: &Gpu, args: &[Option<&GpuTensor>], ty: &TensorType,
     if !same_except(&dims, &idx.shape, axis) || g.shape != idx.shape {
         return Ok(None);
     }
-    let acc = scratch(gpu, dims.clone(), true)?;
     let (outer, j, inner) = split_at(&idx.shape, axis);
-    let len = dims[axis] as i64;
-    index_kernel(
+    let sizes = [outer, j, dims[axis] as i64, inner];
+    index_node(
         gpu,
         "gather_elements_grad",
-        g,
-        &acc,
-        idx,
-        [outer, j, len, inner],
-        g.numel(),
-    )?;
-    Ok(Some(vec![finish(gpu, acc, ty)?]))
+        (g, idx),
+        sizes,
+        ty,
+        Writes::Accumulator,
+    )
 }
 
 /// `dims` as (outer, dims[axis], inner).
@@ -601,6 +604,27 @@ fn mask_strides(shape: &[usize], [b, hq, sq, sk]: [usize; 4]) -> Option<([i64; 4
     Some((st, len))
 }
 
+/// Launches flash kernel `$name` with its own pointers `$arg`, then what
+/// every flash kernel takes after them from `$flash`: the mask
+/// (`FLASH_MASK_PARAMS` in attention.cu), `B, Hq, Hk, Sq, Sk, D`, `scale`
+/// and `causal`, in that order.
+macro_rules! launch_flash {
+    ($gpu:expr, $name:expr, $cfg:expr, $flash:expr; $($arg:expr),* $(,)?) => {{
+        let flash: &Flash = $flash;
+        let FlashMask {
+            float: mf,
+            bool: mb,
+            strides: [msb, msh, msq, msk],
+            len: mlen,
+        } = flash.mask;
+        let [b, hq, hk, sq, sk, d] = flash.dims;
+        let (scale, causal) = (flash.scale, flash.causal);
+        launch!(
+            $gpu, $name, $cfg, $($arg,)* mf, mb, msb, msh, msq, msk, mlen, b, hq, hk, sq, sk, d, scale, causal
+        )
+    }};
+}
+
 impl<'a> Flash<'a> {
     /// `None` when the shapes (or the mask, operand `mask_at`) are outside
     /// the kernel's range (then the host runs the node).
@@ -653,7 +677,7 @@ impl<'a> Flash<'a> {
 
     /// The output and the rows' softmax statistics (for the backward pass).
     fn forward(&self, gpu: &Gpu, ty: &TensorType) -> Result<(GpuTensor, GpuTensor), CudaError> {
-        let [b, hq, hk, sq, sk, d] = self.dims;
+        let [b, hq, _, sq, _, _] = self.dims;
         let o = gpu.output(ty)?;
         let stats = scratch(gpu, vec![(b * hq * sq) as usize, 2], false)?;
         let (po, pl, pq, pk, pv) = (
@@ -663,46 +687,16 @@ impl<'a> Flash<'a> {
             gpu.ptr(self.k),
             gpu.ptr(self.v),
         );
-        let (scale, causal) = (self.scale, self.causal);
-        let FlashMask {
-            float: mf,
-            bool: mb,
-            strides: [msb, msh, msq, msk],
-            len: mlen,
-        } = self.mask;
         let k = format!("flash_attn_fwd_{}", suffix(self.q));
-        launch!(
-            gpu,
-            k,
-            self.config(FLASH_BLOCK_Q as usize, sq),
-            po,
-            pl,
-            pq,
-            pk,
-            pv,
-            mf,
-            mb,
-            msb,
-            msh,
-            msq,
-            msk,
-            mlen,
-            b,
-            hq,
-            hk,
-            sq,
-            sk,
-            d,
-            scale,
-            causal
-        )?;
+        let config = self.config(FLASH_BLOCK_Q as usize, sq);
+        launch_flash!(gpu, k, config, self; po, pl, pq, pk, pv)?;
         Ok((o, stats))
     }
 
     /// (dq, dk, dv): the forward pass again for the output and statistics,
     /// the rows' `Σ o·dO`, then the tiled backward into f32 accumulators.
     fn backward(&self, gpu: &Gpu, dout: &GpuTensor, out: &[TensorType]) -> Result<Vec<GpuTensor>, CudaError> {
-        let [b, hq, hk, sq, sk, d] = self.dims;
+        let [b, hq, _, sq, sk, d] = self.dims;
         let (o, stats) = self.forward(gpu, &out[0])?;
         let rows_n = (b * hq * sq) as i64;
         let delta = scratch(gpu, vec![rows_n as usize], false)?;
@@ -715,43 +709,9 @@ impl<'a> Flash<'a> {
         let dv = scratch(gpu, self.v.shape.clone(), true)?;
         let (pdq, pdk, pdv) = (gpu.ptr(&dq), gpu.ptr(&dk), gpu.ptr(&dv));
         let (pq, pk, pv, pl) = (gpu.ptr(self.q), gpu.ptr(self.k), gpu.ptr(self.v), gpu.ptr(&stats));
-        let (scale, causal) = (self.scale, self.causal);
-        let FlashMask {
-            float: mf,
-            bool: mb,
-            strides: [msb, msh, msq, msk],
-            len: mlen,
-        } = self.mask;
         let k = format!("flash_attn_bwd_{}", suffix(self.q));
-        launch!(
-            gpu,
-            k,
-            self.config(FLASH_BLOCK_K as usize, sk),
-            pdq,
-            pdk,
-            pdv,
-            pq,
-            pk,
-            pv,
-            pdo,
-            pl,
-            pdelta,
-            mf,
-            mb,
-            msb,
-            msh,
-            msq,
-            msk,
-            mlen,
-            b,
-            hq,
-            hk,
-            sq,
-            sk,
-            d,
-            scale,
-            causal
-        )?;
+        let config = self.config(FLASH_BLOCK_K as usize, sk);
+        launch_flash!(gpu, k, config, self; pdq, pdk, pdv, pq, pk, pv, pdo, pl, pdelta)?;
         Ok(vec![
             finish(gpu, dq, &out[0])?,
             finish(gpu, dk, &out[1])?,
