@@ -344,3 +344,108 @@ fn a_launched_run_checks_its_world_before_connecting() {
         assert_error_with(args, &env, 2, &[want]);
     }
 }
+
+/// A model the planner runs tensor-parallel on four host cores.
+const TP_ZOO: &str = "gpt:layers=2,hidden=256,heads=4,vocab=512,seq=64";
+
+/// The plan's per-op sharding is what runs: a plan file whose one linear
+/// is edited from column-parallel to replicated trains to the same losses
+/// (and one rank's) while its ranks send other bytes; a strategy the op
+/// does not have is one error line naming the node.
+#[test]
+fn an_edited_plans_sharding_is_what_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plan.json");
+    let plan_file = path.to_str().unwrap();
+    let args = [
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "4",
+        "--global-batch",
+        "4",
+        "-o",
+        plan_file,
+    ];
+    let (code, _, err) = autopar(&[&["plan", TP_ZOO][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let mut plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(
+        plan["parallel"]["tp"].as_u64().unwrap() > 1,
+        "the planner no longer picks tp here"
+    );
+    let run = |plan: &serde_json::Value, name: &str| {
+        let file = dir.path().join(name);
+        std::fs::write(&file, serde_json::to_string_pretty(plan).unwrap()).unwrap();
+        let v = run_json(&[
+            file.to_str().unwrap(),
+            "--ranks",
+            "4",
+            "--steps",
+            "2",
+            "--seed",
+            "5",
+        ]);
+        (
+            numbers(&v, "losses"),
+            v["per_rank"][0]["bytes_sent"].as_u64().unwrap(),
+        )
+    };
+    let (losses, sent) = run(&plan, "as-planned.json");
+    let one = numbers(
+        &run_json(&[
+            TP_ZOO,
+            "--plan",
+            "auto",
+            "--ranks",
+            "1",
+            "--steps",
+            "2",
+            "--seed",
+            "5",
+            "--global-batch",
+            "4",
+        ]),
+        "losses",
+    );
+    let entry = plan["sharding"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|e| e["op"] == "Linear" && e["strategy"] == "column")
+        .expect("a column-parallel linear");
+    let node = entry["node"].as_str().unwrap().to_string();
+    entry["strategy"] = "replicate".into();
+    for key in ["inputs", "outputs"] {
+        for spec in entry[key]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .filter_map(|s| s.as_object_mut())
+        {
+            spec.remove("partial");
+            for d in spec["dims"].as_array_mut().unwrap() {
+                *d = "Replicate".into();
+            }
+        }
+    }
+    let (edited, edited_sent) = run(&plan, "edited.json");
+    assert_ne!(edited_sent, sent, "replicating {node} changed no traffic");
+    for (a, b) in [(&one, &losses), (&one, &edited)] {
+        for (x, y) in a.iter().zip(b) {
+            assert!(((x - y) / x).abs() <= 1e-4, "{a:?} vs {b:?}");
+        }
+    }
+    let entry = plan["sharding"]
+        .as_array_mut()
+        .unwrap()
+        .iter_mut()
+        .find(|e| e["node"] == node.as_str());
+    entry.unwrap()["strategy"] = "diagonal".into();
+    let bad = dir.path().join("bad.json");
+    std::fs::write(&bad, serde_json::to_string(&plan).unwrap()).unwrap();
+    assert_run_fails(
+        &[bad.to_str().unwrap(), "--ranks", "4", "--steps", "1"],
+        &[&format!("'{node}'"), "no strategy 'diagonal'"],
+    );
+}

@@ -138,7 +138,7 @@ impl Rewriter<'_> {
     /// The rank's slice of weight `w` along `axis`: stored sliced when only
     /// this node uses it (directly, or through a transpose of its own, as a
     /// tied head reads the embedding table), else sliced from the whole
-    /// weight by a comm op (whose backward gathers the gradient).
+    /// weight by comm ops (whose backward gathers the gradient).
     pub(super) fn slice_weight(
         &mut self,
         w: TensorId,
@@ -157,11 +157,7 @@ impl Rewriter<'_> {
             self.g.tensor_mut(w).ty.shape = Shape::fixed(&dims);
             return Ok(w);
         }
-        let name = self.g.tensor(w).name.clone();
-        if blocks != WHOLE {
-            return Err(self.err(at, format!("shared weight '{name}' cannot be block-split")));
-        }
-        self.comm(w, CommKind::Slice, axis, Layout::Split { axis, blocks })
+        self.block_slice(w, axis, blocks)
     }
 
     /// True when parameter `t` must be stored whole.

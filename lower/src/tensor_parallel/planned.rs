@@ -286,18 +286,14 @@ impl Rewriter<'_> {
             (Rule::Replicate, _) => self.replicated(t, at),
             (Rule::Shard(d), None) => self.slice_weight(t, d, blocks, at),
             (Rule::Shard(d), Some(Layout::Split { axis, blocks: b })) if axis == d && b == blocks => Ok(t),
-            (Rule::Shard(d), Some(have)) if blocks == WHOLE => {
+            (Rule::Shard(d), Some(have)) => {
                 let split = Layout::Split { axis: d, blocks };
-                if have == Layout::Partial {
+                if have == Layout::Partial && blocks == WHOLE {
                     return self.settle(t, CommKind::ReduceScatter, d, split);
                 }
                 let whole = self.replicated(t, at)?;
-                self.comm(whole, CommKind::Slice, d, split)
+                self.block_slice(whole, d, blocks)
             }
-            (Rule::Shard(d), Some(have)) => Err(self.err(
-                at,
-                format!("'{name}' is {have:?}; it cannot be cut into {blocks} blocks along dim {d}"),
-            )),
             (Rule::Partial, Some(Layout::Partial)) if !self.pending.contains_key(&t) => Ok(t),
             (Rule::Partial, Some(Layout::Partial)) => Err(self.err(
                 at,
@@ -308,6 +304,37 @@ impl Rewriter<'_> {
                 format!("the plan reads '{name}' as a pending sum, but it is not one"),
             )),
         }
+    }
+
+    /// The rank's slice of each of `blocks` equal blocks of the whole `x`
+    /// along `axis` (one contiguous slice when `blocks` is 1): the blocks
+    /// are split apart, sliced and joined again.
+    pub(super) fn block_slice(
+        &mut self,
+        x: TensorId,
+        axis: usize,
+        blocks: usize,
+    ) -> Result<TensorId, TpError> {
+        let split = |blocks| Layout::Split { axis, blocks };
+        if blocks == WHOLE {
+            return self.comm(x, CommKind::Slice, axis, split(WHOLE));
+        }
+        let op = Op::Split {
+            axis: axis as i64,
+            split: None,
+            outputs: blocks,
+        };
+        self.count += 1;
+        let name = format!("tp/blocks{}", self.count);
+        let names: Vec<String> = (0..blocks).map(|b| format!("{name}.{b}")).collect();
+        let pieces = self.add(name, op, vec![Some(x)], &names)?;
+        let mut sliced = Vec::with_capacity(blocks);
+        for piece in pieces {
+            sliced.push(Some(self.comm(piece, CommKind::Slice, axis, split(WHOLE))?));
+        }
+        let joined = self.helper("joined", Op::Concat { axis: axis as i64 }, sliced)?;
+        self.layouts.insert(joined, split(blocks));
+        Ok(joined)
     }
 
     /// A pending sum `x` reduced by `kind` along `axis` into `layout`, with
@@ -358,7 +385,8 @@ impl Rewriter<'_> {
     }
 
     /// Blocks of the split the strategy reads and writes: those of a
-    /// block-split input it reads split, or, for a product whose output's
+    /// block-split input it reads split; for a split along its split dim,
+    /// one per piece; for a product whose output's
     /// only reader is an equal `Split` the plan runs along that dim (a
     /// fused projection), that split's count, so every rank gets matching
     /// blocks; else whole.
@@ -371,6 +399,13 @@ impl Rewriter<'_> {
         });
         if let Some(b) = read {
             return b;
+        }
+        let node = self.src.node(idx);
+        if let (Op::Split { axis, outputs, .. }, Rule::Shard(d)) = (&node.op, s.reads(0).0) {
+            let rank = self.source_dims(node.outputs[0]).len();
+            if super::norm(*axis, rank) == d && self.equal_split(idx) {
+                return *outputs;
+            }
         }
         let Some(&Rule::Shard(d)) = s.outputs.first() else {
             return WHOLE;
