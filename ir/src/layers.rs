@@ -4,7 +4,7 @@
 //! per-op sharding's node sets, tied-weight copies).
 
 use crate::{Graph, NodeIndex};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The nodes outside the repeated layers, split into those the first layer
 /// depends on (embeddings, positions, masks) and the others (head, loss).
@@ -50,4 +50,76 @@ pub fn ancestors_outside_layers(
         }
     }
     seen
+}
+
+/// Per tensor (by [`crate::TensorId::index`]): `seed`, then every output of
+/// a node that reads a flagged tensor (only its float outputs when
+/// `floats`), following `topo`.
+pub fn flow_flags(
+    graph: &Graph,
+    topo: &[NodeIndex],
+    seed: impl Fn(&crate::Tensor) -> bool,
+    floats: bool,
+) -> Vec<bool> {
+    let mut flag: Vec<bool> = graph.tensors().map(|(_, t)| seed(t)).collect();
+    for &idx in topo {
+        let node = graph.node(idx);
+        if node.inputs.iter().flatten().any(|t| flag[t.index()]) {
+            for &t in &node.outputs {
+                flag[t.index()] = !floats || graph.tensor(t).ty.dtype.is_float();
+            }
+        }
+    }
+    flag
+}
+
+/// Per tensor: an activation the layers hand on to each other, computed
+/// from the graph's inputs and carrying a gradient (a float tensor with a
+/// float parameter among its ancestors): the residual stream, not a mask
+/// or a rotary table.
+pub fn streams(graph: &Graph) -> Result<Vec<bool>, crate::GraphError> {
+    let topo = graph.topo_order()?;
+    let grad = flow_flags(
+        graph,
+        &topo,
+        |t| t.role == crate::Role::Parameter && t.ty.dtype.is_float(),
+        true,
+    );
+    let dynamic = flow_flags(graph, &topo, |t| t.role == crate::Role::Input, false);
+    Ok(grad.iter().zip(&dynamic).map(|(&g, &d)| g && d).collect())
+}
+
+/// Whether a tensor crosses a layer boundary split along the sequence (dim
+/// 1) over `tp` ranks rather than whole: under sequence parallelism, a
+/// stream ([`streams`]) of rank 3 or more whose sequence splits evenly, as
+/// Megatron-LM keeps the residual stream between layers. The planner's
+/// per-op sharding, the cost model and lowering all cross boundaries so.
+pub fn crosses_sequence_split(stream: bool, dims: &[usize], tp: usize, sp: bool) -> bool {
+    sp && tp > 1 && stream && dims.len() >= 3 && dims[1] % tp == 0
+}
+
+/// Which part of the graph each node belongs to: 0 before the layers,
+/// `k + 1` the layer `k` (of [`Graph::blocks`]), `layers + 1` after. A
+/// tensor whose producer and reader are in different parts crosses a
+/// layer boundary.
+pub fn parts(graph: &Graph) -> HashMap<NodeIndex, usize> {
+    let (pre, _) = outside_layers(graph);
+    let layer_of: HashMap<&str, usize> = graph
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(k, b)| b.nodes.iter().map(move |n| (n.as_str(), k + 1)))
+        .collect();
+    let after = graph.blocks.len() + 1;
+    graph
+        .node_indices()
+        .map(|i| {
+            let part = match layer_of.get(graph.node(i).name.as_str()) {
+                Some(&k) => k,
+                None if pre.contains(&i) => 0,
+                None => after,
+            };
+            (i, part)
+        })
+        .collect()
 }

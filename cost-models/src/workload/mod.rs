@@ -259,10 +259,12 @@ pub struct Layered<'g> {
 }
 
 impl<'g> Layered<'g> {
-    /// Arranges `graph`; nodes outside the layers that depend on a layer
-    /// come after the layers.
+    /// Arranges `graph`; nodes outside the layers go before them when the
+    /// first layer depends on them ([`autopar_ir::layers::outside_layers`],
+    /// as pipeline stages place them), else after.
     pub fn new(graph: &'g Graph) -> Result<Layered<'g>, WorkloadError> {
         let topo = graph.topo_order()?;
+        let (pre, _) = autopar_ir::layers::outside_layers(graph);
         let mut by_name: HashMap<&str, (Place, usize)> = HashMap::new();
         for (i, block) in graph.blocks.iter().enumerate() {
             let place = match i {
@@ -303,19 +305,8 @@ impl<'g> Layered<'g> {
                     }
                     place
                 }
-                None => {
-                    let after_layers = node
-                        .inputs
-                        .iter()
-                        .flatten()
-                        .filter_map(|&t| graph.producer(t))
-                        .any(|p| places.get(&p) != Some(&Place::Pre));
-                    if after_layers {
-                        Place::Post
-                    } else {
-                        Place::Pre
-                    }
-                }
+                None if pre.contains(&idx) => Place::Pre,
+                None => Place::Post,
             };
             places.insert(idx, place);
             if place != Place::Repeat {

@@ -128,12 +128,13 @@ fn rewrite(
 ) -> Result<TensorParallel, TpError> {
     let mut src = model.clone();
     bind(&mut src)?;
-    let (plan, stored_whole) = match plan {
+    let (plan, stored_whole, boundaries) = match plan {
         Some((plan, whole)) => (
             planned::resolve(&src, parts, plan)?,
             whole.iter().cloned().collect(),
+            Some(planned::Boundaries::new(&src)?),
         ),
-        None => (HashMap::new(), HashSet::new()),
+        None => (HashMap::new(), HashSet::new(), None),
     };
     let mut g = Graph::new(src.name.clone());
     g.bindings = src.bindings.clone();
@@ -156,6 +157,7 @@ fn rewrite(
         cache: HashMap::new(),
         plan,
         stored_whole,
+        boundaries,
         pending: HashMap::new(),
         block: None,
         count: 0,
@@ -214,6 +216,8 @@ struct Rewriter<'a> {
     plan: HashMap<String, Planned>,
     /// Parameters stored whole whatever their uses read.
     stored_whole: HashSet<String>,
+    /// Under a plan: where the layer boundaries are.
+    boundaries: Option<planned::Boundaries>,
     /// Pending sums with an addend still to add after their reduction (a
     /// row-parallel product's bias), by the sum.
     pending: HashMap<TensorId, TensorId>,

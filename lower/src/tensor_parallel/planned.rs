@@ -14,7 +14,7 @@
 //! rank's experts, and a row-parallel bias added once, after the sum.
 
 use super::{Layout, Rewriter, TpError, WHOLE};
-use autopar_ir::{BinaryOp, CommKind, Graph, NodeIndex, Op, ReduceKind, TensorId, Value};
+use autopar_ir::{layers, BinaryOp, CommKind, Graph, NodeIndex, Op, ReduceKind, TensorId, Value};
 use autopar_planner::sharding::{self, Layout as Rule, Strategy};
 use autopar_planner::spec::OpSharding;
 use std::collections::HashMap;
@@ -75,6 +75,25 @@ pub(super) fn resolve(
         }
     }
     Ok(out)
+}
+
+/// The layer boundaries of the source graph: a tensor read in another part
+/// than its producer's (before the layers, a layer, after) is first moved
+/// into the layout the plan's program priced it crossing in
+/// ([`autopar_ir::layers::crosses_sequence_split`]), so every layer sends
+/// what every other does.
+pub(super) struct Boundaries {
+    parts: HashMap<NodeIndex, usize>,
+    streams: Vec<bool>,
+}
+
+impl Boundaries {
+    pub(super) fn new(src: &Graph) -> Result<Boundaries, TpError> {
+        Ok(Boundaries {
+            parts: layers::parts(src),
+            streams: layers::streams(src)?,
+        })
+    }
 }
 
 /// What running an op on the rank's pieces needs besides the op itself.
@@ -183,6 +202,10 @@ impl Rewriter<'_> {
                 pieces.push(None);
                 continue;
             };
+            let t = match n.inputs[slot] {
+                Some(source) => self.crossed(idx, source, t)?,
+                None => t,
+            };
             let x = self.arrange(t, s.reads(slot).0, blocks, &n.name)?;
             let shares = s.grad_partial.get(slot).copied().unwrap_or(false);
             pieces.push(Some(if shares { self.copied_in(x)? } else { x }));
@@ -276,6 +299,24 @@ impl Rewriter<'_> {
                 self.pending.insert(outs[0], bias);
                 Ok(())
             }
+        }
+    }
+
+    /// `t` (the rewritten source tensor `source`) as node `idx` reads it
+    /// across a layer boundary: in the boundary's layout when it crosses one.
+    fn crossed(&mut self, idx: NodeIndex, source: TensorId, t: TensorId) -> Result<TensorId, TpError> {
+        let Some(b) = &self.boundaries else { return Ok(t) };
+        let Some(producer) = self.src.producer(source) else {
+            return Ok(t);
+        };
+        if b.parts.get(&producer) == b.parts.get(&idx) || self.layout(t).is_none() {
+            return Ok(t);
+        }
+        let dims = self.source_dims(source);
+        let at = self.src.node(idx).name.clone();
+        match layers::crosses_sequence_split(b.streams[source.index()], &dims, self.parts, self.sp) {
+            true => self.arrange(t, Rule::Shard(1), WHOLE, &at),
+            false => self.arrange(t, Rule::Replicate, WHOLE, &at),
         }
     }
 
