@@ -89,8 +89,8 @@ pub fn streams(graph: &Graph) -> Result<Vec<bool>, crate::GraphError> {
     Ok(grad.iter().zip(&dynamic).map(|(&g, &d)| g && d).collect())
 }
 
-/// Whether a tensor crosses a layer boundary split along the sequence (dim
-/// 1) over `tp` ranks rather than whole: under sequence parallelism, a
+/// Whether a tensor crosses a layer boundary split along the sequence (its
+/// dim 1) over `tp` ranks rather than whole: under sequence parallelism, a
 /// stream ([`streams`]) of rank 3 or more whose sequence splits evenly, as
 /// Megatron-LM keeps the residual stream between layers. The planner's
 /// per-op sharding, the cost model and lowering all cross boundaries so.
