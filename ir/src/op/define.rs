@@ -5,11 +5,13 @@
 //! reads metadata (`meta`: views and shape queries). From that the macro
 //! generates the `Op` enum and every per-variant match that used to be
 //! written by hand: `class`, `num_outputs`, the variant name, and the
-//! routing of `infer`, `cost` and `eval` to the family (`dispatch.rs`).
+//! routing of `infer`, `cost`, `eval` (`dispatch.rs`) and the sharding rules
+//! (`sharding.rs`) to the family.
 //!
 //! Each family module provides `infer_op(&InferCtx, &Op)`,
-//! `flops_op(&Op, inputs, outputs) -> (forward, backward)` and
-//! `eval_op(&EvalCtx, &Op)`, matching on its own variants only.
+//! `flops_op(&Op, inputs, outputs) -> (forward, backward)`,
+//! `eval_op(&EvalCtx, &Op)` and `shard::strategies(&Op, &NodeView)`,
+//! matching on its own variants only.
 
 /// Generates `Op` and its per-variant tables from one line per op.
 macro_rules! define_ops {
@@ -76,6 +78,14 @@ macro_rules! define_ops {
             ) -> (f64, f64) {
                 match self {
                     $(Op::$variant { .. } => $family::flops_op(self, inputs, outputs),)*
+                }
+            }
+
+            /// The sharding rules of the op's family (`shard.rs` in its
+            /// folder), without `replicate`.
+            fn family_strategies(&self, v: &sharding::NodeView) -> Vec<sharding::Strategy> {
+                match self {
+                    $(Op::$variant { .. } => $family::shard::strategies(self, v),)*
                 }
             }
 

@@ -10,13 +10,15 @@
 //! per op naming its family module, class, output count and byte traffic;
 //! the macro (`define.rs`) generates the enum and every per-variant table
 //! from it. Each family module beside this one holds that family's shape
-//! inference, cost and reference kernel together: `elementwise`, `linalg`,
+//! inference, cost, reference kernel and sharding rules together: `elementwise`, `linalg`,
 //! `norm`, `attention`, `moe`, `collective`, `reduce`, `movement`,
 //! `slicing`, `indexing`, `generate`. A family's folder holds `mod.rs`
 //! (shape inference, cost and the family's entry points), `kernel.rs` (the
 //! reference kernels), `grad.rs` (the fused adjoint or scatter-add its
 //! backward pass emits, where it has one), `backward.rs` (its autodiff
-//! rule) and `tests.rs`.
+//! rule), `shard.rs` (the ways it runs on a tensor-parallel axis, which
+//! the cost model, the planner and lowering all read through [`sharding`])
+//! and `tests.rs`.
 //!
 //! Inputs are positional and may be absent (ONNX's empty input name), hence
 //! `Option` in every signature.
@@ -39,6 +41,7 @@ pub(crate) mod movement;
 pub(crate) mod norm;
 mod numeric;
 pub(crate) mod reduce;
+pub mod sharding;
 mod slicing;
 #[cfg(test)]
 mod testing;

@@ -1,6 +1,8 @@
 //! Helpers for the op families' unit tests: value builders, symbolic shape
-//! parsing, and one-line infer/eval calls.
+//! parsing, one-line infer/eval calls, and node views and lookups for the
+//! sharding rules.
 
+use super::sharding::{Layout, NodeView, Strategy};
 use super::{InferInput, Op, OpError, TensorType};
 use crate::{DType, Data, Dim, Shape, Value};
 
@@ -105,4 +107,35 @@ pub(crate) fn assert_op_err<T: std::fmt::Debug>(result: Result<T, OpError>, op: 
     };
     assert_eq!(named, op, "{err}");
     assert!(err.to_string().contains(needle), "expected '{needle}' in: {err}");
+}
+
+/// What the sharding rules see of a node with all `inputs` present and a
+/// float output, on `tp` ranks.
+pub(crate) fn view<'a>(inputs: &[&[usize]], outputs: &[&[usize]], tp: usize) -> NodeView<'a> {
+    NodeView {
+        inputs: inputs.iter().map(|s| Some(s.to_vec())).collect(),
+        values: vec![None; inputs.len()],
+        outputs: outputs.iter().map(|s| s.to_vec()).collect(),
+        float_out: true,
+        tp,
+    }
+}
+
+/// The strategy called `name`; panics listing the others when absent.
+pub(crate) fn find<'a>(all: &'a [Strategy], name: &str) -> &'a Strategy {
+    all.iter()
+        .find(|s| s.name == name)
+        .unwrap_or_else(|| panic!("no {name} in {all:?}"))
+}
+
+/// The strategies' names, in order.
+pub(crate) fn names(all: &[Strategy]) -> Vec<&str> {
+    all.iter().map(|s| s.name.as_str()).collect()
+}
+
+/// Name, first input's and first output's layout of each strategy.
+pub(crate) fn layouts(all: &[Strategy]) -> Vec<(&str, Option<Layout>, Layout)> {
+    all.iter()
+        .map(|s| (s.name.as_str(), s.inputs[0], s.outputs[0]))
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! Executing the plan's per-op sharding. Each node the plan covers runs the
-//! strategy the plan names, looked up in the planner's sharding rules
-//! ([`sharding::planned_strategy`]), the same rules its integer program
-//! priced: every input is moved into the layout the strategy reads
+//! strategy the plan names, looked up in the ops' sharding rules
+//! (declared beside each op in `autopar-ir`, checked against the plan by
+//! [`sharding::planned_strategy`]), the same rules the planner's integer
+//! program priced: every input is moved into the layout the strategy reads
 //! ([`Rewriter::arrange`]: slice, all-gather, all-reduce, reduce-scatter),
 //! inputs whose gradient the strategy leaves as shares are copied in, and
 //! the op runs on the rank's pieces with its outputs in the strategy's
@@ -14,8 +15,9 @@
 //! rank's experts, and a row-parallel bias added once, after the sum.
 
 use super::{Layout, Rewriter, TpError, WHOLE};
+use autopar_ir::op::sharding::{Layout as Rule, Strategy};
 use autopar_ir::{layers, BinaryOp, CommKind, Graph, NodeIndex, Op, ReduceKind, TensorId, Value};
-use autopar_planner::sharding::{self, Layout as Rule, Strategy};
+use autopar_planner::sharding;
 use autopar_planner::spec::OpSharding;
 use std::collections::HashMap;
 

@@ -8,9 +8,9 @@
 
 use super::ilp::{Choice, Model, Pair};
 use super::reshard::Pricer;
-use super::rules::{self, output_grad, Layout, Strategy};
 use super::{ShardingError, ShardingProblem};
 use autopar_cost_models::memory::optimizer_bytes_per_param;
+use autopar_ir::op::sharding::{self as rules, output_grad, Layout, Strategy};
 use autopar_ir::{Bindings, Graph, NodeIndex, Role, Shape, Tensor, TensorId, TensorType};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
@@ -161,7 +161,7 @@ fn state_bytes_per_param(t: &TensorType) -> f64 {
 impl Builder<'_> {
     /// Resolved dims of `t`, read by `node`.
     fn dims(&self, node: NodeIndex, t: TensorId) -> Result<Vec<usize>, ShardingError> {
-        rules::resolved_dims(self.graph, &self.bindings, node, t)
+        Ok(rules::resolved_dims(self.graph, &self.bindings, node, t)?)
     }
 
     fn flow(&self, t: TensorId, dims: &[usize]) -> Flow {

@@ -1,5 +1,7 @@
 //! Intra-operator sharding on one mesh axis (`tp`), Alpa style: every op
-//! has a few sharding strategies (`rules`, `products`, `views`), moving a tensor between the
+//! has a few sharding strategies (declared beside the op, in its family's
+//! `shard.rs` in `autopar-ir`, read through [`autopar_ir::op::sharding`],
+//! the same rules the cost model prices and lowering runs), moving a tensor between the
 //! layouts its producer writes and its consumers read costs collectives
 //! (forward, and the conjugate one on its gradient backward), and an integer
 //! program picks one strategy per op minimising compute plus communication
@@ -25,12 +27,10 @@
 
 mod build;
 mod ilp;
-mod products;
 mod reshard;
-mod rules;
-mod views;
 
 use crate::spec::{DimSpec, OpSharding, TensorSpec};
+use autopar_ir::op::sharding::{self as rules, UnboundDims};
 use autopar_ir::{Bindings, Graph, NodeIndex, TensorId};
 pub use rules::{Layout, Strategy};
 use std::collections::BTreeMap;
@@ -114,6 +114,16 @@ pub enum ShardingError {
     Pricing(String),
     #[error("integer program: {0}")]
     Solver(String),
+}
+
+impl From<UnboundDims> for ShardingError {
+    fn from(e: UnboundDims) -> Self {
+        ShardingError::Unbound {
+            node: e.node,
+            tensor: e.tensor,
+            shape: e.shape,
+        }
+    }
 }
 
 /// The cheapest sharding of `p.nodes`.
@@ -219,10 +229,10 @@ pub fn named_strategy(
 ) -> Result<Strategy, ShardingError> {
     let node = graph.node(idx);
     let view = rules::node_view(graph, &graph.bindings, idx, tp)?;
-    let all = rules::strategies(&node.op, &view);
-    match all.iter().find(|s| s.name == name) {
-        Some(s) => Ok(s.clone()),
+    match rules::strategy_named(&node.op, &view, name) {
+        Some(s) => Ok(s),
         None => {
+            let all = rules::strategies(&node.op, &view);
             let names: Vec<&str> = all.iter().map(|s| s.name.as_str()).collect();
             Err(ShardingError::Plan {
                 node: node.name.clone(),
@@ -279,7 +289,7 @@ fn spec(graph: &Graph, t: TensorId, layout: Layout) -> TensorSpec {
     }
 }
 
-fn op_sharding(graph: &Graph, idx: NodeIndex, s: &rules::Strategy) -> OpSharding {
+fn op_sharding(graph: &Graph, idx: NodeIndex, s: &Strategy) -> OpSharding {
     let node = graph.node(idx);
     let layout_in = |slot: usize| s.inputs.get(slot).copied().flatten().unwrap_or(Layout::Replicate);
     let layout_out = |slot: usize| s.outputs.get(slot).copied().unwrap_or(Layout::Replicate);

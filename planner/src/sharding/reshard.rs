@@ -3,7 +3,7 @@
 //! estimate prices them) and one rank's share of an op's forward and backward kernels (the compute model's
 //! roofline over `Op::cost`).
 
-use super::rules::Layout;
+use super::Layout;
 use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
 use autopar_cost_models::compute::Rates;
 use autopar_cost_models::workload::{Kernel, OpWork};

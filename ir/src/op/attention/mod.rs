@@ -17,6 +17,7 @@ mod grad;
 use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_attention, eval_rotary};
 
 /// FLOPs per attention score for the masked softmax.

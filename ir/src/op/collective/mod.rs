@@ -12,6 +12,7 @@ use super::{CommKind, Op, OpError, TensorType};
 use crate::{Dim, Value};
 
 mod kernel;
+pub(super) mod shard;
 use kernel::eval;
 
 /// Output type: the input's, with `axis` multiplied (gathers) or divided

@@ -16,6 +16,7 @@ pub(super) mod grad;
 use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 pub(super) use kernel::activate;
 use kernel::{eval_activation, eval_binary, eval_cast, eval_clip, eval_unary, eval_where, float_arith};
 

@@ -7,6 +7,7 @@ use super::{Op, OpError, ScalarValue, TensorType};
 use crate::{DType, Dim, Value};
 
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_constant_of_shape, eval_range, eval_shape, eval_size};
 
 /// `start..end` of `Shape`, clamped to `0..=rank` after negative wrap-around.

@@ -12,6 +12,7 @@ use crate::{Dim, Value};
 pub(crate) mod backward;
 mod grad;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_gather, eval_gather_elements, eval_gather_nd};
 
 /// An index into an axis of length `n`, negative counting from the end.

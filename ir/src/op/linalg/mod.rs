@@ -11,6 +11,7 @@ use crate::{DType, Dim, Shape, Value};
 
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_gemm, eval_linear, eval_matmul};
 
 /// True unless two contraction dims are provably different.

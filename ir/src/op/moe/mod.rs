@@ -12,6 +12,7 @@ mod grad;
 use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 pub(super) use kernel::top_indices;
 use kernel::{eval_experts, eval_router};
 

@@ -12,6 +12,7 @@ use crate::{Dim, Shape, Value};
 
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_expand, eval_transpose, eval_view};
 
 /// Output value with `x`'s data under a new shape.

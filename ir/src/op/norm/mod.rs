@@ -15,6 +15,7 @@ mod softmax_grad;
 use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_norm, eval_softmax};
 
 /// FLOPs per element: softmax (max, subtract, exp, sum, divide).

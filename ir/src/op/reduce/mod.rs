@@ -12,6 +12,7 @@ use std::cmp::Ordering;
 
 pub(crate) mod backward;
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_argmax, eval_cumsum, eval_reduce, eval_topk, fold};
 
 /// The reduced axes from the attribute or the `axes` input values, or `None`

@@ -9,6 +9,7 @@ use super::{Op, OpError, TensorType};
 use crate::{Dim, Value};
 
 mod kernel;
+pub(super) mod shard;
 use kernel::{eval_concat, eval_slice, eval_split, eval_trilu};
 
 /// `Concat(x0, x1, …)` along `axis`; other dims must agree.
