@@ -4,11 +4,11 @@
 use crate::units::{binary, seconds};
 use crate::{model, output, plan, run};
 use anyhow::{Context, Result};
-use autopar_cost_models::{estimate, Calibration, Sharding, Workload, WorkloadOptions};
+use autopar_cost_models::{estimate, Calibration};
 use autopar_exec::trace::chrome_json;
 use autopar_ir::interp::Precision;
 use autopar_lower::{for_strategy, Strategy};
-use autopar_planner::Plan;
+use autopar_planner::{planned_workload, Plan};
 use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Term};
 use serde::Serialize;
 use std::fmt::Write;
@@ -102,7 +102,7 @@ pub fn run(r: &Request) -> Result<Report> {
     })
 }
 
-/// The plan's analytic estimate under another calibration.
+/// The plan's analytic estimate (of its per-op sharding) under another calibration.
 fn analytic_estimate(
     p: &Plan,
     graph: &autopar_ir::Graph,
@@ -111,19 +111,7 @@ fn analytic_estimate(
 ) -> Result<autopar_cost_models::Estimate> {
     let cluster = &plan_cluster(p).with_context(|| plan_arg.to_string())?;
     let cfg = p.training_config();
-    let opts = WorkloadOptions {
-        micro_batch: Some(cfg.micro_batch),
-        seq: cfg.seq,
-        sharding: Sharding {
-            tp: cfg.tp,
-            sp: cfg.sp,
-            cp: cfg.cp,
-            ep: cfg.ep,
-        },
-        attention: cfg.attention,
-        dropout: cfg.dropout,
-    };
-    let w = Workload::build(graph, &opts).with_context(|| p.inputs.model.clone())?;
+    let w = planned_workload(graph, &cfg, &p.sharding).with_context(|| p.inputs.model.clone())?;
     Ok(estimate(&w, cluster, calibration, &cfg)?)
 }
 

@@ -4,8 +4,10 @@
 //! and editing one op's sharding in the plan changes the traffic but not
 //! the losses.
 
-use autopar_cost_models::{Calibration, Cluster};
-use autopar_exec::train::{initialize, Optimizer, TokenSource};
+mod common;
+
+use autopar_cost_models::{AttentionKernel, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
+use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
@@ -13,23 +15,8 @@ use autopar_lower::{for_strategy, lower, Strategy};
 use autopar_planner::layer_sharding;
 use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
 use autopar_planner::spec::{DimSpec, OpSharding};
+use common::{fixture, lowered_bytes, priced_bytes, zoo_gpt, MICRO_BATCH};
 use std::collections::{BTreeMap, HashSet};
-
-const MICRO_BATCH: usize = 2;
-
-fn fixture(file: &str) -> Graph {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
-    let g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
-    let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
-    g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
-    g
-}
-
-fn zoo_gpt() -> Graph {
-    let mut g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-    initialize(&mut g, 7).unwrap();
-    g
-}
 
 /// A model, its sequence length, vocabulary and the tensor-parallel
 /// degrees its heads allow.
@@ -362,4 +349,53 @@ fn experts_split_by_expert_or_by_width_run_with_one_ranks_losses() {
         let r = run(&c.graph, &strategy(&c.graph, 2, false, sharding), c.seq, c.vocab);
         assert_same_step(&one, &r, &format!("experts by {how}"));
     }
+}
+
+/// The pin on the plan's path: for every fixture at tp 2 and 4 (where its
+/// dims split), with and without sequence parallelism, under the sharding
+/// the program picks with and without a memory limit, the tensor-parallel
+/// bytes one rank sends per micro-batch in the lowered programs are what
+/// the cost model prices for the same per-op sharding.
+#[test]
+fn priced_tensor_parallel_bytes_are_what_the_planned_programs_send() {
+    let (mut equal, mut wrong) = (0, Vec::new());
+    for (name, model, seq, max_tp) in common::models() {
+        for tp in [2, 4].into_iter().filter(|&tp| tp <= max_tp) {
+            for sp in [false, true] {
+                for (how, ask) in [("cheapest", Ask::Pinned(&[])), ("least memory", Ask::LeastMemory)] {
+                    let sharding = planned(&model, tp, sp, seq, ask);
+                    let names: BTreeMap<String, String> = sharding
+                        .iter()
+                        .map(|o| (o.node.clone(), o.strategy.clone()))
+                        .collect();
+                    let opts = WorkloadOptions {
+                        micro_batch: Some(MICRO_BATCH),
+                        seq: Some(seq),
+                        sharding: Sharding { tp, sp, cp: 1, ep: 1 },
+                        attention: AttentionKernel::Fused,
+                        dropout: false,
+                    };
+                    let w = Workload::build_planned(&model, &opts, &names).unwrap();
+                    let priced = priced_bytes(&w, tp);
+                    let s = strategy(&model, tp, sp, sharding);
+                    let t = for_strategy(&model, &s, seq).unwrap();
+                    let programs = lower(&t, &s).unwrap();
+                    let sent: f64 = lowered_bytes(&t, &programs[0], tp).values().sum();
+                    if (sent - priced).abs() <= 1e-9 * priced.max(1.0) {
+                        equal += 1;
+                    } else {
+                        wrong.push(format!(
+                            "{name} tp {tp} sp {sp} {how}: programs send {sent} bytes per rank, the cost model prices {priced}"
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} agree; these differ:\n{}",
+        equal,
+        wrong.join("\n")
+    );
 }

@@ -5,108 +5,25 @@
 //! say. (That the losses and gradients equal one rank's is checked with the
 //! other strategies in `parallel.rs`.)
 
-use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
-use autopar_cost_models::workload::{Group, Unit};
+mod common;
+
 use autopar_cost_models::{AttentionKernel, Sharding, Workload, WorkloadOptions};
-use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
 use autopar_ir::{CommKind, Graph, Op};
-use autopar_lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
-use std::collections::HashMap;
-
-const MICRO_BATCH: usize = 2;
-
-fn fixture(file: &str) -> Graph {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
-    let g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
-    let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
-    g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
-    g
-}
-
-fn zoo_gpt() -> Graph {
-    let mut g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-    initialize(&mut g, 7).unwrap();
-    g
-}
-
-/// The models of the pin: `(name, graph, sequence length, largest tp)`.
-/// The largest tensor-parallel degree is what their attention heads allow
-/// (BERT has two heads, the Llama and Mixtral exports two key/value heads);
-/// the workload knows heads only from canonical `Attention` ops, which
-/// these exports do not all have, so the fixtures' configs say it here.
-fn models() -> Vec<(&'static str, Graph, usize, usize)> {
-    let mut m = vec![("zoo gpt", zoo_gpt(), 8, 4)];
-    for (file, max_tp) in [
-        ("gpt2-tiny.ts.onnx", 4),
-        ("gpt2-tiny.dynamo.onnx", 4),
-        ("llama-tiny.ts.onnx", 2),
-        ("llama-tiny.dynamo.onnx", 2),
-        ("bert-tiny.ts.onnx", 2),
-        ("bert-tiny.dynamo.onnx", 2),
-        ("mixtral-tiny.dynamo.onnx", 2),
-    ] {
-        m.push((file, fixture(file), 16, max_tp));
-    }
-    m
-}
+use autopar_lower::{for_strategy, lower, Program, Strategy, TrainingGraph};
+use common::{lowered_bytes, models, priced_bytes, zoo_gpt, MICRO_BATCH};
 
 fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
     Strategy::new(1, 1, layers, MICRO_BATCH, 2).with_tp(tp, sp)
-}
-
-/// The collective a comm kind runs and the logical buffer it moves
-/// (`None`: it sends nothing).
-fn collective(kind: CommKind) -> Option<Collective> {
-    match kind {
-        CommKind::AllReduce => Some(Collective::AllReduce),
-        CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
-        CommKind::ReduceScatter => Some(Collective::ReduceScatter),
-        CommKind::Copy | CommKind::Slice => None,
-    }
-}
-
-/// Bytes rank 0 sends on its tensor-parallel group per micro-batch, by
-/// the node's name (the buffer convention of `autopar_cost_models::comm`:
-/// the whole tensor, the gathered output, the scattered input).
-fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap<String, f64> {
-    let g = &t.graph;
-    let nodes: HashMap<&str, _> = g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect();
-    let mut bytes = HashMap::new();
-    let mut micro_batches = std::collections::BTreeSet::new();
-    for instr in &program.instructions {
-        let Instr::Collective {
-            node,
-            kind,
-            micro_batch,
-            ..
-        } = instr
-        else {
-            continue;
-        };
-        micro_batches.insert(*micro_batch);
-        let Some(c) = collective(*kind) else { continue };
-        let n = g.node(nodes[node.as_str()]);
-        let buffer = match kind {
-            CommKind::ReduceScatter => n.inputs[0].unwrap(),
-            _ => n.outputs[0],
-        };
-        let ty = &g.tensor(buffer).ty;
-        let numel: usize = ty.shape.0.iter().map(|d| d.fixed().unwrap()).product();
-        let size = (numel * ty.dtype.size_bits() / 8) as f64;
-        *bytes.entry(node.clone()).or_insert(0.0) += bytes_sent(c, Algorithm::Ring, tp, size).unwrap()[0];
-    }
-    let micro_batches = micro_batches.len().max(1) as f64;
-    bytes.values_mut().for_each(|b| *b /= micro_batches);
-    bytes
 }
 
 /// Tensor-parallel bytes one rank sends per micro-batch, as the workload
 /// prices them: the part before the layers, every layer, the part after;
 /// `None` where some attention's query or key/value heads do not split
 /// `tp` ways (the estimate refuses those plans).
-fn priced_bytes(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
+fn priced(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
     let opts = WorkloadOptions {
         micro_batch: Some(MICRO_BATCH),
         seq: Some(seq),
@@ -118,20 +35,7 @@ fn priced_bytes(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
     if w.heads.iter().any(|&(q, kv)| q % tp != 0 || kv % tp != 0) {
         return None;
     }
-    let unit = |u: &Unit| -> f64 {
-        u.comms
-            .iter()
-            .filter(|c| c.group == Group::Tensor)
-            .flat_map(|c| {
-                [c.forward, c.backward]
-                    .into_iter()
-                    .flatten()
-                    .map(|k| (k, c.bytes))
-            })
-            .map(|(k, b)| bytes_sent(k, Algorithm::Ring, tp, b).unwrap()[0])
-            .sum()
-    };
-    Some(unit(&w.pre) + w.layers as f64 * unit(&w.layer) + unit(&w.post))
+    Some(priced_bytes(&w, tp))
 }
 
 fn lowered(model: &Graph, seq: usize, tp: usize, sp: bool) -> (TrainingGraph, Vec<Program>) {
@@ -184,7 +88,7 @@ fn priced_tensor_parallel_bytes_are_what_the_programs_send() {
     for (name, model, seq, max_tp) in models() {
         for tp in [2, 4].into_iter().filter(|&tp| tp <= max_tp) {
             for sp in [false, true] {
-                let Some(priced) = priced_bytes(&model, seq, tp, sp) else {
+                let Some(priced) = priced(&model, seq, tp, sp) else {
                     continue;
                 };
                 let (t, programs) = lowered(&model, seq, tp, sp);

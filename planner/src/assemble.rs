@@ -10,8 +10,13 @@ use crate::plan::{
 };
 use crate::search::{search, SearchError, SearchOptions};
 use crate::sharding::ShardingError;
-use autopar_cost_models::{Calibration, Cluster, MeshOrder, TrainingConfig};
+use crate::spec::OpSharding;
+use autopar_cost_models::{
+    estimate, Calibration, Cluster, EstimateError, MeshOrder, Sharding, TrainingConfig, Workload,
+    WorkloadError, WorkloadOptions,
+};
 use autopar_ir::Graph;
+use std::collections::BTreeMap;
 
 /// The model a plan is made for, as its plan file names it.
 #[derive(Debug, Clone)]
@@ -29,6 +34,10 @@ pub enum PlanningError {
     Search(#[from] SearchError),
     #[error("per-op sharding of the chosen plan: {0}")]
     Sharding(#[from] ShardingError),
+    #[error("pricing the chosen plan's per-op sharding: {0}")]
+    Workload(#[from] WorkloadError),
+    #[error("pricing the chosen plan's per-op sharding: {0}")]
+    Estimate(#[from] EstimateError),
 }
 
 /// The fastest plan for `graph` (canonical, with its blocks detected) on
@@ -48,6 +57,10 @@ pub fn plan_model(
         .first()
         .ok_or_else(|| SearchError::Empty("the search ranked no plan".into()))?;
     let sharding = layer_sharding::for_config(graph, cluster, calibration, &best.config, opts.seq)?;
+    // The search ranks with the propagation rules' layouts; the plan's
+    // prediction prices the per-op sharding that will run.
+    let w = planned_workload(graph, &best.config, &sharding)?;
+    let predicted = estimate(&w, cluster, calibration, &best.config)?;
     let mesh = mesh_of(&best.config, cluster);
     let stages = stages_of(&best.config, graph.blocks.len(), &mesh);
     Ok(Plan {
@@ -71,7 +84,7 @@ pub fn plan_model(
         parallel: Parallel::of(&best.config, best.estimate.micro_batches),
         stages,
         sharding,
-        predicted: best.estimate.clone(),
+        predicted,
         search: SearchSummary {
             configs_evaluated: found.configs_evaluated,
             seconds: found.seconds,
@@ -86,6 +99,36 @@ pub fn plan_model(
                 .collect(),
         },
     })
+}
+
+/// What one rank computes and sends per micro-batch under `cfg` when its
+/// tensor-parallel group runs the per-op `sharding` (a plan's): priced from
+/// the sharding rules lowering executes.
+pub fn planned_workload(
+    graph: &Graph,
+    cfg: &TrainingConfig,
+    sharding: &[OpSharding],
+) -> Result<Workload, WorkloadError> {
+    let opts = WorkloadOptions {
+        micro_batch: Some(cfg.micro_batch),
+        seq: cfg.seq,
+        sharding: Sharding {
+            tp: cfg.tp,
+            sp: cfg.sp,
+            cp: cfg.cp,
+            ep: cfg.ep,
+        },
+        attention: cfg.attention,
+        dropout: cfg.dropout,
+    };
+    let names: BTreeMap<String, String> = sharding
+        .iter()
+        .map(|o| (o.node.clone(), o.strategy.clone()))
+        .collect();
+    match cfg.tp > 1 && !names.is_empty() {
+        true => Workload::build_planned(graph, &opts, &names),
+        false => Workload::build(graph, &opts),
+    }
 }
 
 /// Mesh axes and rank places of `cfg` on `cluster`.

@@ -1,6 +1,8 @@
 //! The walk that fills a [`Workload`]: layouts op by op, collectives where
 //! layouts change, kernels, saved activations and parameter shards.
 
+mod planned;
+
 use super::layout::{self, decide, Layout};
 use super::{
     kernels, CommWork, Group, Kernel, Layered, ParamShard, Place, ProductSplit, Unit, WorkloadError,
@@ -8,6 +10,7 @@ use super::{
 };
 use crate::comm::Collective;
 use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex, Op, Role, Shape, TensorId, TensorType};
+pub(super) use planned::Planned;
 use std::collections::HashSet;
 
 /// Walks the graph once, tracking layouts and filling the units.
@@ -32,6 +35,9 @@ pub(super) struct Builder<'g> {
     pub(super) compute_dtype: Option<DType>,
     pub(super) fixed_batch: Option<usize>,
     pub(super) heads: Vec<(usize, usize)>,
+    /// A plan's per-op sharding, when its nodes run that (else the
+    /// propagation rules of [`layout`]).
+    planned: Option<Planned>,
 }
 
 impl<'g> Builder<'g> {
@@ -39,6 +45,7 @@ impl<'g> Builder<'g> {
         layered: &'g Layered<'g>,
         bindings: &Bindings,
         opts: &'g WorkloadOptions,
+        planned: Option<Planned>,
     ) -> Result<Builder<'g>, WorkloadError> {
         let graph = layered.graph;
         let count = graph.tensors().count();
@@ -85,6 +92,7 @@ impl<'g> Builder<'g> {
             compute_dtype: None,
             fixed_batch,
             heads: Vec::new(),
+            planned,
         })
     }
 
@@ -123,14 +131,13 @@ impl<'g> Builder<'g> {
         self.numel(t) * self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0
     }
 
-    /// How many ways a tensor with `layout` is divided on one rank.
+    /// How many ways a tensor with `layout` is divided on one rank (under
+    /// the propagation rules' sequence parallelism a replicated activation
+    /// is split along the sequence; a plan's program says so itself).
     fn divisor(&self, layout: Layout) -> f64 {
         let s = self.opts.sharding;
-        let tp = if layout.is_sharded() || (s.sp && layout == Layout::Replicated) {
-            s.tp
-        } else {
-            1
-        };
+        let seq_split = s.sp && layout == Layout::Replicated && self.planned.is_none();
+        let tp = if layout.is_sharded() || seq_split { s.tp } else { 1 };
         (tp * s.cp) as f64
     }
 
@@ -144,6 +151,9 @@ impl<'g> Builder<'g> {
     }
 
     pub(super) fn visit(&mut self, idx: NodeIndex) -> Result<(), WorkloadError> {
+        if let Some(s) = self.planned.as_ref().and_then(|p| p.strategy(idx)).cloned() {
+            return self.visit_planned(idx, &s);
+        }
         let graph = self.graph;
         let node = graph.node(idx);
         for &t in node.inputs.iter().flatten() {
@@ -202,19 +212,26 @@ impl<'g> Builder<'g> {
         if d.output == Layout::Weight {
             return Ok(());
         }
-        self.price(idx, u, &d)
+        self.price(idx, u, &d, None)
     }
 
     /// Kernels, saved activations, parameters and extra collectives of a
-    /// node in unit `u`.
-    fn price(&mut self, idx: NodeIndex, u: usize, d: &layout::Decision) -> Result<(), WorkloadError> {
+    /// node in unit `u` (`ways`: how many ways a planned strategy divides
+    /// its work).
+    fn price(
+        &mut self,
+        idx: NodeIndex,
+        u: usize,
+        d: &layout::Decision,
+        ways: Option<usize>,
+    ) -> Result<(), WorkloadError> {
         let graph = self.graph;
         let node = graph.node(idx);
         let s = self.opts.sharding;
-        let work_div = if d.weight_sharded {
-            (s.tp * s.cp) as f64
-        } else {
-            self.divisor(d.output)
+        let work_div = match ways {
+            Some(ways) => (ways * s.cp) as f64,
+            None if d.weight_sharded => (s.tp * s.cp) as f64,
+            None => self.divisor(d.output),
         };
         let head_div = if d.output.is_sharded() { s.tp } else { 1 };
         let resolved = |t: TensorId| TensorType {
@@ -263,7 +280,10 @@ impl<'g> Builder<'g> {
         self.units[u].ops.extend(priced);
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);
-        self.sequence_parallel_grads(idx, u, d);
+        if ways.is_none() {
+            // A plan's program prices its own copies of whole weights.
+            self.sequence_parallel_grads(idx, u, d);
+        }
         self.extra_comms(idx, u, d);
         Ok(())
     }
@@ -454,10 +474,24 @@ impl<'g> Builder<'g> {
             return;
         }
         for &t in &self.graph.outputs {
-            let (Some(p), true) = (self.graph.producer(t), self.layouts[t.index()] == Layout::Split) else {
+            let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
                 continue;
             };
-            let Some(u) = self.unit_of(p) else { continue };
+            let vocab_split = match &self.planned {
+                Some(planned) => match planned.loss_input(t, self.dims[t.index()].len()) {
+                    Some(None) => true,
+                    Some(Some(whole)) => {
+                        let bytes = self.full_bytes(t) / s.cp as f64;
+                        self.units[u].comms.push(tensor_comm(Some(whole), None, bytes));
+                        false
+                    }
+                    None => false,
+                },
+                None => self.layouts[t.index()] == Layout::Split,
+            };
+            if !vocab_split {
+                continue;
+            }
             let vocab = self.dims[t.index()].last().copied().unwrap_or(1).max(1) as f64;
             let per_token = self.full_bytes(t) / vocab / s.cp as f64;
             let comms = [

@@ -19,7 +19,7 @@ pub mod layout;
 use crate::comm::Collective;
 use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex};
 pub use builder::is_residual_add;
-use builder::Builder;
+use builder::{Builder, Planned};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub use kernels::{AttentionKernel, Kernel, OpWork, ProductSplit};
@@ -143,6 +143,8 @@ pub enum WorkloadError {
     },
     #[error("context parallelism needs attention as canonical Attention ops; node '{node}' computes attention scores with MatMul")]
     ContextNeedsAttention { node: String },
+    #[error("plan sharding of node '{node}': {message}")]
+    Plan { node: String, message: String },
     #[error(transparent)]
     Graph(#[from] autopar_ir::GraphError),
     #[error(transparent)]
@@ -169,12 +171,36 @@ impl Workload {
         Workload::from_layered(&Layered::new(graph)?, opts)
     }
 
+    /// The workload when the tensor-parallel group runs a plan's per-op
+    /// sharding (`planned`: node name → strategy name, as a plan's
+    /// `sharding` names them; a node of the first layer stands for its
+    /// place in every layer): its collectives are priced from the sharding
+    /// rules lowering executes, not from [`layout`]'s propagation.
+    pub fn build_planned(
+        graph: &Graph,
+        opts: &WorkloadOptions,
+        planned: &BTreeMap<String, String>,
+    ) -> Result<Workload, WorkloadError> {
+        Workload::walk(&Layered::new(graph)?, opts, Some(planned))
+    }
+
     /// Builds the workload from a graph already arranged by [`Layered::new`]
     /// (the planner arranges a model once and builds many workloads).
     pub fn from_layered(l: &Layered, opts: &WorkloadOptions) -> Result<Workload, WorkloadError> {
+        Workload::walk(l, opts, None)
+    }
+
+    fn walk(
+        l: &Layered,
+        opts: &WorkloadOptions,
+        planned: Option<&BTreeMap<String, String>>,
+    ) -> Result<Workload, WorkloadError> {
         let graph = l.graph;
         let bindings = bind(l, opts)?;
-        let mut b = Builder::new(l, &bindings, opts)?;
+        let planned = planned
+            .map(|names| Planned::new(l, &bindings, opts.sharding.tp, names))
+            .transpose()?;
+        let mut b = Builder::new(l, &bindings, opts, planned)?;
         for &idx in &l.order {
             b.visit(idx)?;
         }

@@ -11,7 +11,7 @@ use super::reshard::Pricer;
 use super::{ShardingError, ShardingProblem};
 use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_ir::op::sharding::{self as rules, output_grad, Layout, Strategy};
-use autopar_ir::{Bindings, Graph, NodeIndex, Role, Shape, Tensor, TensorId, TensorType};
+use autopar_ir::{layers, Bindings, Graph, NodeIndex, Role, Shape, TensorId, TensorType};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 /// The program and what its node choices mean.
@@ -98,13 +98,13 @@ pub fn build(p: &ShardingProblem, pins: &BTreeMap<String, String>) -> Result<Bui
         bindings,
         pricer: Pricer::new(p.cluster, p.calibration, p.tp).map_err(ShardingError::Pricing)?,
         tp: p.tp,
-        requires_grad: flags(
+        requires_grad: layers::flow_flags(
             graph,
             &topo,
             |t| t.role == Role::Parameter && t.ty.dtype.is_float(),
             true,
         ),
-        dynamic: flags(graph, &topo, |t| t.role == Role::Input, false),
+        dynamic: layers::flow_flags(graph, &topo, |t| t.role == Role::Input, false),
         sequence_parallel: p.sequence_parallel,
         model: Model::default(),
         strategies: Vec::new(),
@@ -136,21 +136,6 @@ fn check_pins(
         }),
         None => Ok(()),
     }
-}
-
-/// A flag per tensor: set on the tensors `seed` picks and spread to every
-/// output of a node with a flagged input (only float outputs when `floats`).
-fn flags(graph: &Graph, topo: &[NodeIndex], seed: impl Fn(&Tensor) -> bool, floats: bool) -> Vec<bool> {
-    let mut flag: Vec<bool> = graph.tensors().map(|(_, t)| seed(t)).collect();
-    for &idx in topo {
-        let node = graph.node(idx);
-        if node.inputs.iter().flatten().any(|t| flag[t.index()]) {
-            for &t in &node.outputs {
-                flag[t.index()] = !floats || graph.tensor(t).ty.dtype.is_float();
-            }
-        }
-    }
-    flag
 }
 
 /// Bytes per parameter held on a rank: weight, gradient and Adam state.
@@ -324,18 +309,12 @@ impl Builder<'_> {
         Ok(())
     }
 
-    /// The layout tensor `t` (of `dims`) crosses the set's edge in:
-    /// replicated, or under sequence parallelism an activation carrying a
-    /// gradient split along its sequence (dim 1), as Megatron-LM keeps the
-    /// residual stream between layers.
+    /// The layout tensor `t` (of `dims`) crosses the set's edge in (the
+    /// rule lowering and the cost model cross layer boundaries by,
+    /// [`layers::crosses_sequence_split`]).
     fn boundary(&self, t: TensorId, dims: &[usize]) -> Layout {
-        let seq_split = self.sequence_parallel
-            && self.tp > 1
-            && self.requires_grad[t.index()]
-            && self.dynamic[t.index()]
-            && dims.len() >= 3
-            && dims[1] % self.tp == 0;
-        match seq_split {
+        let stream = self.requires_grad[t.index()] && self.dynamic[t.index()];
+        match layers::crosses_sequence_split(stream, dims, self.tp, self.sequence_parallel) {
             true => Layout::Shard(1),
             false => Layout::Replicate,
         }

@@ -1,0 +1,117 @@
+//! What the tensor-parallel tests share: the fixture models, and the bytes
+//! one rank sends on its tensor-parallel group per micro-batch, counted in
+//! the lowered programs and priced by the cost model's workload.
+
+#![allow(dead_code)] // Each test file uses its own part.
+
+use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
+use autopar_cost_models::workload::{Group, Unit};
+use autopar_cost_models::Workload;
+use autopar_exec::train::initialize;
+use autopar_ir::{CommKind, Graph};
+use autopar_lower::{Instr, Program, TrainingGraph};
+use std::collections::HashMap;
+
+pub const MICRO_BATCH: usize = 2;
+
+/// A bundled ONNX fixture, canonicalised, its layers detected.
+pub fn fixture(file: &str) -> Graph {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/models/").to_string() + file;
+    let g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
+    let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
+    g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
+    g
+}
+
+/// A two-layer zoo GPT with initialised weights.
+pub fn zoo_gpt() -> Graph {
+    let mut g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    initialize(&mut g, 7).unwrap();
+    g
+}
+
+/// The models of the pins: `(name, graph, sequence length, largest tp)`.
+/// The largest tensor-parallel degree is what their attention heads allow
+/// (BERT has two heads, the Llama and Mixtral exports two key/value heads);
+/// the workload knows heads only from canonical `Attention` ops, which
+/// these exports do not all have, so the fixtures' configs say it here.
+pub fn models() -> Vec<(&'static str, Graph, usize, usize)> {
+    let mut m = vec![("zoo gpt", zoo_gpt(), 8, 4)];
+    for (file, max_tp) in [
+        ("gpt2-tiny.ts.onnx", 4),
+        ("gpt2-tiny.dynamo.onnx", 4),
+        ("llama-tiny.ts.onnx", 2),
+        ("llama-tiny.dynamo.onnx", 2),
+        ("bert-tiny.ts.onnx", 2),
+        ("bert-tiny.dynamo.onnx", 2),
+        ("mixtral-tiny.dynamo.onnx", 2),
+    ] {
+        m.push((file, fixture(file), 16, max_tp));
+    }
+    m
+}
+
+/// The collective a comm kind runs and the logical buffer it moves
+/// (`None`: it sends nothing).
+fn collective(kind: CommKind) -> Option<Collective> {
+    match kind {
+        CommKind::AllReduce => Some(Collective::AllReduce),
+        CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
+        CommKind::ReduceScatter => Some(Collective::ReduceScatter),
+        CommKind::Copy | CommKind::Slice => None,
+    }
+}
+
+/// Bytes rank 0 sends on its tensor-parallel group per micro-batch, by
+/// the node's name (the buffer convention of `autopar_cost_models::comm`:
+/// the whole tensor, the gathered output, the scattered input).
+pub fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap<String, f64> {
+    let g = &t.graph;
+    let nodes: HashMap<&str, _> = g.node_indices().map(|i| (g.node(i).name.as_str(), i)).collect();
+    let mut bytes = HashMap::new();
+    let mut micro_batches = std::collections::BTreeSet::new();
+    for instr in &program.instructions {
+        let Instr::Collective {
+            node,
+            kind,
+            micro_batch,
+            ..
+        } = instr
+        else {
+            continue;
+        };
+        micro_batches.insert(*micro_batch);
+        let Some(c) = collective(*kind) else { continue };
+        let n = g.node(nodes[node.as_str()]);
+        let buffer = match kind {
+            CommKind::ReduceScatter => n.inputs[0].unwrap(),
+            _ => n.outputs[0],
+        };
+        let ty = &g.tensor(buffer).ty;
+        let numel: usize = ty.shape.0.iter().map(|d| d.fixed().unwrap()).product();
+        let size = (numel * ty.dtype.size_bits() / 8) as f64;
+        *bytes.entry(node.clone()).or_insert(0.0) += bytes_sent(c, Algorithm::Ring, tp, size).unwrap()[0];
+    }
+    let micro_batches = micro_batches.len().max(1) as f64;
+    bytes.values_mut().for_each(|b| *b /= micro_batches);
+    bytes
+}
+
+/// Tensor-parallel bytes one rank sends per micro-batch, as workload `w`
+/// prices them: the part before the layers, every layer, the part after.
+pub fn priced_bytes(w: &Workload, tp: usize) -> f64 {
+    let unit = |u: &Unit| -> f64 {
+        u.comms
+            .iter()
+            .filter(|c| c.group == Group::Tensor)
+            .flat_map(|c| {
+                [c.forward, c.backward]
+                    .into_iter()
+                    .flatten()
+                    .map(|k| (k, c.bytes))
+            })
+            .map(|(k, b)| bytes_sent(k, Algorithm::Ring, tp, b).unwrap()[0])
+            .sum()
+    };
+    unit(&w.pre) + w.layers as f64 * unit(&w.layer) + unit(&w.post)
+}
