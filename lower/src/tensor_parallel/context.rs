@@ -20,12 +20,49 @@ impl Rewriter<'_> {
         };
         let is = |r: &Self, slot: usize, l: Layout| r.layout_of_slot(ins, slot) == Some(l);
         match &n.op {
-            // Token-wise products and lookups: each rank its tokens.
-            Op::Linear | Op::MatMul if is(self, 0, tokens) && self.layout_of_slot(ins, 1).is_none() => {
-                self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
+            // Token-wise products and lookups: each rank its tokens (split
+            // along the sequence, or along rows that flatten batch and sequence).
+            Op::Linear | Op::MatMul if self.layout_of_slot(ins, 1).is_none() && self.rows_split(ins) => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
             }
             Op::Embedding if is(self, 1, tokens) => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
+            }
+            // Rotary positions: the rank's tokens at their own positions
+            // (position ids split with the tokens, or without ids the cache
+            // rows of the rank's positions).
+            Op::RotaryEmbedding { num_heads, .. } => {
+                let seq_axis = if *num_heads > 0 { 1 } else { 2 };
+                let along = Layout::Split {
+                    axis: seq_axis,
+                    blocks: WHOLE,
+                };
+                if !is(self, 0, along) {
+                    return Ok(None);
+                }
+                let mut ins = ins.to_vec();
+                match ins.get(3).copied().flatten() {
+                    Some(_) if is(self, 3, tokens) => {}
+                    Some(_) => return Ok(None),
+                    None => {
+                        for slot in [1, 2] {
+                            let cache = ins[slot].expect("rotary cache");
+                            let rows = Layout::Split {
+                                axis: 0,
+                                blocks: WHOLE,
+                            };
+                            ins[slot] = Some(self.comm(cache, CommKind::Slice, 0, rows)?);
+                        }
+                    }
+                }
+                self.emit(idx, n.op.clone(), ins, Some(along))?;
+            }
+            // Routing and experts work token by token.
+            Op::MoeRouter { .. } if self.rows_split(ins) => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
+            }
+            Op::MoeExperts { .. } if self.rows_split(ins) && (1..3).all(|i| is(self, i, first)) => {
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
             }
             Op::GatherElements { axis } if (0..2).all(|i| is(self, i, tokens)) && *axis != 1 => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
@@ -90,15 +127,15 @@ impl Rewriter<'_> {
                         )?,
                         _ => return Ok(None),
                     };
-                    let is_bool = self.g.tensor(own).ty.dtype == autopar_ir::DType::Bool;
+                    let dtype = self.g.tensor(own).ty.dtype;
                     mask = match mask {
                         None => Some(own),
-                        Some(c) if is_bool => Some(self.helper(
+                        Some(c) if dtype == autopar_ir::DType::Bool => Some(self.helper(
                             "mask_and",
                             Op::Binary { func: BinaryOp::And },
                             vec![Some(c), Some(own)],
                         )?),
-                        Some(_) => return Ok(None),
+                        Some(c) => Some(self.causal_added(c, own, dtype)?),
                     };
                 }
                 let op = Op::Attention {
@@ -121,5 +158,91 @@ impl Rewriter<'_> {
             _ => return Ok(None),
         }
         Ok(Some(()))
+    }
+
+    /// A float attention mask `own` of `dtype` with the causal mask `causal`
+    /// (boolean, true where a query may see a key) added: masked places get
+    /// minus infinity.
+    fn causal_added(
+        &mut self,
+        causal: TensorId,
+        own: TensorId,
+        dtype: autopar_ir::DType,
+    ) -> Result<TensorId, TpError> {
+        let scalar = |v: f64| match dtype {
+            autopar_ir::DType::F64 => Value::f64(vec![], vec![v]),
+            _ => Value::f32(vec![], vec![v as f32]),
+        };
+        self.count += 1;
+        let zero = self
+            .g
+            .add_constant(format!("tp/open{}", self.count), scalar(0.0).expect("scalar"));
+        let shut = self.g.add_constant(
+            format!("tp/shut{}", self.count),
+            scalar(f64::NEG_INFINITY).expect("scalar"),
+        );
+        let zero = self.helper("open", Op::cast(dtype), vec![Some(zero)])?;
+        let shut = self.helper("shut", Op::cast(dtype), vec![Some(shut)])?;
+        let bias = self.helper(
+            "causal_bias",
+            Op::Where,
+            vec![Some(causal), Some(zero), Some(shut)],
+        )?;
+        self.helper(
+            "mask_add",
+            Op::Binary { func: BinaryOp::Add },
+            vec![Some(own), Some(bias)],
+        )
+    }
+
+    /// True for a float tensor computed from weights alone (no layout, not
+    /// a constant): its gradient flows to weights, which context
+    /// parallelism sums over its ranks.
+    pub(super) fn weight_derived(&self, x: TensorId) -> bool {
+        let t = self.g.tensor(x);
+        self.layout(x).is_none() && t.ty.dtype.is_float() && t.role != autopar_ir::Role::Constant
+    }
+
+    /// The rank's rows along `axis` of weight-derived `x` (a position
+    /// table looked up for the whole sequence), taken by a gather of the
+    /// rank's row indices: its gradient is the rank's rows with zeros
+    /// elsewhere, a share that the sum of weight gradients over the ranks
+    /// completes (a slice's all-gathered gradient would be counted on
+    /// every rank).
+    pub(super) fn rows_of_weight(&mut self, x: TensorId, axis: usize) -> Result<TensorId, TpError> {
+        let n = self.dims(x)[axis];
+        self.count += 1;
+        let all = self.g.add_constant(
+            format!("tp/rows{}", self.count),
+            Value::i64(vec![n], (0..n as i64).collect()).expect("1-D rows"),
+        );
+        let rows = Layout::Split {
+            axis: 0,
+            blocks: WHOLE,
+        };
+        let op = Op::Comm {
+            kind: CommKind::Slice,
+            axis: 0,
+            parts: self.parts,
+            group: autopar_ir::CommGroup::Context,
+        };
+        let mine = self.helper("slice", op, vec![Some(all)])?;
+        self.layouts.insert(mine, rows);
+        self.helper(
+            "own_rows",
+            Op::Gather { axis: axis as i64 },
+            vec![Some(x), Some(mine)],
+        )
+    }
+
+    /// True when input 0 is split along a dim before its last (the one a
+    /// product contracts, a router or expert reads whole): each rank
+    /// works on its own rows.
+    fn rows_split(&self, ins: &[Option<TensorId>]) -> bool {
+        let Some(x) = ins.first().copied().flatten() else {
+            return false;
+        };
+        let rank = self.dims(x).len();
+        matches!(self.layout(x), Some(Layout::Split { axis, .. }) if axis + 1 < rank)
     }
 }

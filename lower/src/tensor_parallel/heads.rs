@@ -39,21 +39,29 @@ impl Rewriter<'_> {
         allowzero: bool,
         first: Layout,
     ) -> Result<(), TpError> {
-        let Layout::Split { axis, blocks: WHOLE } = first else {
+        let Layout::Split { axis, blocks } = first else {
             return self.whole(idx, ins);
         };
         let x = ins[0].expect("reshape input");
         // The whole dims: a split of one head per rank is 1 locally.
         let in_dims = self.source_dims(self.src.node(idx).inputs[0].expect("reshape input"));
         let out_dims = self.source_dims(self.src.node(idx).outputs[0]);
-        let Some(j) = reshape_axis(&in_dims, axis, &out_dims, self.parts) else {
+        let moved = match blocks {
+            WHOLE => reshape_axis(&in_dims, axis, &out_dims, self.parts).map(|j| (j, WHOLE)),
+            _ => None,
+        };
+        // Context parallelism keeps tokens split through a flattening of
+        // batch and sequence (each rank its rows of every sequence).
+        let blocked = || {
+            self.context
+                .then(|| blocked_reshape(&in_dims, (axis, blocks), &out_dims))
+                .flatten()
+        };
+        let Some((j, blocks)) = moved.or_else(blocked) else {
             return self.whole(idx, ins);
         };
         let c = self.local_shape(&out_dims, j);
-        let split = Layout::Split {
-            axis: j,
-            blocks: WHOLE,
-        };
+        let split = Layout::Split { axis: j, blocks };
         self.emit(
             idx,
             Op::Reshape { allowzero },
@@ -285,5 +293,31 @@ impl Rewriter<'_> {
             format!("tp/shape{}", self.count),
             Value::i64(vec![local.len()], local).expect("1-D shape"),
         )
+    }
+}
+
+/// Where a reshape takes a split dim that it merges with the dims before it
+/// (`[b, s, h] → [b·s, h]` with `s` split: each of the `b` blocks of the
+/// merged dim is split) or splits out again (`[b·s, h] → [b, s, h]`, the
+/// merged dim split in `b` blocks): the output dim and its blocks.
+fn blocked_reshape(
+    input: &[usize],
+    (axis, blocks): (usize, usize),
+    output: &[usize],
+) -> Option<(usize, usize)> {
+    let after = |dims: &[usize], i: usize| -> usize { dims[i + 1..].iter().product() };
+    let tail = after(input, axis);
+    if blocks == WHOLE {
+        // Merging: the output dim holding `input[..=axis]` flattened, the same dims after it.
+        let merged: usize = input[..=axis].iter().product();
+        let j = output.iter().position(|&d| d == merged)?;
+        let outer: usize = input[..axis].iter().product();
+        (output[..j].iter().all(|&d| d == 1) && after(output, j) == tail && outer > 1).then_some((j, outer))
+    } else {
+        // Splitting out: `blocks` outer rows, then the split dim.
+        let j = output.iter().position(|&d| d * blocks == input[axis])?;
+        let outer: usize = output[..j].iter().product();
+        (outer == blocks * input[..axis].iter().product::<usize>() && after(output, j) == tail)
+            .then_some((j, WHOLE))
     }
 }

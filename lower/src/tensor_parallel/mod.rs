@@ -300,6 +300,12 @@ impl Rewriter<'_> {
         if let Some(&y) = self.cache.get(&(x, kind, axis)) {
             return Ok(y);
         }
+        if self.context && kind == CommKind::Slice && self.weight_derived(x) {
+            let y = self.rows_of_weight(x, axis)?;
+            self.layouts.insert(y, out);
+            self.cache.insert((x, kind, axis), y);
+            return Ok(y);
+        }
         let op = Op::Comm {
             kind,
             axis: axis as i64,
@@ -423,7 +429,8 @@ impl Rewriter<'_> {
             }
         }
         match &n.op {
-            Op::Linear if self.layout_of_slot(&ins, 1).is_none() => self.linear(idx, ins),
+            // Context parallelism never splits a weight.
+            Op::Linear if self.layout_of_slot(&ins, 1).is_none() && !self.context => self.linear(idx, ins),
             Op::Attention { .. } => self.attention(idx, ins),
             Op::Reshape { allowzero } if acts.len() == 1 => self.reshape(idx, ins, *allowzero, first),
             Op::Transpose { perm } => self.transpose(idx, ins, perm.as_deref(), first),

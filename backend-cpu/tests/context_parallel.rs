@@ -1,0 +1,113 @@
+//! Context parallelism trains like one rank: every fixture and zoo model,
+//! its sequence split over two context-parallel ranks under each ZeRO
+//! stage, gives one rank's loss and gradients.
+
+mod common;
+
+use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::{TrainOptions, TrainReport};
+use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
+use autopar_lower::{for_strategy, lower, Strategy};
+use common::{fixture, MICRO_BATCH};
+
+fn zoo(spec: &str) -> Graph {
+    let mut g = autopar_import::zoo::build(spec).unwrap();
+    initialize(&mut g, 7).unwrap();
+    g
+}
+
+fn run(g: &Graph, s: &Strategy, seq: usize, vocab: usize) -> Result<TrainReport, String> {
+    let t = for_strategy(g, s, seq).map_err(|e| e.to_string())?;
+    let programs = lower(&t, s).map_err(|e| e.to_string())?;
+    let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
+    opts.record_grads = true;
+    autopar_cpu::train(&t, &programs, &TokenSource::synthetic(vocab, 3), &opts, &|_| {})
+        .map_err(|e| e.to_string())
+}
+
+/// Relative difference of `b`'s step from `a`'s: the loss, and the worst
+/// gradient against the largest gradient entry.
+fn gap(a: &TrainReport, b: &TrainReport) -> f64 {
+    let (la, lb) = (a.steps[0].loss, b.steps[0].loss);
+    let max = a
+        .gradients
+        .values()
+        .flat_map(|g| g.to_f64_vec())
+        .fold(0.0, |m: f64, x| m.max(x.abs()));
+    let mut worst = ((la - lb) / la).abs();
+    for (p, ga) in &a.gradients {
+        let Some(gb) = b.gradients.get(p) else {
+            return f64::INFINITY;
+        };
+        let diff = ga
+            .to_f64_vec()
+            .iter()
+            .zip(gb.to_f64_vec())
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        worst = worst.max(diff / max);
+    }
+    worst
+}
+
+#[test]
+fn context_parallel_runs_train_like_one_rank() {
+    let mut cases: Vec<(&str, Graph, usize, usize)> = vec![
+        (
+            "zoo gpt",
+            zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16"),
+            16,
+            64,
+        ),
+        (
+            "zoo llama",
+            zoo("llama:layers=2,hidden=32,ffn=64,heads=4,kv_heads=2,vocab=64,seq=16"),
+            16,
+            64,
+        ),
+        (
+            "zoo moe",
+            zoo("moe:layers=2,hidden=32,ffn=64,heads=4,kv_heads=2,experts=4,top_k=2,vocab=64,seq=16"),
+            16,
+            64,
+        ),
+    ];
+    for file in [
+        "gpt2-tiny.ts.onnx",
+        "gpt2-tiny.dynamo.onnx",
+        "llama-tiny.ts.onnx",
+        "llama-tiny.dynamo.onnx",
+        "bert-tiny.ts.onnx",
+        "bert-tiny.dynamo.onnx",
+        "mixtral-tiny.dynamo.onnx",
+    ] {
+        cases.push((file, fixture(file), 16, 1000));
+    }
+    let mut table = Vec::new();
+    let mut wrong = Vec::new();
+    for (name, g, seq, vocab) in &cases {
+        let layers = g.blocks.len();
+        let one = run(g, &Strategy::new(1, 1, layers, MICRO_BATCH, 2), *seq, *vocab).unwrap();
+        for zero in 0..=3u8 {
+            let mut s = Strategy::new(1, 1, layers, MICRO_BATCH, 2).with_cp(2);
+            s.zero = zero;
+            let cell = match run(g, &s, *seq, *vocab) {
+                Ok(r) => {
+                    let e = gap(&one, &r);
+                    if e > 1e-9 {
+                        wrong.push(format!("{name} ZeRO {zero}: off by {e:.2e}"));
+                    }
+                    format!("{e:.1e}")
+                }
+                Err(e) => {
+                    wrong.push(format!("{name} ZeRO {zero}: {e}"));
+                    "error".to_string()
+                }
+            };
+            table.push(format!("{name} | ZeRO {zero} | {cell}"));
+        }
+    }
+    eprintln!("{}", table.join("\n"));
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
