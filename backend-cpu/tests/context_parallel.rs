@@ -111,3 +111,33 @@ fn context_parallel_runs_train_like_one_rank() {
     eprintln!("{}", table.join("\n"));
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+/// Context parallelism inside tensor parallelism (as Megatron-Core runs
+/// them): the tensor-parallel rewrite, then each rank's tokens split over
+/// the context-parallel group; one rank's loss and gradients.
+#[test]
+fn context_and_tensor_parallelism_combine() {
+    for (name, g, vocab) in [
+        (
+            "zoo gpt",
+            zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16"),
+            64,
+        ),
+        (
+            "zoo llama",
+            zoo("llama:layers=2,hidden=32,ffn=64,heads=4,kv_heads=2,vocab=64,seq=16"),
+            64,
+        ),
+        ("gpt2-tiny.ts.onnx", fixture("gpt2-tiny.ts.onnx"), 1000),
+        ("llama-tiny.dynamo.onnx", fixture("llama-tiny.dynamo.onnx"), 1000),
+    ] {
+        let layers = g.blocks.len();
+        let one = run(&g, &Strategy::new(1, 1, layers, MICRO_BATCH, 2), 16, vocab).unwrap();
+        let s = Strategy::new(1, 1, layers, MICRO_BATCH, 2)
+            .with_tp(2, false)
+            .with_cp(2);
+        let r = run(&g, &s, 16, vocab).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let e = gap(&one, &r);
+        assert!(e <= 1e-9, "{name}: tp 2 × cp 2 off by {e:.2e}");
+    }
+}

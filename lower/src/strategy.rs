@@ -98,42 +98,33 @@ impl Strategy {
     }
 
     /// The same strategy with a `tp`-way tensor-parallel group inside each
-    /// rank of it (sequence-parallel when `sp`): ranks tp-fastest, then dp, then pp.
+    /// rank of it (sequence-parallel when `sp`): ranks tp-fastest, then cp,
+    /// then dp, then pp.
     pub fn with_tp(mut self, tp: usize, sp: bool) -> Strategy {
         self.tp = tp;
         self.sp = sp && tp > 1;
-        self.ranks = (0..self.pp)
-            .flat_map(|p| {
-                (0..self.dp).flat_map(move |d| {
-                    (0..tp).map(move |t| Coord {
-                        tp: t,
-                        cp: 0,
-                        dp: d,
-                        pp: p,
-                    })
-                })
-            })
-            .collect();
+        self.place_ranks();
         self
     }
 
     /// The same strategy with each rank's sequences split over a `cp`-way
-    /// context-parallel group: ranks cp-fastest, then dp, then pp.
+    /// context-parallel group: ranks tp-fastest, then cp, then dp, then pp.
     pub fn with_cp(mut self, cp: usize) -> Strategy {
         self.cp = cp;
+        self.place_ranks();
+        self
+    }
+
+    /// Every rank's coordinate, tp fastest, then cp, dp and pp (Megatron-LM's order).
+    fn place_ranks(&mut self) {
+        let (tp, cp, dp) = (self.tp, self.cp, self.dp);
         self.ranks = (0..self.pp)
-            .flat_map(|p| {
-                (0..self.dp).flat_map(move |d| {
-                    (0..cp).map(move |c| Coord {
-                        tp: 0,
-                        cp: c,
-                        dp: d,
-                        pp: p,
-                    })
+            .flat_map(|pp| {
+                (0..dp).flat_map(move |dp| {
+                    (0..cp).flat_map(move |cp| (0..tp).map(move |tp| Coord { tp, cp, dp, pp }))
                 })
             })
             .collect();
-        self
     }
 
     /// The plan's strategy, checked for what lowering supports.
@@ -243,9 +234,9 @@ impl Strategy {
                 return Err(field("parallel", format!("{name} must be at least 1")));
             }
         }
-        if self.cp > 1 && self.tp > 1 {
+        if self.cp > 1 && self.sp {
             return Err(StrategyError::NotLowered(format!(
-                "context parallelism (cp = {}) together with tensor parallelism",
+                "context parallelism (cp = {}) together with sequence parallelism (both split the sequence)",
                 self.cp
             )));
         }
@@ -380,12 +371,12 @@ mod tests {
             }),
             3
         );
-        s.cp = 2;
+        (s.cp, s.sp) = (2, true);
         assert!(s
             .check()
             .unwrap_err()
             .to_string()
-            .contains("context parallelism (cp = 2) together"));
+            .contains("context parallelism (cp = 2) together with sequence parallelism"));
         let mut s = Strategy::new(2, 1, 2, 1, 1);
         s.zero = 2;
         s.reduction = Algorithm::ParameterServer;

@@ -383,7 +383,10 @@ fn search_group(
 ) -> Result<TaskResult, SearchError> {
     let gpus = cluster.gpus();
     let b = opts.global_batch;
-    let sp = tp > 1;
+    // Sequence parallelism with every tensor-parallel group, except where
+    // context parallelism already splits the sequence (lowering runs one
+    // split of the sequence, not both).
+    let sp = tp > 1 && cp == 1;
     let mut out = TaskResult::default();
     let max_pp = facts.layers.max(1);
     let pps: Vec<usize> = divisors(gpus / (tp * cp))
@@ -475,7 +478,7 @@ fn search_mesh(
             dp,
             tp,
             pp,
-            sp: tp > 1,
+            sp: tp > 1 && cp == 1,
             cp,
             ep,
             micro_batch: mb,

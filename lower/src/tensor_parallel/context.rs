@@ -57,6 +57,29 @@ impl Rewriter<'_> {
                 }
                 self.emit(idx, n.op.clone(), ins, Some(along))?;
             }
+            // A tensor-parallel collective along another dim than the
+            // tokens' (hidden, heads, vocabulary) runs on the rank's tokens.
+            Op::Comm {
+                kind,
+                axis,
+                group: autopar_ir::CommGroup::Tensor,
+                ..
+            } => {
+                let Some(Layout::Split { axis: split, .. }) = self.layout_of_slot(ins, 0) else {
+                    return Ok(None);
+                };
+                let along = match kind {
+                    CommKind::AllReduce | CommKind::Copy => None,
+                    CommKind::AllGather
+                    | CommKind::GatherForCompute
+                    | CommKind::ReduceScatter
+                    | CommKind::Slice => usize::try_from(*axis).ok(),
+                };
+                if along == Some(split) {
+                    return Err(self.err(&n.name, "a tensor-parallel collective along the tokens' dim cannot be split by context parallelism"));
+                }
+                self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
+            }
             // Routing and experts work token by token.
             Op::MoeRouter { .. } if self.rows_split(ins) => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
@@ -93,7 +116,7 @@ impl Rewriter<'_> {
                     let lower: Vec<bool> = (0..keys * keys).map(|i| i % keys <= i / keys).collect();
                     self.count += 1;
                     let c = self.g.add_constant(
-                        format!("tp/causal{}", self.count),
+                        format!("{}/causal{}", self.prefix(), self.count),
                         Value::new(
                             autopar_ir::DType::Bool,
                             vec![keys, keys],
@@ -174,11 +197,12 @@ impl Rewriter<'_> {
             _ => Value::f32(vec![], vec![v as f32]),
         };
         self.count += 1;
-        let zero = self
-            .g
-            .add_constant(format!("tp/open{}", self.count), scalar(0.0).expect("scalar"));
+        let zero = self.g.add_constant(
+            format!("{}/open{}", self.prefix(), self.count),
+            scalar(0.0).expect("scalar"),
+        );
         let shut = self.g.add_constant(
-            format!("tp/shut{}", self.count),
+            format!("{}/shut{}", self.prefix(), self.count),
             scalar(f64::NEG_INFINITY).expect("scalar"),
         );
         let zero = self.helper("open", Op::cast(dtype), vec![Some(zero)])?;
@@ -213,7 +237,7 @@ impl Rewriter<'_> {
         let n = self.dims(x)[axis];
         self.count += 1;
         let all = self.g.add_constant(
-            format!("tp/rows{}", self.count),
+            format!("{}/rows{}", self.prefix(), self.count),
             Value::i64(vec![n], (0..n as i64).collect()).expect("1-D rows"),
         );
         let rows = Layout::Split {

@@ -290,7 +290,7 @@ impl Rewriter<'_> {
         local[j] /= self.parts as i64;
         self.count += 1;
         self.g.add_constant(
-            format!("tp/shape{}", self.count),
+            format!("{}/shape{}", self.prefix(), self.count),
             Value::i64(vec![local.len()], local).expect("1-D shape"),
         )
     }

@@ -288,10 +288,21 @@ impl Rewriter<'_> {
         Ok(outs)
     }
 
+    /// The prefix of the names this rewrite gives its own nodes and
+    /// constants: context parallelism rewrites a tensor-parallel graph
+    /// again, so the two must not collide.
+    fn prefix(&self) -> &'static str {
+        if self.context {
+            "cp"
+        } else {
+            "tp"
+        }
+    }
+
     /// A new node of our own on `inputs`, one output.
     fn helper(&mut self, what: &str, op: Op, inputs: Vec<Option<TensorId>>) -> Result<TensorId, TpError> {
         self.count += 1;
-        let name = format!("tp/{what}{}", self.count);
+        let name = format!("{}/{what}{}", self.prefix(), self.count);
         Ok(self.add(name.clone(), op, inputs, &[name])?[0])
     }
 

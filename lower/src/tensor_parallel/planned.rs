@@ -368,7 +368,7 @@ impl Rewriter<'_> {
             outputs: blocks,
         };
         self.count += 1;
-        let name = format!("tp/blocks{}", self.count);
+        let name = format!("{}/blocks{}", self.prefix(), self.count);
         let names: Vec<String> = (0..blocks).map(|b| format!("{name}.{b}")).collect();
         let pieces = self.add(name, op, vec![Some(x)], &names)?;
         let mut sliced = Vec::with_capacity(blocks);
@@ -530,7 +530,7 @@ impl Rewriter<'_> {
         let dtype = self.g.tensor(mean).ty.dtype;
         self.count += 1;
         let parts = self.g.add_constant(
-            format!("tp/parts{}", self.count),
+            format!("{}/parts{}", self.prefix(), self.count),
             Value::scalar_i64(self.parts as i64),
         );
         let parts = self.helper("parts", Op::cast(dtype), vec![Some(parts)])?;

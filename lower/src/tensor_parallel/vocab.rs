@@ -164,7 +164,7 @@ impl Rewriter<'_> {
         self.count += 1;
         let all = (0..vocab as i64).collect();
         let all = self.g.add_constant(
-            format!("tp/vocab{}", self.count),
+            format!("{}/vocab{}", self.prefix(), self.count),
             Value::i64(vec![vocab], all).expect("1-D ids"),
         );
         // Not cached across uses: an embedding and a loss at the two ends of
@@ -178,7 +178,9 @@ impl Rewriter<'_> {
                 blocks: WHOLE,
             },
         )?;
-        let zero = self.g.add_constant(format!("tp/first{}", self.count), int(0));
+        let zero = self
+            .g
+            .add_constant(format!("{}/first{}", self.prefix(), self.count), int(0));
         let first = self.helper(
             "vocab_start",
             Op::Gather { axis: 0 },
@@ -188,7 +190,7 @@ impl Rewriter<'_> {
         let local = self.helper("local_ids", bin(BinaryOp::Sub), vec![Some(ids), Some(first)])?;
         let end = self
             .g
-            .add_constant(format!("tp/rows{}", self.count), int(rows as i64));
+            .add_constant(format!("{}/rows{}", self.prefix(), self.count), int(rows as i64));
         let low = self.helper(
             "above_start",
             bin(BinaryOp::GreaterOrEqual),
