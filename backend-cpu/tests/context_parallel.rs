@@ -141,3 +141,50 @@ fn context_and_tensor_parallelism_combine() {
         assert!(e <= 1e-9, "{name}: tp 2 × cp 2 off by {e:.2e}");
     }
 }
+
+/// A plan's per-op sharding with context parallelism: the planner's program
+/// at tp 2 for the least parameter memory (which splits norms and residuals
+/// along the sequence inside each context-parallel chunk), then the chunks
+/// over cp 2; one rank's loss and gradients.
+#[test]
+fn a_planned_sharding_combines_with_context_parallelism() {
+    use autopar_cost_models::{Calibration, Cluster};
+    use autopar_planner::layer_sharding;
+    use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
+    let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
+    let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
+    let calibration = Calibration::default();
+    let bindings = layer_sharding::bindings(&g, MICRO_BATCH, Some(16));
+    let mut ops = Vec::new();
+    for nodes in layer_sharding::node_sets(&g).unwrap() {
+        let mut p = ShardingProblem {
+            graph: &g,
+            bindings: &bindings,
+            nodes: &nodes,
+            tp: 2,
+            cluster: &cluster,
+            calibration: &calibration,
+            memory_limit_bytes: Some(0.0),
+            sequence_parallel: false,
+        };
+        let Err(ShardingError::Infeasible { min, .. }) = sharding::solve(&p) else {
+            panic!("no memory floor")
+        };
+        p.memory_limit_bytes = Some(min * 1.000001);
+        ops.extend(sharding::solve(&p).unwrap().ops);
+    }
+    let seq_split = ops.iter().any(|o| o.strategy == "dim1");
+    assert!(
+        seq_split,
+        "the program no longer splits anything along the sequence here"
+    );
+    let layers = g.blocks.len();
+    let one = run(&g, &Strategy::new(1, 1, layers, MICRO_BATCH, 2), 16, 64).unwrap();
+    let s = Strategy::new(1, 1, layers, MICRO_BATCH, 2)
+        .with_tp(2, false)
+        .with_cp(2)
+        .with_sharding(ops);
+    let r = run(&g, &s, 16, 64).unwrap();
+    let e = gap(&one, &r);
+    assert!(e <= 1e-9, "off by {e:.2e}");
+}

@@ -8,7 +8,7 @@ use crate::plan::{
     Alternative, ClusterSummary, Inputs, MeshAxis, MeshLayout, Parallel, Plan, RankPlace, SearchSummary,
     StagePlan, FORMAT, VERSION,
 };
-use crate::search::{search, SearchError, SearchOptions};
+use crate::search::{search, Candidate, SearchError, SearchOptions, SearchResult};
 use crate::sharding::ShardingError;
 use crate::spec::OpSharding;
 use autopar_cost_models::{
@@ -56,13 +56,29 @@ pub fn plan_model(
         .ranked
         .first()
         .ok_or_else(|| SearchError::Empty("the search ranked no plan".into()))?;
-    let sharding = layer_sharding::for_config(graph, cluster, calibration, &best.config, opts.seq)?;
+    plan_candidate(graph, model, cluster, calibration, opts, &found, best)
+}
+
+/// The plan of one `candidate` of the search `found` (the fastest, or a
+/// runner-up a user wants to run): its per-op sharding solved and priced,
+/// its mesh and stages laid out.
+pub fn plan_candidate(
+    graph: &Graph,
+    model: &ModelId,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    opts: &SearchOptions,
+    found: &SearchResult,
+    candidate: &Candidate,
+) -> Result<Plan, PlanningError> {
+    let cfg = &candidate.config;
+    let sharding = layer_sharding::for_config(graph, cluster, calibration, cfg, opts.seq)?;
     // The search ranks with the propagation rules' layouts; the plan's
     // prediction prices the per-op sharding that will run.
-    let w = planned_workload(graph, &best.config, &sharding)?;
-    let predicted = estimate(&w, cluster, calibration, &best.config)?;
-    let mesh = mesh_of(&best.config, cluster);
-    let stages = stages_of(&best.config, graph.blocks.len(), &mesh);
+    let w = planned_workload(graph, cfg, &sharding)?;
+    let predicted = estimate(&w, cluster, calibration, cfg)?;
+    let mesh = mesh_of(cfg, cluster);
+    let stages = stages_of(cfg, graph.blocks.len(), &mesh);
     Ok(Plan {
         format: FORMAT.into(),
         version: VERSION,
@@ -81,7 +97,7 @@ pub fn plan_model(
             max_memory_fraction: opts.max_memory_fraction,
         },
         mesh,
-        parallel: Parallel::of(&best.config, best.estimate.micro_batches),
+        parallel: Parallel::of(cfg, candidate.estimate.micro_batches),
         stages,
         sharding,
         predicted,

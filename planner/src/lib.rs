@@ -11,6 +11,8 @@ pub mod sharding;
 pub mod spec;
 pub mod stages;
 
-pub use assemble::{mesh_of, plan_model, planned_workload, stages_of, ModelId, PlanningError};
+pub use assemble::{
+    mesh_of, plan_candidate, plan_model, planned_workload, stages_of, ModelId, PlanningError,
+};
 pub use plan::{Parallel, Plan, PlanError};
 pub use search::{search, Candidate, DegreeLimits, SearchError, SearchOptions, SearchResult};

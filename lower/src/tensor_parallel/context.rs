@@ -57,27 +57,15 @@ impl Rewriter<'_> {
                 }
                 self.emit(idx, n.op.clone(), ins, Some(along))?;
             }
-            // A tensor-parallel collective along another dim than the
-            // tokens' (hidden, heads, vocabulary) runs on the rank's tokens.
+            // A tensor-parallel collective runs on the rank's tokens: along
+            // the hidden, heads or vocabulary dim as it is; along the tokens'
+            // own dim it splits or joins the rank's chunk among the
+            // tensor-parallel ranks, which share it (they gather it back
+            // before anything reads across tokens).
             Op::Comm {
-                kind,
-                axis,
                 group: autopar_ir::CommGroup::Tensor,
                 ..
-            } => {
-                let Some(Layout::Split { axis: split, .. }) = self.layout_of_slot(ins, 0) else {
-                    return Ok(None);
-                };
-                let along = match kind {
-                    CommKind::AllReduce | CommKind::Copy => None,
-                    CommKind::AllGather
-                    | CommKind::GatherForCompute
-                    | CommKind::ReduceScatter
-                    | CommKind::Slice => usize::try_from(*axis).ok(),
-                };
-                if along == Some(split) {
-                    return Err(self.err(&n.name, "a tensor-parallel collective along the tokens' dim cannot be split by context parallelism"));
-                }
+            } if matches!(first, Layout::Split { .. }) => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(first))?;
             }
             // Routing and experts work token by token.
