@@ -100,6 +100,19 @@ fn degrees(p: &Parallel) -> String {
     s
 }
 
+/// What a plan that leaves GPUs idle says about them.
+fn spares_line(plan: &Plan) -> Option<String> {
+    let used = plan.gpus_used?;
+    (plan.spare_gpus > 0).then(|| {
+        format!(
+            "{} GPUs used, {} left idle as spares: no parallel layout uses all {}",
+            used,
+            plan.spare_gpus,
+            used + plan.spare_gpus
+        )
+    })
+}
+
 /// The ranking table and a summary of the chosen plan.
 pub fn render(plan: &Plan, output: &Path) -> String {
     let mut out = String::new();
@@ -142,6 +155,9 @@ pub fn render(plan: &Plan, output: &Path) -> String {
         );
     }
     let _ = writeln!(out, "\nchosen: {}", summary(&plan.parallel, &plan.predicted));
+    if let Some(spares) = spares_line(plan) {
+        let _ = writeln!(out, "{spares}");
+    }
     let _ = writeln!(
         out,
         "wrote {} (see it with `autopar explain {}`)",
@@ -226,6 +242,9 @@ pub fn explain(plan: &Plan) -> String {
         "cluster   {}: {} nodes × {} {}, global batch {}",
         c.name, c.nodes, c.gpus_per_node, c.device, plan.inputs.global_batch
     );
+    if let Some(spares) = spares_line(plan) {
+        let _ = writeln!(out, "          {spares}");
+    }
     explain_mesh(&mut out, plan);
     explain_stages(&mut out, plan);
     explain_memory(&mut out, plan);

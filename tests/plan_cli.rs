@@ -210,6 +210,52 @@ fn a_model_that_fits_nowhere_names_the_smallest_need() {
     assert!(!out.exists(), "no plan file is left behind");
 }
 
+/// 5,128 GPUs are 641 nodes of 8: no layout uses them all with a batch of
+/// 2,560, so the plan runs on 5,120 and says 8 stay idle (table, JSON,
+/// explain); a count no smaller one can replace either is a finite error.
+#[test]
+fn a_cluster_that_does_not_factor_plans_with_spares() {
+    let spec = "gpt:layers=2,hidden=256,heads=8,vocab=1024,seq=256";
+    let args = [
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "5128",
+        "--global-batch",
+        "2560",
+    ];
+    let v = plan_json(&[&[spec][..], &args].concat(), "spares.json");
+    assert_eq!(
+        (v["gpus_used"].as_u64(), v["spare_gpus"].as_u64()),
+        (Some(5120), Some(8))
+    );
+    assert_eq!(v["mesh"]["ranks"].as_array().unwrap().len(), 5120);
+    let out = scratch("spares-table.json");
+    let (code, table, err) = autopar(&[&["plan", spec][..], &args, &["-o", out.to_str().unwrap()]].concat());
+    assert_eq!(code, 0, "{err}");
+    let line = "5120 GPUs used, 8 left idle as spares: no parallel layout uses all 5128";
+    assert!(table.contains(line), "{table}");
+    let (code, explained, _) = autopar(&["explain", out.to_str().unwrap()]);
+    assert!(code == 0 && explained.contains(line), "{explained}");
+    // Three GPUs of one node with a batch of 2: two of them.
+    let v = plan_json(
+        &[
+            spec,
+            "--cluster",
+            "dgx-a100-80g",
+            "--gpus",
+            "3",
+            "--global-batch",
+            "2",
+        ],
+        "spares-small.json",
+    );
+    assert_eq!(
+        (v["gpus_used"].as_u64(), v["spare_gpus"].as_u64()),
+        (Some(2), Some(1))
+    );
+}
+
 /// `autopar plan` of a small zoo GPT on eight GPUs, with `flags`.
 fn small_plan<'a>(flags: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec!["plan", "gpt:layers=2,hidden=64,heads=4,vocab=100,seq=16"];

@@ -51,12 +51,52 @@ pub fn plan_model(
     opts: &SearchOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Plan, PlanningError> {
-    let found = search(graph, cluster, calibration, opts, progress)?;
+    let (found, used) = search_with_spares(graph, cluster, calibration, opts, progress)?;
     let best = found
         .ranked
         .first()
         .ok_or_else(|| SearchError::Empty("the search ranked no plan".into()))?;
-    plan_candidate(graph, model, cluster, calibration, opts, &found, best)
+    let mut plan = plan_candidate(graph, model, &used, calibration, opts, &found, best)?;
+    plan.spare_gpus = cluster.gpus() - used.gpus();
+    Ok(plan)
+}
+
+/// At most this many smaller GPU counts are tried when no layout uses them all.
+const SPARE_TRIES: usize = 64;
+
+/// The search on all of `cluster`'s GPUs or, when no parallel layout uses
+/// them all (a prime node count, a batch that does not divide), on the
+/// most GPUs that have one: whole nodes fewer, or fewer GPUs of one node.
+/// Returns the search and the cluster sized to the GPUs it used.
+fn search_with_spares(
+    graph: &Graph,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    opts: &SearchOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+) -> Result<(SearchResult, Cluster), PlanningError> {
+    let first = match search(graph, cluster, calibration, opts, progress) {
+        Ok(found) => return Ok((found, cluster.clone())),
+        Err(e @ SearchError::NoLayout { .. }) => e,
+        Err(e) => return Err(e.into()),
+    };
+    let gpn = cluster.gpus_per_node;
+    let total = cluster.gpus();
+    let fewer = (1..total)
+        .rev()
+        .filter(|&n| n % gpn == 0 || n < gpn)
+        .take(SPARE_TRIES);
+    for n in fewer {
+        let Ok(sized) = cluster.clone().with_gpus(n) else {
+            continue;
+        };
+        match search(graph, &sized, calibration, opts, &|_, _| {}) {
+            Ok(found) => return Ok((found, sized)),
+            Err(SearchError::NoLayout { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(first.into())
 }
 
 /// The plan of one `candidate` of the search `found` (the fastest, or a
@@ -101,6 +141,8 @@ pub fn plan_candidate(
         stages,
         sharding,
         predicted,
+        gpus_used: Some(cluster.gpus()),
+        spare_gpus: 0,
         search: SearchSummary {
             configs_evaluated: found.configs_evaluated,
             seconds: found.seconds,

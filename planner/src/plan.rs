@@ -32,6 +32,17 @@ pub struct Plan {
     pub sharding: Vec<OpSharding>,
     pub predicted: Estimate,
     pub search: SearchSummary,
+    /// GPUs the plan runs on (`inputs.cluster` sized to them); absent in
+    /// files written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus_used: Option<usize>,
+    /// GPUs asked for that no layout could use, left idle as spares.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub spare_gpus: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// What the plan was made for.

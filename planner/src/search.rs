@@ -114,6 +114,10 @@ pub enum SearchError {
     },
     #[error("no configuration applies: {0}")]
     Empty(String),
+    #[error(
+        "no parallel layout uses all {gpus} GPUs with a global batch of {global_batch} (tp·cp·pp·dp must equal the GPUs, dp divide the batch, tp stay in a node)"
+    )]
+    NoLayout { gpus: usize, global_batch: usize },
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error(transparent)]
@@ -323,7 +327,13 @@ pub fn search(
         }
     }
     if all.is_empty() {
-        return Err(infeasible(limit, lowest));
+        return Err(match lowest {
+            Some(_) => infeasible(limit, lowest),
+            None => SearchError::NoLayout {
+                gpus,
+                global_batch: opts.global_batch,
+            },
+        });
     }
     all.sort_by(faster);
     let pareto = pareto_front(&all);
