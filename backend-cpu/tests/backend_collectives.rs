@@ -616,11 +616,9 @@ fn zero_stages() {
         let planned = check(s);
         let gathers = planned.get(&Kind::AllGather).copied().unwrap_or(0);
         assert!(gathers > 0, "zero {zero}: {planned:?}");
-        if zero >= 2 {
-            assert!(
-                planned.contains_key(&Kind::ReduceScatter),
-                "zero {zero}: {planned:?}"
-            );
-        }
+        assert!(
+            planned.contains_key(&Kind::ReduceScatter),
+            "zero {zero}: {planned:?}"
+        );
     }
 }

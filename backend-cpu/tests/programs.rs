@@ -275,6 +275,22 @@ fn ring_all_reduce_sends_what_the_model_says() {
     }
 }
 
+/// ZeRO-1 and ZeRO-2 reduce-scatter the gradients and all-gather the
+/// updated weights: two volumes, what a ring all-reduce sends (ZeRO-0), not
+/// an all-reduce and a gather (three).
+#[test]
+fn zero_1_and_2_send_what_an_all_reduce_sends() {
+    let sent = |zero: u8| {
+        let s = with(Strategy::new(4, 1, LAYERS, 1, 1), |s| s.zero = zero);
+        let (t, programs) = lowered(&s);
+        let report = run_ok(&t, &programs);
+        report.ranks.iter().map(|r| r.bytes_sent).collect::<Vec<_>>()
+    };
+    let ring = sent(0);
+    assert_eq!(sent(1), ring, "ZeRO-1");
+    assert_eq!(sent(2), ring, "ZeRO-2");
+}
+
 #[test]
 fn parameter_server_sends_what_the_model_says() {
     for n in [2, 3] {

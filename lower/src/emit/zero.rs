@@ -6,7 +6,6 @@
 use super::Emitter;
 use crate::program::{Instr, ParamSlot, Shard};
 use crate::LowerError;
-use autopar_cost_models::comm::Algorithm;
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Emitter<'_, '_> {
@@ -64,7 +63,9 @@ impl Emitter<'_, '_> {
     }
 
     /// The gradient reduction the ZeRO stage asks for: an all-reduce
-    /// (ZeRO-0/1), or a reduce-scatter that leaves each rank its shard.
+    /// (ZeRO-0), or a reduce-scatter that leaves each rank the shard it
+    /// steps (ZeRO-1 to 3: Megatron-LM's distributed optimizer moves two
+    /// volumes, a reduce-scatter and the weights' all-gather, not three).
     pub(super) fn reduction(&self, param: &str, group: Vec<usize>) -> Instr {
         let s = self.l.s;
         let param = param.to_string();
@@ -74,20 +75,15 @@ impl Emitter<'_, '_> {
                 group,
                 reduction: s.reduction,
             },
-            1 => Instr::AllReduceGrad {
-                param,
-                group,
-                reduction: Algorithm::Ring,
-            },
             _ => Instr::ReduceScatterGrad { param, group },
         }
     }
 
     /// The reduction (unless emitted in the backward pass), optimizer step
     /// and gather of one parameter the ZeRO stage asks for: ZeRO-0
-    /// all-reduces and steps the whole parameter; ZeRO-1 all-reduces, steps
-    /// its shard and all-gathers the weights; ZeRO-2 reduce-scatters
-    /// instead; ZeRO-3 keeps only the shard.
+    /// all-reduces and steps the whole parameter; ZeRO-1 and 2
+    /// reduce-scatter, step their shard and all-gather the weights; ZeRO-3
+    /// keeps only the shard.
     pub(super) fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
         let s = self.l.s;
         let p = param.to_string();
