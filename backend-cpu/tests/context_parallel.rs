@@ -72,6 +72,12 @@ fn context_parallel_runs_train_like_one_rank() {
             16,
             64,
         ),
+        (
+            "zoo bert",
+            zoo("bert:layers=2,hidden=32,heads=4,vocab=64,seq=16"),
+            16,
+            64,
+        ),
     ];
     for file in [
         "gpt2-tiny.ts.onnx",
