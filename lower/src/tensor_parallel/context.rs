@@ -101,26 +101,7 @@ impl Rewriter<'_> {
                 let keys = self.dims(k)[2];
                 let mut mask = None;
                 if *causal {
-                    let lower: Vec<bool> = (0..keys * keys).map(|i| i % keys <= i / keys).collect();
-                    self.count += 1;
-                    let c = self.g.add_constant(
-                        format!("{}/causal{}", self.prefix(), self.count),
-                        Value::new(
-                            autopar_ir::DType::Bool,
-                            vec![keys, keys],
-                            autopar_ir::Data::Bool(lower),
-                        )
-                        .expect("square mask"),
-                    );
-                    mask = Some(self.comm(
-                        c,
-                        CommKind::Slice,
-                        0,
-                        Layout::Split {
-                            axis: 0,
-                            blocks: WHOLE,
-                        },
-                    )?);
+                    mask = Some(self.causal_rows(keys)?);
                 }
                 if let Some(Some(m)) = ins.get(3).copied() {
                     let d = self.dims(m);
@@ -256,5 +237,30 @@ impl Rewriter<'_> {
         };
         let rank = self.dims(x).len();
         matches!(self.layout(x), Some(Layout::Split { axis, .. }) if axis + 1 < rank)
+    }
+
+    /// The causal mask of the rank's queries over all `keys` keys
+    /// (`[queries, keys]`, true where the key is not after the query),
+    /// computed from positions: a `keys`-long constant, never the square.
+    fn causal_rows(&mut self, keys: usize) -> Result<TensorId, TpError> {
+        self.count += 1;
+        let positions = self.g.add_constant(
+            format!("{}/positions{}", self.prefix(), self.count),
+            Value::i64(vec![keys], (0..keys as i64).collect()).expect("1-D positions"),
+        );
+        let rows = Layout::Split {
+            axis: 0,
+            blocks: WHOLE,
+        };
+        let mine = self.comm(positions, CommKind::Slice, 0, rows)?;
+        let column = self.helper(
+            "query_positions",
+            Op::Unsqueeze { axes: Some(vec![-1]) },
+            vec![Some(mine)],
+        )?;
+        let sees = Op::Binary {
+            func: BinaryOp::GreaterOrEqual,
+        };
+        self.helper("causal", sees, vec![Some(column), Some(positions)])
     }
 }
