@@ -6,7 +6,7 @@
 
 mod common;
 
-use autopar_cost_models::{AttentionKernel, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
+use autopar_cost_models::{Calibration, Cluster, Workload};
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
@@ -15,7 +15,7 @@ use autopar_lower::{for_strategy, lower, Strategy};
 use autopar_planner::layer_sharding;
 use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
 use autopar_planner::spec::{DimSpec, OpSharding};
-use common::{fixture, lowered_bytes, priced_bytes, zoo_gpt, MICRO_BATCH};
+use common::{fixture, lowered_bytes, priced_bytes, workload_options, zoo_gpt, MICRO_BATCH};
 use std::collections::{BTreeMap, HashSet};
 
 /// A model, its sequence length, vocabulary and the tensor-parallel
@@ -368,13 +368,7 @@ fn priced_tensor_parallel_bytes_are_what_the_planned_programs_send() {
                         .iter()
                         .map(|o| (o.node.clone(), o.strategy.clone()))
                         .collect();
-                    let opts = WorkloadOptions {
-                        micro_batch: Some(MICRO_BATCH),
-                        seq: Some(seq),
-                        sharding: Sharding { tp, sp, cp: 1, ep: 1 },
-                        attention: AttentionKernel::Fused,
-                        dropout: false,
-                    };
+                    let opts = workload_options(seq, tp, sp);
                     let w = Workload::build_planned(&model, &opts, &names).unwrap();
                     let priced = priced_bytes(&w, tp);
                     let s = strategy(&model, tp, sp, sharding);

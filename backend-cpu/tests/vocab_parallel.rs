@@ -7,13 +7,13 @@
 
 mod common;
 
-use autopar_cost_models::{AttentionKernel, Sharding, Workload, WorkloadOptions};
+use autopar_cost_models::Workload;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
 use autopar_ir::{CommKind, Graph, Op};
 use autopar_lower::{for_strategy, lower, Program, Strategy, TrainingGraph};
-use common::{lowered_bytes, models, priced_bytes, zoo_gpt, MICRO_BATCH};
+use common::{lowered_bytes, models, priced_bytes, workload_options, zoo_gpt, MICRO_BATCH};
 
 fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
     Strategy::new(1, 1, layers, MICRO_BATCH, 2).with_tp(tp, sp)
@@ -24,14 +24,7 @@ fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
 /// `None` where some attention's query or key/value heads do not split
 /// `tp` ways (the estimate refuses those plans).
 fn priced(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
-    let opts = WorkloadOptions {
-        micro_batch: Some(MICRO_BATCH),
-        seq: Some(seq),
-        sharding: Sharding { tp, sp, cp: 1, ep: 1 },
-        attention: AttentionKernel::Fused,
-        dropout: false,
-    };
-    let w = Workload::build(model, &opts).unwrap();
+    let w = Workload::build(model, &workload_options(seq, tp, sp)).unwrap();
     if w.heads.iter().any(|&(q, kv)| q % tp != 0 || kv % tp != 0) {
         return None;
     }

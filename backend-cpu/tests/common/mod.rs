@@ -6,7 +6,7 @@
 
 use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
 use autopar_cost_models::workload::{Group, Unit};
-use autopar_cost_models::Workload;
+use autopar_cost_models::{AttentionKernel, Sharding, Workload, WorkloadOptions};
 use autopar_exec::train::initialize;
 use autopar_ir::{CommKind, Graph};
 use autopar_lower::{Instr, Program, TrainingGraph};
@@ -114,4 +114,16 @@ pub fn priced_bytes(w: &Workload, tp: usize) -> f64 {
             .sum()
     };
     unit(&w.pre) + w.layers as f64 * unit(&w.layer) + unit(&w.post)
+}
+
+/// What to price for a micro-batch of [`MICRO_BATCH`] rows of `seq` tokens
+/// on a `tp`-way group (sequence-parallel when `sp`).
+pub fn workload_options(seq: usize, tp: usize, sp: bool) -> WorkloadOptions {
+    WorkloadOptions {
+        micro_batch: Some(MICRO_BATCH),
+        seq: Some(seq),
+        sharding: Sharding { tp, sp, cp: 1, ep: 1 },
+        attention: AttentionKernel::Fused,
+        dropout: false,
+    }
 }
