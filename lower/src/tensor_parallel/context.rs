@@ -28,35 +28,7 @@ impl Rewriter<'_> {
             Op::Embedding if is(self, 1, tokens) => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
             }
-            // Rotary positions: the rank's tokens at their own positions
-            // (position ids split with the tokens, or without ids the cache
-            // rows of the rank's positions).
-            Op::RotaryEmbedding { num_heads, .. } => {
-                let seq_axis = if *num_heads > 0 { 1 } else { 2 };
-                let along = Layout::Split {
-                    axis: seq_axis,
-                    blocks: WHOLE,
-                };
-                if !is(self, 0, along) {
-                    return Ok(None);
-                }
-                let mut ins = ins.to_vec();
-                match ins.get(3).copied().flatten() {
-                    Some(_) if is(self, 3, tokens) => {}
-                    Some(_) => return Ok(None),
-                    None => {
-                        for slot in [1, 2] {
-                            let cache = ins[slot].expect("rotary cache");
-                            let rows = Layout::Split {
-                                axis: 0,
-                                blocks: WHOLE,
-                            };
-                            ins[slot] = Some(self.comm(cache, CommKind::Slice, 0, rows)?);
-                        }
-                    }
-                }
-                self.emit(idx, n.op.clone(), ins, Some(along))?;
-            }
+            Op::RotaryEmbedding { num_heads, .. } => return self.context_rotary(idx, ins, *num_heads),
             // A tensor-parallel collective runs on the rank's tokens: along
             // the hidden, heads or vocabulary dim as it is; along the tokens'
             // own dim it splits or joins the rank's chunk among the
@@ -78,64 +50,7 @@ impl Rewriter<'_> {
             Op::GatherElements { axis } if (0..2).all(|i| is(self, i, tokens)) && *axis != 1 => {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
             }
-            Op::Attention { scale, causal } => {
-                let seq = Layout::Split {
-                    axis: 2,
-                    blocks: WHOLE,
-                };
-                if !(0..3).all(|i| is(self, i, seq)) {
-                    return Ok(None);
-                }
-                let k = self.comm(
-                    ins[1].expect("k"),
-                    CommKind::GatherForCompute,
-                    2,
-                    Layout::Replicated,
-                )?;
-                let v = self.comm(
-                    ins[2].expect("v"),
-                    CommKind::GatherForCompute,
-                    2,
-                    Layout::Replicated,
-                )?;
-                let keys = self.dims(k)[2];
-                let mut mask = None;
-                if *causal {
-                    mask = Some(self.causal_rows(keys)?);
-                }
-                if let Some(Some(m)) = ins.get(3).copied() {
-                    let d = self.dims(m);
-                    let rows = d.len().checked_sub(2).map(|i| (i, d[i]));
-                    let own = match (self.layout(m), rows) {
-                        (None | Some(Layout::Replicated), Some((_, 1))) => m,
-                        (None | Some(Layout::Replicated), Some((i, r))) if r == keys => self.comm(
-                            m,
-                            CommKind::Slice,
-                            i,
-                            Layout::Split {
-                                axis: i,
-                                blocks: WHOLE,
-                            },
-                        )?,
-                        _ => return Ok(None),
-                    };
-                    let dtype = self.g.tensor(own).ty.dtype;
-                    mask = match mask {
-                        None => Some(own),
-                        Some(c) if dtype == autopar_ir::DType::Bool => Some(self.helper(
-                            "mask_and",
-                            Op::Binary { func: BinaryOp::And },
-                            vec![Some(c), Some(own)],
-                        )?),
-                        Some(c) => Some(self.causal_added(c, own, dtype)?),
-                    };
-                }
-                let op = Op::Attention {
-                    scale: *scale,
-                    causal: false,
-                };
-                self.emit(idx, op, vec![ins[0], Some(k), Some(v), mask], Some(seq))?;
-            }
+            Op::Attention { scale, causal } => return self.context_attention(idx, ins, *scale, *causal),
             // Sums over the sequence (the loss): each rank's share, then all-reduced.
             Op::Reduce {
                 axes: None,
@@ -149,6 +64,115 @@ impl Rewriter<'_> {
             }
             _ => return Ok(None),
         }
+        Ok(Some(()))
+    }
+
+    /// Rotary positions: the rank's tokens at their own positions (position
+    /// ids split with the tokens, or without ids the cache rows of the
+    /// rank's positions).
+    fn context_rotary(
+        &mut self,
+        idx: NodeIndex,
+        ins: &[Option<TensorId>],
+        num_heads: usize,
+    ) -> Result<Option<()>, TpError> {
+        let tokens = Layout::Split {
+            axis: 1,
+            blocks: WHOLE,
+        };
+        let is = |r: &Self, slot: usize, l: Layout| r.layout_of_slot(ins, slot) == Some(l);
+        let seq_axis = if num_heads > 0 { 1 } else { 2 };
+        let along = Layout::Split {
+            axis: seq_axis,
+            blocks: WHOLE,
+        };
+        if !is(self, 0, along) {
+            return Ok(None);
+        }
+        let mut ins = ins.to_vec();
+        match ins.get(3).copied().flatten() {
+            Some(_) if is(self, 3, tokens) => {}
+            Some(_) => return Ok(None),
+            None => {
+                for slot in [1, 2] {
+                    let cache = ins[slot].expect("rotary cache");
+                    let rows = Layout::Split {
+                        axis: 0,
+                        blocks: WHOLE,
+                    };
+                    ins[slot] = Some(self.comm(cache, CommKind::Slice, 0, rows)?);
+                }
+            }
+        }
+        let op = self.src.node(idx).op.clone();
+        self.emit(idx, op, ins, Some(along))?;
+        Ok(Some(()))
+    }
+
+    /// Attention on the rank's queries over every key: keys and values
+    /// gathered along the sequence, the causal mask (and any mask) cut to
+    /// the rank's query rows.
+    fn context_attention(
+        &mut self,
+        idx: NodeIndex,
+        ins: &[Option<TensorId>],
+        scale: Option<f64>,
+        causal: bool,
+    ) -> Result<Option<()>, TpError> {
+        let is = |r: &Self, slot: usize, l: Layout| r.layout_of_slot(ins, slot) == Some(l);
+        let seq = Layout::Split {
+            axis: 2,
+            blocks: WHOLE,
+        };
+        if !(0..3).all(|i| is(self, i, seq)) {
+            return Ok(None);
+        }
+        let k = self.comm(
+            ins[1].expect("k"),
+            CommKind::GatherForCompute,
+            2,
+            Layout::Replicated,
+        )?;
+        let v = self.comm(
+            ins[2].expect("v"),
+            CommKind::GatherForCompute,
+            2,
+            Layout::Replicated,
+        )?;
+        let keys = self.dims(k)[2];
+        let mut mask = None;
+        if causal {
+            mask = Some(self.causal_rows(keys)?);
+        }
+        if let Some(Some(m)) = ins.get(3).copied() {
+            let d = self.dims(m);
+            let rows = d.len().checked_sub(2).map(|i| (i, d[i]));
+            let own = match (self.layout(m), rows) {
+                (None | Some(Layout::Replicated), Some((_, 1))) => m,
+                (None | Some(Layout::Replicated), Some((i, r))) if r == keys => self.comm(
+                    m,
+                    CommKind::Slice,
+                    i,
+                    Layout::Split {
+                        axis: i,
+                        blocks: WHOLE,
+                    },
+                )?,
+                _ => return Ok(None),
+            };
+            let dtype = self.g.tensor(own).ty.dtype;
+            mask = match mask {
+                None => Some(own),
+                Some(c) if dtype == autopar_ir::DType::Bool => Some(self.helper(
+                    "mask_and",
+                    Op::Binary { func: BinaryOp::And },
+                    vec![Some(c), Some(own)],
+                )?),
+                Some(c) => Some(self.causal_added(c, own, dtype)?),
+            };
+        }
+        let op = Op::Attention { scale, causal: false };
+        self.emit(idx, op, vec![ins[0], Some(k), Some(v), mask], Some(seq))?;
         Ok(Some(()))
     }
 
