@@ -449,3 +449,46 @@ fn an_edited_plans_sharding_is_what_runs() {
         &[&format!("'{node}'"), "no strategy 'diagonal'"],
     );
 }
+
+/// The planner's context-parallel pick for a long-sequence Llama (cp 2,
+/// ZeRO-3 on two host cores) trains to one rank's losses through the binary.
+#[test]
+fn a_context_parallel_plan_trains_like_one_rank() {
+    let spec = "llama:layers=2,hidden=64,ffn=128,heads=4,kv_heads=2,vocab=256,seq=1024";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cp.json");
+    let file = path.to_str().unwrap();
+    let args = [
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "2",
+        "--global-batch",
+        "1",
+        "-o",
+        file,
+    ];
+    let (code, _, err) = autopar(&[&["plan", spec][..], &args].concat());
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(plan["parallel"]["cp"], 2, "the planner no longer picks cp here");
+    let common = ["--steps", "3", "--seed", "5", "--precision", "f64"];
+    let two = numbers(
+        &run_json(&[&[file, "--ranks", "2"][..], &common].concat()),
+        "losses",
+    );
+    let one = numbers(
+        &run_json(
+            &[
+                &[spec, "--plan", "auto", "--ranks", "1", "--global-batch", "1"][..],
+                &common,
+            ]
+            .concat(),
+        ),
+        "losses",
+    );
+    assert_eq!(one.len(), 3);
+    for (a, b) in one.iter().zip(&two) {
+        assert!(((a - b) / a).abs() <= 1e-9, "{one:?} vs {two:?}");
+    }
+}
