@@ -9,7 +9,7 @@ use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{for_strategy, lower, Strategy};
-use common::{fixture, MICRO_BATCH};
+use common::{fixture, planned, Ask, MICRO_BATCH};
 
 fn zoo(spec: &str) -> Graph {
     let mut g = autopar_import::zoo::build(spec).unwrap();
@@ -154,31 +154,8 @@ fn context_and_tensor_parallelism_combine() {
 /// over cp 2; one rank's loss and gradients.
 #[test]
 fn a_planned_sharding_combines_with_context_parallelism() {
-    use autopar_cost_models::{Calibration, Cluster};
-    use autopar_planner::layer_sharding;
-    use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
     let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
-    let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
-    let calibration = Calibration::default();
-    let bindings = layer_sharding::bindings(&g, MICRO_BATCH, Some(16));
-    let mut ops = Vec::new();
-    for nodes in layer_sharding::node_sets(&g).unwrap() {
-        let mut p = ShardingProblem {
-            graph: &g,
-            bindings: &bindings,
-            nodes: &nodes,
-            tp: 2,
-            cluster: &cluster,
-            calibration: &calibration,
-            memory_limit_bytes: Some(0.0),
-            sequence_parallel: false,
-        };
-        let Err(ShardingError::Infeasible { min, .. }) = sharding::solve(&p) else {
-            panic!("no memory floor")
-        };
-        p.memory_limit_bytes = Some(min * 1.000001);
-        ops.extend(sharding::solve(&p).unwrap().ops);
-    }
+    let ops = planned(&g, 2, false, 16, Ask::LeastMemory);
     let seq_split = ops.iter().any(|o| o.strategy == "dim1");
     assert!(
         seq_split,

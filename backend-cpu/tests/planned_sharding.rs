@@ -6,17 +6,15 @@
 
 mod common;
 
-use autopar_cost_models::{Calibration, Cluster, Workload};
+use autopar_cost_models::Workload;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{for_strategy, lower, Strategy};
-use autopar_planner::layer_sharding;
-use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
 use autopar_planner::spec::{DimSpec, OpSharding};
-use common::{fixture, lowered_bytes, priced_bytes, workload_options, zoo_gpt, MICRO_BATCH};
-use std::collections::{BTreeMap, HashSet};
+use common::{fixture, lowered_bytes, planned, priced_bytes, workload_options, zoo_gpt, Ask, MICRO_BATCH};
+use std::collections::BTreeMap;
 
 /// A model, its sequence length, vocabulary and the tensor-parallel
 /// degrees its heads allow.
@@ -54,58 +52,6 @@ fn cases() -> Vec<Case> {
         });
     }
     all
-}
-
-/// How the integer program is asked to shard.
-enum Ask<'a> {
-    /// Parameters in the least memory per rank: every weight it can shard
-    /// is sharded (without a limit these tiny models stay replicated).
-    LeastMemory,
-    /// The cheapest layout with these nodes pinned to these strategies.
-    Pinned(&'a [(&'a str, &'a str)]),
-}
-
-/// The per-op sharding the planner's integer program chooses for `g` at
-/// `tp`, over the node sets a plan records (the part before the layers, the
-/// first layer and the part after, or every node when `g` has no layers).
-fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSharding> {
-    let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
-    let calibration = Calibration::default();
-    let bindings = layer_sharding::bindings(g, MICRO_BATCH, Some(seq));
-    let mut ops = Vec::new();
-    for nodes in layer_sharding::node_sets(g).unwrap() {
-        let mut p = ShardingProblem {
-            graph: g,
-            bindings: &bindings,
-            nodes: &nodes,
-            tp,
-            cluster: &cluster,
-            calibration: &calibration,
-            memory_limit_bytes: None,
-            sequence_parallel: sp,
-        };
-        let solved = match ask {
-            Ask::LeastMemory => {
-                p.memory_limit_bytes = Some(0.0);
-                let Err(ShardingError::Infeasible { min, .. }) = sharding::solve(&p) else {
-                    panic!("no memory floor")
-                };
-                p.memory_limit_bytes = Some(min * 1.000001);
-                sharding::solve(&p)
-            }
-            Ask::Pinned(pins) => {
-                let names: HashSet<&str> = nodes.iter().map(|&i| g.node(i).name.as_str()).collect();
-                let pins: BTreeMap<String, String> = pins
-                    .iter()
-                    .filter(|(n, _)| names.contains(n))
-                    .map(|(n, s)| (n.to_string(), s.to_string()))
-                    .collect();
-                sharding::solve_pinned(&p, &pins)
-            }
-        };
-        ops.extend(solved.unwrap().ops);
-    }
-    ops
 }
 
 fn strategy(g: &Graph, tp: usize, sp: bool, sharding: Vec<OpSharding>) -> Strategy {

@@ -47,6 +47,18 @@ pub enum CommError {
     EmptyGroup,
 }
 
+/// The collective a graph's comm op runs (`None`: it moves nothing
+/// between ranks, a rank's slice or an identity).
+pub fn of_comm(kind: autopar_ir::CommKind) -> Option<Collective> {
+    use autopar_ir::CommKind;
+    match kind {
+        CommKind::AllReduce => Some(Collective::AllReduce),
+        CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
+        CommKind::ReduceScatter => Some(Collective::ReduceScatter),
+        CommKind::Copy | CommKind::Slice => None,
+    }
+}
+
 /// Bytes each of the `n` ranks sends (index = position in the group).
 pub fn bytes_sent(
     collective: Collective,

@@ -77,7 +77,7 @@ pub enum Instr {
     Collective {
         node: String,
         micro_batch: usize,
-        kind: autopar_ir::CommKind,
+        kind: CommKind,
         axis: usize,
         group: Vec<usize>,
     },
@@ -253,12 +253,7 @@ impl Instr {
     pub fn collective(&self) -> Option<(Collective, Algorithm)> {
         let ring = |c| Some((c, Algorithm::Ring));
         match self {
-            Instr::Collective { kind, .. } => match kind {
-                CommKind::AllReduce => ring(Collective::AllReduce),
-                CommKind::AllGather | CommKind::GatherForCompute => ring(Collective::AllGather),
-                CommKind::ReduceScatter => ring(Collective::ReduceScatter),
-                CommKind::Copy | CommKind::Slice => None,
-            },
+            Instr::Collective { kind, .. } => autopar_cost_models::comm::of_comm(*kind).and_then(ring),
             Instr::SumTiedGrads { .. } => ring(Collective::AllReduce),
             Instr::AllReduceGrad { reduction, .. } => Some((Collective::AllReduce, *reduction)),
             Instr::ReduceScatterGrad { .. } => ring(Collective::ReduceScatter),

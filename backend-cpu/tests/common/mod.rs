@@ -4,13 +4,16 @@
 
 #![allow(dead_code)] // Each test file uses its own part.
 
-use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
+use autopar_cost_models::comm::{bytes_sent, of_comm, Algorithm};
 use autopar_cost_models::workload::{Group, Unit};
-use autopar_cost_models::{AttentionKernel, Sharding, Workload, WorkloadOptions};
+use autopar_cost_models::{AttentionKernel, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
 use autopar_exec::train::initialize;
 use autopar_ir::{CommKind, Graph};
 use autopar_lower::{Instr, Program, TrainingGraph};
-use std::collections::HashMap;
+use autopar_planner::layer_sharding;
+use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
+use autopar_planner::spec::OpSharding;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 pub const MICRO_BATCH: usize = 2;
 
@@ -51,17 +54,6 @@ pub fn models() -> Vec<(&'static str, Graph, usize, usize)> {
     m
 }
 
-/// The collective a comm kind runs and the logical buffer it moves
-/// (`None`: it sends nothing).
-fn collective(kind: CommKind) -> Option<Collective> {
-    match kind {
-        CommKind::AllReduce => Some(Collective::AllReduce),
-        CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
-        CommKind::ReduceScatter => Some(Collective::ReduceScatter),
-        CommKind::Copy | CommKind::Slice => None,
-    }
-}
-
 /// Bytes rank 0 sends on its tensor-parallel group per micro-batch, by
 /// the node's name (the buffer convention of `autopar_cost_models::comm`:
 /// the whole tensor, the gathered output, the scattered input).
@@ -81,7 +73,7 @@ pub fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap
             continue;
         };
         micro_batches.insert(*micro_batch);
-        let Some(c) = collective(*kind) else { continue };
+        let Some(c) = of_comm(*kind) else { continue };
         let n = g.node(nodes[node.as_str()]);
         let buffer = match kind {
             CommKind::ReduceScatter => n.inputs[0].unwrap(),
@@ -126,4 +118,56 @@ pub fn workload_options(seq: usize, tp: usize, sp: bool) -> WorkloadOptions {
         attention: AttentionKernel::Fused,
         dropout: false,
     }
+}
+
+/// How the integer program is asked to shard.
+pub enum Ask<'a> {
+    /// Parameters in the least memory per rank: every weight it can shard
+    /// is sharded (without a limit these tiny models stay replicated).
+    LeastMemory,
+    /// The cheapest layout with these nodes pinned to these strategies.
+    Pinned(&'a [(&'a str, &'a str)]),
+}
+
+/// The per-op sharding the planner's integer program chooses for `g` at
+/// `tp`, over the node sets a plan records (the part before the layers, the
+/// first layer and the part after, or every node when `g` has no layers).
+pub fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSharding> {
+    let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
+    let calibration = Calibration::default();
+    let bindings = layer_sharding::bindings(g, MICRO_BATCH, Some(seq));
+    let mut ops = Vec::new();
+    for nodes in layer_sharding::node_sets(g).unwrap() {
+        let mut p = ShardingProblem {
+            graph: g,
+            bindings: &bindings,
+            nodes: &nodes,
+            tp,
+            cluster: &cluster,
+            calibration: &calibration,
+            memory_limit_bytes: None,
+            sequence_parallel: sp,
+        };
+        let solved = match ask {
+            Ask::LeastMemory => {
+                p.memory_limit_bytes = Some(0.0);
+                let Err(ShardingError::Infeasible { min, .. }) = sharding::solve(&p) else {
+                    panic!("no memory floor")
+                };
+                p.memory_limit_bytes = Some(min * 1.000001);
+                sharding::solve(&p)
+            }
+            Ask::Pinned(pins) => {
+                let names: HashSet<&str> = nodes.iter().map(|&i| g.node(i).name.as_str()).collect();
+                let pins: BTreeMap<String, String> = pins
+                    .iter()
+                    .filter(|(n, _)| names.contains(n))
+                    .map(|(n, s)| (n.to_string(), s.to_string()))
+                    .collect();
+                sharding::solve_pinned(&p, &pins)
+            }
+        };
+        ops.extend(solved.unwrap().ops);
+    }
+    ops
 }

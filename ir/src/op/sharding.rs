@@ -47,6 +47,25 @@ pub fn input_grad(l: Layout, partial: bool) -> Layout {
     }
 }
 
+/// The comm ops, in order, that move a tensor laid out as `from` into
+/// `to` over the axis's ranks, each with the dim it works along (their
+/// conjugates, [`super::CommKind::conjugate`], move the gradient back):
+/// lowering inserts them and the cost model prices them. `None` where no
+/// comm op makes the move (a whole tensor or a block into a pending sum).
+pub fn moves(from: Layout, to: Layout) -> Option<Vec<(super::CommKind, usize)>> {
+    use super::CommKind::{AllGather, AllReduce, ReduceScatter, Slice};
+    Some(match (from, to) {
+        _ if from == to => vec![],
+        (Layout::Replicate, Layout::Shard(d)) => vec![(Slice, d)],
+        (Layout::Shard(a), Layout::Replicate) => vec![(AllGather, a)],
+        (Layout::Shard(a), Layout::Shard(b)) => vec![(AllGather, a), (Slice, b)],
+        (Layout::Partial, Layout::Replicate) => vec![(AllReduce, 0)],
+        (Layout::Partial, Layout::Shard(d)) => vec![(ReduceScatter, d)],
+        (Layout::Replicate | Layout::Shard(_) | Layout::Partial, Layout::Partial) => return None,
+        (Layout::Replicate, Layout::Replicate) => vec![],
+    })
+}
+
 /// One way to run an op.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Strategy {

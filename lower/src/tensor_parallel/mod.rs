@@ -33,6 +33,7 @@ mod linear;
 mod planned;
 mod vocab;
 
+use autopar_ir::op::sharding::Layout as Rule;
 use autopar_ir::{CommGroup, CommKind, Graph, NodeIndex, Op, Role, Shape, TensorId};
 use autopar_planner::sharding::{ShardingError, Strategy as Planned};
 use autopar_planner::spec::OpSharding;
@@ -338,12 +339,12 @@ impl Rewriter<'_> {
     fn replicated(&mut self, x: TensorId, at: &str) -> Result<TensorId, TpError> {
         match self.layout(x) {
             Some(Layout::Split { axis, blocks: WHOLE }) => {
-                self.comm(x, CommKind::AllGather, axis, Layout::Replicated)
+                self.moved(x, Rule::Shard(axis), Rule::Replicate, at)
             }
             Some(Layout::Split { .. }) => {
                 Err(self.err(at, "gathering a block-split tensor is not supported"))
             }
-            Some(Layout::Partial) => self.settle(x, CommKind::AllReduce, 0, Layout::Replicated),
+            Some(Layout::Partial) => self.moved(x, Rule::Partial, Rule::Replicate, at),
             Some(Layout::Replicated) | None => Ok(x),
         }
     }

@@ -325,28 +325,62 @@ impl Rewriter<'_> {
     /// `t` in the layout `want` reads it in, with `blocks` blocks when split.
     fn arrange(&mut self, t: TensorId, want: Rule, blocks: usize, at: &str) -> Result<TensorId, TpError> {
         let name = self.g.tensor(t).name.clone();
-        match (want, self.layout(t)) {
-            (Rule::Replicate, _) => self.replicated(t, at),
-            (Rule::Shard(d), None) => self.slice_weight(t, d, blocks, at),
-            (Rule::Shard(d), Some(Layout::Split { axis, blocks: b })) if axis == d && b == blocks => Ok(t),
-            (Rule::Shard(d), Some(have)) => {
-                let split = Layout::Split { axis: d, blocks };
-                if have == Layout::Partial && blocks == WHOLE {
-                    return self.settle(t, CommKind::ReduceScatter, d, split);
+        let have = match self.layout(t) {
+            // Weights and constants are stored, or sliced as each reader reads them.
+            None if want == Rule::Replicate => return Ok(t),
+            None => match want {
+                Rule::Shard(d) => return self.slice_weight(t, d, blocks, at),
+                Rule::Replicate | Rule::Partial => {
+                    return Err(self.err(at, format!("the plan reads weight '{name}' as a pending sum")))
                 }
-                let whole = self.replicated(t, at)?;
-                self.block_slice(whole, d, blocks)
+            },
+            Some(Layout::Split { axis, blocks: b }) if want == Rule::Shard(axis) && b == blocks => return Ok(t),
+            Some(Layout::Split { blocks: b, .. }) if b > WHOLE => {
+                return Err(self.err(at, format!("'{name}' is split in {b} blocks; it cannot be moved")))
             }
-            (Rule::Partial, Some(Layout::Partial)) if !self.pending.contains_key(&t) => Ok(t),
-            (Rule::Partial, Some(Layout::Partial)) => Err(self.err(
-                at,
-                format!("'{name}' is a row-parallel sum with its bias still to add; the plan must reduce it first"),
-            )),
-            (Rule::Partial, _) => Err(self.err(
+            Some(Layout::Split { axis, .. }) => Rule::Shard(axis),
+            Some(Layout::Replicated) => Rule::Replicate,
+            Some(Layout::Partial) if want == Rule::Partial && self.pending.contains_key(&t) => {
+                return Err(self.err(
+                    at,
+                    format!("'{name}' is a row-parallel sum with its bias still to add; the plan must reduce it first"),
+                ))
+            }
+            Some(Layout::Partial) => Rule::Partial,
+        };
+        if let (Rule::Shard(d), true) = (want, blocks > WHOLE) {
+            // Cut into blocks: whole first, then each block's slice.
+            let whole = self.moved(t, have, Rule::Replicate, at)?;
+            return self.block_slice(whole, d, blocks);
+        }
+        self.moved(t, have, want, at)
+    }
+
+    /// `t`, laid out as `from`, moved into `to` by the comm ops the
+    /// sharding rules name for it ([`sharding::moves`], what the cost model
+    /// prices): sums reduced with any bias still to add.
+    pub(super) fn moved(&mut self, t: TensorId, from: Rule, to: Rule, at: &str) -> Result<TensorId, TpError> {
+        let Some(steps) = autopar_ir::op::sharding::moves(from, to) else {
+            let name = self.g.tensor(t).name.clone();
+            return Err(self.err(
                 at,
                 format!("the plan reads '{name}' as a pending sum, but it is not one"),
-            )),
+            ));
+        };
+        let mut x = t;
+        for (kind, axis) in steps {
+            let split = Layout::Split { axis, blocks: WHOLE };
+            x = match kind {
+                CommKind::Slice => self.comm(x, kind, axis, split)?,
+                CommKind::AllGather => self.comm(x, kind, axis, Layout::Replicated)?,
+                CommKind::AllReduce => self.settle(x, kind, axis, Layout::Replicated)?,
+                CommKind::ReduceScatter => self.settle(x, kind, axis, split)?,
+                CommKind::Copy | CommKind::GatherForCompute => {
+                    return Err(self.err(at, format!("{kind:?} is not a layout move")))
+                }
+            };
         }
+        Ok(x)
     }
 
     /// The rank's slice of each of `blocks` equal blocks of the whole `x`

@@ -11,7 +11,7 @@
 //! read by their one reader; otherwise each sharded read slices them.
 
 use super::{tensor_comm, Builder};
-use crate::comm::Collective;
+use crate::comm::{of_comm, Collective};
 use crate::workload::layout::{Decision, Layout};
 use crate::workload::{Layered, Place, WorkloadError};
 use autopar_ir::layers;
@@ -248,7 +248,7 @@ impl Builder<'_> {
         to: Rule,
         unit: Option<usize>,
     ) -> Result<(), WorkloadError> {
-        use Collective::{AllGather, AllReduce, ReduceScatter};
+        use Collective::{AllGather, AllReduce};
         if from == to {
             return Ok(());
         }
@@ -258,27 +258,22 @@ impl Builder<'_> {
         }
         let grad = planned.grads[t.index()];
         let bias = planned.pending_bias.get(&t).copied();
-        let (forward, backward) = match (from, to) {
-            (Rule::Replicate, Rule::Shard(_)) => (vec![], vec![AllGather]),
-            (Rule::Shard(_), Rule::Replicate) => (vec![AllGather], vec![]),
-            (Rule::Partial, Rule::Replicate) => (vec![AllReduce], vec![]),
-            (Rule::Partial, Rule::Shard(_)) => (vec![ReduceScatter], vec![AllGather]),
-            (Rule::Shard(_), Rule::Shard(_)) => (vec![AllGather], vec![AllGather]),
-            (Rule::Replicate | Rule::Shard(_) | Rule::Partial, Rule::Partial)
-            | (Rule::Replicate, Rule::Replicate) => {
-                return Err(WorkloadError::Plan {
-                    node: self.graph.tensor(t).name.clone(),
-                    message: format!("moving it from {from:?} into {to:?} is not something lowering runs"),
-                })
-            }
+        let Some(steps) = sharding::moves(from, to) else {
+            return Err(WorkloadError::Plan {
+                node: self.graph.tensor(t).name.clone(),
+                message: format!("moving it from {from:?} into {to:?} is not something lowering runs"),
+            });
         };
         let Some(u) = unit else { return Ok(()) };
         let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
-        for c in forward {
-            self.units[u].comms.push(tensor_comm(Some(c), None, bytes));
-        }
-        for c in backward.into_iter().filter(|_| grad) {
-            self.units[u].comms.push(tensor_comm(None, Some(c), bytes));
+        for (kind, _) in steps {
+            let back = of_comm(kind.conjugate()).filter(|_| grad);
+            if let Some(c) = of_comm(kind) {
+                self.units[u].comms.push(tensor_comm(Some(c), None, bytes));
+            }
+            if let Some(c) = back {
+                self.units[u].comms.push(tensor_comm(None, Some(c), bytes));
+            }
         }
         // The bias, added once on the reduced sum: on sequence slices it is
         // copied in (its gradient, a share, all-reduced), or sliced.
