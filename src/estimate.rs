@@ -36,6 +36,8 @@ pub struct Request {
     pub attention: AttentionKernel,
     pub dropout: bool,
     pub overlap_grad_reduce: bool,
+    /// Gradient bucket size in MiB (0: one collective per parameter tensor).
+    pub grad_bucket_mib: u32,
     pub calibration: Option<PathBuf>,
 }
 
@@ -120,6 +122,10 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         attention: r.attention,
         dropout: r.dropout,
         overlap_grad_reduce: r.overlap_grad_reduce,
+        grad_reduce: autopar_cost_models::GradReduce {
+            bucket_mib: r.grad_bucket_mib,
+            ..Default::default()
+        },
         ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;

@@ -277,6 +277,9 @@ struct EstimateArgs {
     /// Overlap the gradient reduction with the last backward pass.
     #[arg(long)]
     overlap_grad_reduce: bool,
+    /// Gradient bucket size in MiB; 0 reduces each parameter tensor on its own.
+    #[arg(long, default_value_t = autopar_cost_models::DEFAULT_BUCKET_MIB)]
+    grad_bucket_mib: u32,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -498,6 +501,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         attention: a.attention,
         dropout: a.dropout,
         overlap_grad_reduce: a.overlap_grad_reduce,
+        grad_bucket_mib: a.grad_bucket_mib,
         calibration: a.calibration,
     })?;
     if a.json {

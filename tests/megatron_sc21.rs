@@ -32,6 +32,7 @@ fn published_request(r: &PublishedRun) -> Request {
         attention: cfg.attention,
         dropout: cfg.dropout,
         overlap_grad_reduce: cfg.overlap_grad_reduce,
+        grad_bucket_mib: cfg.grad_reduce.bucket_mib,
         calibration: None,
     }
 }

@@ -138,13 +138,23 @@ pub struct GradReduce {
     pub algorithm: crate::comm::Algorithm,
     /// Gradients sent in this narrower float type (bf16 or f16), if any.
     pub compression: Option<autopar_ir::DType>,
+    /// Gradients are reduced in buckets of about this many MiB, each issued
+    /// as soon as the backward pass has produced all of it; 0 reduces each
+    /// parameter tensor on its own.
+    pub bucket_mib: u32,
 }
+
+/// PyTorch DDP's default bucket (`bucket_cap_mb`): large enough that each
+/// collective runs near link bandwidth, small enough to start early in the
+/// backward pass.
+pub const DEFAULT_BUCKET_MIB: u32 = 25;
 
 impl Default for GradReduce {
     fn default() -> Self {
         GradReduce {
             algorithm: crate::comm::Algorithm::Ring,
             compression: None,
+            bucket_mib: DEFAULT_BUCKET_MIB,
         }
     }
 }

@@ -25,6 +25,9 @@ pub struct Strategy {
     pub micro_batch: usize,
     pub micro_batches: usize,
     pub reduction: Algorithm,
+    /// Gradients are reduced in buckets of at least this many bytes, in the
+    /// order the backward pass completes them; 0: one collective per parameter.
+    pub bucket_bytes: usize,
     /// Repeated layers per stage (over all of its chunks).
     pub stage_layers: Vec<usize>,
     pub recompute: Vec<Recompute>,
@@ -75,6 +78,7 @@ impl Strategy {
             micro_batch,
             micro_batches,
             reduction: Algorithm::Ring,
+            bucket_bytes: (autopar_cost_models::DEFAULT_BUCKET_MIB as usize) << 20,
             stage_layers,
             recompute: vec![Recompute::None; pp],
             ranks: (0..pp)
@@ -191,6 +195,7 @@ impl Strategy {
             micro_batch: p.micro_batch,
             micro_batches: p.micro_batches,
             reduction,
+            bucket_bytes: (p.grad_bucket_mib as usize) << 20,
             stage_layers,
             recompute: plan.stages.iter().map(|s| s.recompute).collect(),
             ranks,

@@ -41,6 +41,10 @@ pub struct Plan {
     pub spare_gpus: usize,
 }
 
+fn default_bucket_mib() -> u32 {
+    autopar_cost_models::DEFAULT_BUCKET_MIB
+}
+
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -118,6 +122,11 @@ pub struct Parallel {
     pub grad_reduce: Algorithm,
     /// Gradients sent as this type, if compressed.
     pub grad_compression: Option<DType>,
+    /// Gradient buckets of about this many MiB, each reduced as soon as the
+    /// backward pass completes it; 0: one collective per parameter tensor.
+    /// Files written before buckets existed read as the default.
+    #[serde(default = "default_bucket_mib")]
+    pub grad_bucket_mib: u32,
     /// `dp-inner` (tp, cp, dp, pp) or `pp-inner` (tp, cp, pp, dp).
     pub mesh_order: MeshOrder,
 }
@@ -189,6 +198,7 @@ impl Plan {
             grad_reduce: autopar_cost_models::GradReduce {
                 algorithm: p.grad_reduce,
                 compression: p.grad_compression,
+                bucket_mib: p.grad_bucket_mib,
             },
             mesh_order: p.mesh_order,
             stages: Some(stages),
@@ -217,6 +227,7 @@ impl Parallel {
             dropout: cfg.dropout,
             grad_reduce: cfg.grad_reduce.algorithm,
             grad_compression: cfg.grad_reduce.compression,
+            grad_bucket_mib: cfg.grad_reduce.bucket_mib,
             mesh_order: cfg.mesh_order,
         }
     }

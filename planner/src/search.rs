@@ -251,6 +251,7 @@ fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool
             out.push(GradReduce {
                 algorithm,
                 compression,
+                ..GradReduce::default()
             });
         }
     }

@@ -140,11 +140,12 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
                                             GradReduce::default(),
                                             GradReduce {
                                                 algorithm: Algorithm::ParameterServer,
-                                                compression: None,
+                                                ..GradReduce::default()
                                             },
                                             GradReduce {
                                                 algorithm: Algorithm::Ring,
                                                 compression: Some(DType::Bf16),
+                                                ..GradReduce::default()
                                             },
                                         ]
                                     } else {
