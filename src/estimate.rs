@@ -38,6 +38,8 @@ pub struct Request {
     pub overlap_grad_reduce: bool,
     /// Gradient bucket size in MiB (0: one collective per parameter tensor).
     pub grad_bucket_mib: u32,
+    /// Tensor-parallel communication beside the GEMMs (Megatron-Core's overlap).
+    pub tp_comm_overlap: bool,
     pub calibration: Option<PathBuf>,
 }
 
@@ -126,6 +128,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
             bucket_mib: r.grad_bucket_mib,
             ..Default::default()
         },
+        tp_comm_overlap: r.tp_comm_overlap,
         ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;

@@ -210,6 +210,11 @@ struct PlanArgs {
     #[arg(long)]
     calibration: Option<PathBuf>,
     /// The plan file to write.
+    /// Price tensor-parallel collectives as overlapped with the GEMMs
+    /// (Megatron-Core's --tp-comm-overlap). No backend here runs it, so such
+    /// a plan is for comparing with Megatron-Core, not for `autopar run`.
+    #[arg(long)]
+    tp_comm_overlap: bool,
     #[arg(short, long)]
     output: PathBuf,
     /// Print the plan as JSON instead of the table.
@@ -280,6 +285,10 @@ struct EstimateArgs {
     /// Gradient bucket size in MiB; 0 reduces each parameter tensor on its own.
     #[arg(long, default_value_t = autopar_cost_models::DEFAULT_BUCKET_MIB)]
     grad_bucket_mib: u32,
+    /// Price tensor-parallel collectives as overlapped with the GEMMs
+    /// (Megatron-Core's --tp-comm-overlap; no backend here runs it).
+    #[arg(long)]
+    tp_comm_overlap: bool,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -457,7 +466,13 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         dropout: a.dropout,
         calibration: a.calibration,
         output: a.output.clone(),
-        limits: autopar_planner::DegreeLimits::NONE,
+        // Gradient compression is priced but not lowered yet: a plan with
+        // it could not run, so the search leaves it out.
+        limits: autopar_planner::DegreeLimits {
+            grad_compression: false,
+            ..autopar_planner::DegreeLimits::NONE
+        },
+        tp_comm_overlap: a.tp_comm_overlap,
     };
     let bar = progress_bar();
     let report = |done: usize, total: usize| {
@@ -502,6 +517,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         dropout: a.dropout,
         overlap_grad_reduce: a.overlap_grad_reduce,
         grad_bucket_mib: a.grad_bucket_mib,
+        tp_comm_overlap: a.tp_comm_overlap,
         calibration: a.calibration,
     })?;
     if a.json {

@@ -28,6 +28,8 @@ pub struct Request {
     pub output: PathBuf,
     /// What the search may use.
     pub limits: DegreeLimits,
+    /// Price tensor-parallel communication as overlapped with the GEMMs.
+    pub tp_comm_overlap: bool,
 }
 
 /// Plans `r.model`, writes the plan file, and returns the plan.
@@ -65,6 +67,7 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         attention: r.attention,
         dropout: r.dropout,
         top: r.top,
+        tp_comm_overlap: r.tp_comm_overlap,
     };
     let model = ModelId {
         arg: &r.model,

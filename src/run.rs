@@ -231,6 +231,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                     grad_compression: false,
                     ..DegreeLimits::NONE
                 },
+                tp_comm_overlap: false,
             };
             let p = match &r.save_plan {
                 Some(_) if writer => plan::run(&request, &|_, _| {})?,

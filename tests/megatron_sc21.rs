@@ -33,6 +33,7 @@ fn published_request(r: &PublishedRun) -> Request {
         dropout: cfg.dropout,
         overlap_grad_reduce: cfg.overlap_grad_reduce,
         grad_bucket_mib: cfg.grad_reduce.bucket_mib,
+        tp_comm_overlap: cfg.tp_comm_overlap,
         calibration: None,
     }
 }

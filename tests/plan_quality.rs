@@ -35,6 +35,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             attention: r.config().attention,
             dropout: r.config().dropout,
             top: 1,
+            tp_comm_overlap: false,
         };
         let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).unwrap();
         let best = &found.ranked[0];

@@ -8,8 +8,8 @@ use autopar_comm::collective::Buffer;
 use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
 use autopar_cost_models::memory::{stage_memory, PartParams};
 use autopar_cost_models::{
-    pipeline, AttentionKernel, GradReduce, MeshOrder, Recompute, Schedule, Sharding, TrainingConfig,
-    Workload, WorkloadOptions,
+    pipeline, AttentionKernel, MeshOrder, Recompute, Schedule, Sharding, TrainingConfig, Workload,
+    WorkloadOptions,
 };
 use autopar_cpu::train;
 use autopar_exec::trace::{Stream, TraceEvent};
@@ -174,10 +174,8 @@ fn modelled_activations(s: &Strategy) -> Vec<f64> {
         seq: Some(SEQ),
         attention: AttentionKernel::Fused,
         dropout: false,
-        overlap_grad_reduce: false,
-        grad_reduce: GradReduce::default(),
         mesh_order: MeshOrder::DataInner,
-        stages: None,
+        ..TrainingConfig::default()
     };
     let parts = PartParams::of(&w);
     pipeline::stages(w.layers, s.pp, 1, Recompute::None)

@@ -25,6 +25,7 @@ fn session() -> Session {
         attention: AttentionKernel::Fused,
         dropout: false,
         top: 1,
+        tp_comm_overlap: false,
         limits: DegreeLimits {
             ep: 1,
             grad_compression: false,

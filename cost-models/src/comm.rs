@@ -100,6 +100,25 @@ fn tree_children(r: usize, n: usize) -> usize {
     [2 * r + 1, 2 * r + 2].iter().filter(|&&c| c < n).count()
 }
 
+/// How many collectives a bucketed gradient reduction issues: tensors of
+/// `sizes` bytes join the open bucket in order, and a bucket is issued as
+/// soon as it holds at least `cap` bytes (what is left, at the end); a cap
+/// of 0 gives every tensor its own.
+pub fn bucket_count(sizes: &[f64], cap: f64) -> usize {
+    let mut count = 0;
+    let mut open = None;
+    for &s in sizes {
+        let held = open.unwrap_or(0.0) + s;
+        if held >= cap {
+            count += 1;
+            open = None;
+        } else {
+            open = Some(held);
+        }
+    }
+    count + usize::from(open.is_some())
+}
+
 /// Where a group's ranks sit: `per_node` members on each of `nodes` nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -216,6 +235,14 @@ mod tests {
 
     fn a100(gpus: usize) -> Cluster {
         Cluster::preset("dgx-a100-80g").unwrap().with_gpus(gpus).unwrap()
+    }
+
+    #[test]
+    fn a_bucket_is_issued_once_it_holds_the_cap() {
+        assert_eq!(bucket_count(&[10.0, 10.0, 10.0, 10.0, 5.0], 20.0), 3);
+        assert_eq!(bucket_count(&[50.0, 1.0], 20.0), 2);
+        assert_eq!(bucket_count(&[1.0, 2.0, 3.0], 0.0), 3);
+        assert_eq!(bucket_count(&[], 20.0), 0);
     }
 
     #[test]

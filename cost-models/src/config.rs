@@ -116,6 +116,11 @@ pub struct TrainingConfig {
     pub overlap_grad_reduce: bool,
     /// How gradients cross the data-parallel group.
     pub grad_reduce: GradReduce,
+    /// Tensor-parallel collectives run in chunks beside the linear layers'
+    /// GEMMs (Megatron-Core's `--tp-comm-overlap`), so only what the GEMMs
+    /// cannot cover is exposed. No backend here runs it: it prices runs of
+    /// Megatron-Core, and lowering refuses a plan that assumes it.
+    pub tp_comm_overlap: bool,
     /// Which parallel dimension sits inside a node after tensor parallelism.
     pub mesh_order: MeshOrder,
     /// Layers and recomputation per pipeline stage; `None` spreads the
@@ -193,6 +198,7 @@ impl Default for TrainingConfig {
             dropout: false,
             overlap_grad_reduce: false,
             grad_reduce: GradReduce::default(),
+            tp_comm_overlap: false,
             mesh_order: MeshOrder::default(),
             stages: None,
         }

@@ -10,6 +10,8 @@
 //! or overlapped with the last backward pass when asked) and the optimizer
 //! updates the local shard.
 
+mod data_parallel;
+
 use crate::comm::{self, Algorithm, Collective, Span};
 use crate::compute::Rates;
 use crate::config::{ConfigError, MeshOrder, Recompute, TrainingConfig};
@@ -82,6 +84,11 @@ pub struct Estimate {
     pub micro_batches: usize,
     pub virtual_stages: usize,
     pub dp: usize,
+    /// Bytes the busiest GPU sends per step over every collective and
+    /// transfer, hidden or not: between equally fast plans, the one that
+    /// loads the links less is the safer pick. Absent in older plan files.
+    #[serde(default)]
+    pub comm_bytes_per_gpu: f64,
 }
 
 /// Why a configuration cannot be estimated.
@@ -132,9 +139,19 @@ struct UnitTime {
     tp: f64,
     cp: f64,
     ep: f64,
-    /// Backward time of the kernels (what gradient reduction can hide under).
+    /// The compute stream's time in the forward pass: kernels and the
+    /// collectives on the critical path.
+    forward: f64,
+    /// The same in the backward pass (recomputation included): what
+    /// gradient reduction hides under. `forward + backward` is the sum of
+    /// the four parts above.
     backward: f64,
     hardware_flops: f64,
+    /// Bytes this rank sends in the unit's collectives.
+    sent: f64,
+    /// Seconds of the linear layers' GEMMs (forward, backward and
+    /// recomputed): what tensor-parallel communication overlap hides under.
+    gemm: f64,
 }
 
 impl UnitTime {
@@ -144,8 +161,26 @@ impl UnitTime {
             tp: self.tp * k,
             cp: self.cp * k,
             ep: self.ep * k,
+            forward: self.forward * k,
             backward: self.backward * k,
             hardware_flops: self.hardware_flops * k,
+            sent: self.sent * k,
+            gemm: self.gemm * k,
+        }
+    }
+
+    /// The unit with its tensor-parallel collectives run beside its GEMMs:
+    /// the part the GEMMs cover leaves the compute stream, from each pass
+    /// in proportion to its length.
+    fn tp_overlapped(self) -> UnitTime {
+        let hidden = self.tp.min(self.gemm);
+        let busy = self.forward + self.backward;
+        let share = if busy > 0.0 { self.forward / busy } else { 0.5 };
+        UnitTime {
+            tp: self.tp - hidden,
+            forward: self.forward - hidden * share,
+            backward: self.backward - hidden * (1.0 - share),
+            ..self
         }
     }
 
@@ -155,8 +190,11 @@ impl UnitTime {
             tp: self.tp + o.tp,
             cp: self.cp + o.cp,
             ep: self.ep + o.ep,
+            forward: self.forward + o.forward,
             backward: self.backward + o.backward,
             hardware_flops: self.hardware_flops + o.hardware_flops,
+            sent: self.sent + o.sent,
+            gemm: self.gemm + o.gemm,
         }
     }
 }
@@ -261,16 +299,16 @@ pub struct Evaluator<'a> {
     cluster: &'a Cluster,
     calibration: &'a Calibration,
     rates: Rates<'a>,
-    effective: Cluster,
-    groups: Groups,
     mesh: Mesh,
     /// One layer's times under none, selective and full recomputation.
     layer: [UnitTime; 3],
     pre: UnitTime,
     post: UnitTime,
-    /// One forward or backward transfer between stages.
+    /// One forward or backward transfer between stages, and the bytes a rank sends in it.
     p2p: f64,
+    p2p_bytes: f64,
     params: PartParams,
+    data_parallel: data_parallel::Traffic,
 }
 
 fn policy_index(r: Recompute) -> usize {
@@ -315,19 +353,32 @@ impl<'a> Evaluator<'a> {
         let pre = unit_time(&w.pre, &rates, &net, Recompute::None)?;
         let post = unit_time(&w.post, &rates, &net, Recompute::None)?;
         let p2p = p2p_transfer(w, mesh, sp, &net)?;
+        let ends = match mesh.pp {
+            1 => groups.stage_hop,
+            pp => Span::of(&effective, &[0, mesh.rank(0, 0, 0, pp - 1)])?,
+        };
+        let data_parallel = data_parallel::Traffic::new(
+            w,
+            &data_parallel::Net {
+                cluster: &effective,
+                data: groups.data,
+                expert_data: groups.expert_data,
+                ends,
+            },
+        )?;
         Ok(Evaluator {
             w,
             cluster,
             calibration,
             rates,
-            groups,
-            effective,
             mesh: *mesh,
             layer,
             pre,
             post,
             p2p,
+            p2p_bytes: w.boundary_bytes / mesh.tp as f64,
             params: PartParams::of(w),
+            data_parallel,
         })
     }
 
@@ -351,14 +402,22 @@ impl<'a> Evaluator<'a> {
     /// Time of one micro-batch through one stage (forward and backward,
     /// with its collectives and transfers), and the parts of it.
     fn stage_time(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<(UnitTime, f64, f64), EstimateError> {
-        let mut t = self.layer[policy_index(stage.recompute)].scaled(stage.layers as f64);
+        let overlap = |u: UnitTime| if cfg.tp_comm_overlap { u.tp_overlapped() } else { u };
+        let (pre, layer, post) = (
+            overlap(self.pre),
+            overlap(self.layer[policy_index(stage.recompute)]),
+            overlap(self.post),
+        );
+        let mut t = layer.scaled(stage.layers as f64);
         if stage.first {
-            t = t.add(self.pre);
+            t = t.add(pre);
         }
         if stage.last {
-            t = t.add(self.post);
+            t = t.add(post);
         }
-        let zero3 = self.zero3_exposed(cfg, stage, t.compute)?;
+        let zero3 = self
+            .data_parallel
+            .zero3_exposed(cfg, stage, [&pre, &layer, &post])?;
         let p2p = if cfg.pp > 1 {
             2.0 * cfg.virtual_stages as f64 * self.p2p
         } else {
@@ -414,6 +473,16 @@ impl<'a> Evaluator<'a> {
             .max_by(|a, b| a.1.total.total_cmp(&b.1.total))
             .unwrap_or_default();
         let capacity = self.cluster.device.memory_bytes;
+        let mut comm_bytes: f64 = 0.0;
+        for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
+            let p2p = if cfg.pp > 1 {
+                2.0 * cfg.virtual_stages as f64 * self.p2p_bytes
+            } else {
+                0.0
+            };
+            let dp = self.data_parallel.sent(cfg, s)?;
+            comm_bytes = comm_bytes.max(mf * (t.sent + p2p) + dp);
+        }
         Ok(Estimate {
             step_time_s: step,
             model_tflops_per_gpu: per_gpu(model_flops) / 1e12,
@@ -429,6 +498,7 @@ impl<'a> Evaluator<'a> {
             micro_batches: m,
             virtual_stages: cfg.virtual_stages,
             dp: cfg.dp,
+            comm_bytes_per_gpu: comm_bytes,
         })
     }
 
@@ -475,11 +545,12 @@ impl<'a> Evaluator<'a> {
             .unwrap_or(0);
         let mut dp_exposed: f64 = 0.0;
         let mut optimizer: f64 = 0.0;
+        let ratio = cfg.grad_reduce.compression.map_or(1.0, |d| {
+            (d.size_bits() as f64 / self.w.compute_dtype.size_bits() as f64).min(1.0)
+        });
         for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
             let params = self.params.stage(s);
-            let reduce = self.gradient_reduction(&params, cfg)?;
-            let hidden = if cfg.overlap_grad_reduce { t.backward } else { 0.0 };
-            dp_exposed = dp_exposed.max((reduce - hidden).max(0.0));
+            dp_exposed = dp_exposed.max(self.data_parallel.after_pipeline(cfg, s, t, ratio)?);
             optimizer = optimizer.max(self.optimizer_time(&params, cfg));
         }
         Ok(Timing {
@@ -490,82 +561,6 @@ impl<'a> Evaluator<'a> {
             dp_exposed,
             optimizer,
         })
-    }
-
-    fn net(&self) -> Net<'_> {
-        Net {
-            cluster: &self.effective,
-            groups: &self.groups,
-        }
-    }
-
-    /// Gradient reduction after the last micro-batch: all-reduce (ZeRO 0,
-    /// by ring or parameter server, optionally in a narrower type) or
-    /// reduce-scatter of gradients and all-gather of updated weights
-    /// (ZeRO 1-2); dense weights over the data-parallel group, expert
-    /// weights over their replicas. ZeRO-3 reduces per micro-batch instead.
-    fn gradient_reduction(&self, params: &ParamBytes, cfg: &TrainingConfig) -> Result<f64, EstimateError> {
-        if cfg.zero == 3 {
-            return Ok(0.0);
-        }
-        let net = self.net();
-        let ratio = cfg.grad_reduce.compression.map_or(1.0, |d| {
-            (d.size_bits() as f64 / self.w.compute_dtype.size_bits() as f64).min(1.0)
-        });
-        let mut total = 0.0;
-        for (bytes, span) in [
-            (params.dense, self.groups.data),
-            (params.expert, self.groups.expert_data),
-        ] {
-            if bytes == 0.0 {
-                continue;
-            }
-            total += if cfg.zero == 0 {
-                comm::time(
-                    net.cluster,
-                    span,
-                    Collective::AllReduce,
-                    cfg.grad_reduce.algorithm,
-                    bytes * ratio,
-                )?
-            } else {
-                net.time(span, Collective::ReduceScatter, bytes * ratio)?
-                    + net.time(span, Collective::AllGather, bytes)?
-            };
-        }
-        Ok(total)
-    }
-
-    /// ZeRO-3's per-micro-batch weight gathers (forward and backward) and
-    /// gradient reduce-scatter, one set per layer (and for the parts before
-    /// and after the layers), prefetched under the stage's compute: only
-    /// what exceeds the compute is exposed.
-    fn zero3_exposed(&self, cfg: &TrainingConfig, stage: &Stage, compute: f64) -> Result<f64, EstimateError> {
-        if cfg.zero != 3 {
-            return Ok(0.0);
-        }
-        let net = self.net();
-        let span = self.groups.data;
-        let per_unit = |bytes: f64| -> Result<f64, EstimateError> {
-            if bytes == 0.0 {
-                return Ok(0.0);
-            }
-            Ok(2.0 * net.time(span, Collective::AllGather, bytes)?
-                + net.time(span, Collective::ReduceScatter, bytes)?)
-        };
-        let mut comm = stage.layers as f64 * per_unit(self.params.layer.weights())?;
-        if stage.first {
-            comm += per_unit(self.params.pre.weights())?;
-        }
-        if stage.last {
-            let post = if stage.first {
-                self.params.post_unshared
-            } else {
-                self.params.post
-            };
-            comm += per_unit(post.weights())?;
-        }
-        Ok((comm - compute).max(0.0))
     }
 
     /// Adam over the local shard: memory-bound, reading and writing the
@@ -636,6 +631,15 @@ impl Net<'_> {
         }
     }
 
+    /// Bytes one member sends in `collective` over `c`'s group.
+    fn sent(&self, c: &CommWork, collective: Option<Collective>) -> Result<f64, comm::CommError> {
+        let Some(collective) = collective else {
+            return Ok(0.0);
+        };
+        let n = self.span(c.group).ranks();
+        Ok(comm::bytes_sent(collective, Algorithm::Ring, n, c.bytes)?[0])
+    }
+
     /// Forward and backward time of one collective of a unit.
     fn comm_times(&self, c: &CommWork) -> Result<(f64, f64), comm::CommError> {
         let span = self.span(c.group);
@@ -647,11 +651,15 @@ impl Net<'_> {
 /// One micro-batch of `unit` on one rank under recomputation `policy`.
 fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result<UnitTime, EstimateError> {
     let (mut fwd, mut bwd, mut redo, mut attention) = (0.0, 0.0, 0.0, 0.0);
-    let (mut flops, mut redo_flops) = (0.0, 0.0);
+    let (mut flops, mut redo_flops, mut gemm) = (0.0, 0.0, 0.0);
     for op in &unit.ops {
         let f = rates.forward(op);
         fwd += f;
         bwd += rates.backward(op);
+        let linear = matches!(op.kernel, crate::workload::Kernel::Matmul { .. }) && !op.attention_core;
+        if linear {
+            gemm += f + rates.backward(op);
+        }
         flops += op.forward_flops + op.backward_flops;
         if op.attention_core || matches!(op.kernel, crate::workload::Kernel::FusedAttention { .. }) {
             attention += f;
@@ -664,11 +672,19 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
         if redone {
             redo += f;
             redo_flops += op.forward_flops;
+            if linear {
+                gemm += f;
+            }
         }
     }
     let (mut tp, mut cp_fwd, mut cp_bwd, mut ep) = (0.0, 0.0, 0.0, 0.0);
+    // Collectives of the forward pass on the compute stream (tensor and expert).
+    let mut forward_comm = 0.0;
+    let mut sent = 0.0;
     for c in &unit.comms {
         let (f, b) = net.comm_times(c)?;
+        let repeats = if policy == Recompute::Full { 2.0 } else { 1.0 };
+        sent += repeats * net.sent(c, c.forward)? + net.sent(c, c.backward)?;
         // Full recomputation repeats the forward pass's collectives.
         let f_total = if policy == Recompute::Full { 2.0 * f } else { f };
         match c.group {
@@ -679,16 +695,24 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
             }
             Group::Expert => ep += f_total + b,
         }
+        if c.group != Group::Context {
+            forward_comm += f;
+        }
     }
     // Key/value exchange streams under the attention it feeds (forward and backward).
-    let cp = (cp_fwd - attention).max(0.0) + (cp_bwd - 2.0 * attention).max(0.0);
+    let cp_forward = (cp_fwd - attention).max(0.0);
+    let cp = cp_forward + (cp_bwd - 2.0 * attention).max(0.0);
+    let forward = fwd + forward_comm + cp_forward;
     Ok(UnitTime {
         compute: fwd + bwd + redo,
         tp,
         cp,
         ep,
-        backward: bwd,
+        forward,
+        backward: fwd + bwd + redo + tp + cp + ep - forward,
         hardware_flops: flops + redo_flops,
+        sent,
+        gemm,
     })
 }
 

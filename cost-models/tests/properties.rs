@@ -102,6 +102,13 @@ fn run(c: &Case, w: &Workload, zero: u8, recompute: Recompute) -> Estimate {
     estimate(w, &cluster, &Calibration::default(), &cfg).unwrap()
 }
 
+/// The bytes a GPU sends with no data parallelism to speak of: everything
+/// but the gradient reduction (ZeRO-0 with its reduction taken out).
+fn run_tp_only(c: &Case, w: &Workload) -> f64 {
+    let single = Case { dp: 1, ..*c };
+    run(&single, w, 0, Recompute::None).comm_bytes_per_gpu
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -134,6 +141,29 @@ proptest! {
         prop_assert!(selective.memory.activations <= none.memory.activations);
         prop_assert!(none.step_time_s < selective.step_time_s);
         prop_assert!(selective.step_time_s < full.step_time_s);
+    }
+
+    #[test]
+    fn each_zero_stage_sends_no_less_than_the_last(c in cases()) {
+        let w = workload(&c, AttentionKernel::Fused);
+        let sent: Vec<f64> = (0..=3).map(|z| run(&c, &w, z, Recompute::None).comm_bytes_per_gpu).collect();
+        prop_assert!(sent.windows(2).all(|s| s[1] >= s[0] * (1.0 - 1e-12)), "{sent:?}");
+        if c.dp > 1 {
+            // ZeRO-3 gathers twice and reduce-scatters once per micro-batch:
+            // at least one and a half all-reduces' worth.
+            prop_assert!(sent[3] - sent[0] >= 0.5 * (sent[0] - run_tp_only(&c, &w)) - 1e-6, "{sent:?}");
+        }
+    }
+
+    #[test]
+    fn zero_3_cannot_hide_its_first_gather_nor_zero_1_its_refresh(c in cases()) {
+        let w = workload(&c, AttentionKernel::Fused);
+        if c.dp > 1 {
+            for zero in [1, 2, 3] {
+                let e = run(&c, &w, zero, Recompute::None);
+                prop_assert!(e.breakdown.dp_comm_s > 0.0, "ZeRO-{zero}: {:?}", e.breakdown);
+            }
+        }
     }
 
     #[test]

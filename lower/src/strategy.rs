@@ -143,6 +143,11 @@ impl Strategy {
                 )))
             }
         };
+        if p.tp_comm_overlap {
+            return Err(StrategyError::NotLowered(
+                "tensor-parallel communication overlapped with the GEMMs (parallel.tp_comm_overlap)".into(),
+            ));
+        }
         if let Some(dtype) = p.grad_compression {
             return Err(StrategyError::NotLowered(format!(
                 "gradient compression to {dtype} (parallel.grad_compression)"

@@ -61,6 +61,7 @@ fn every_top_candidate_lowers() {
             attention: AttentionKernel::Fused,
             dropout: false,
             top: 8,
+            tp_comm_overlap: false,
             limits: DegreeLimits {
                 grad_compression: false,
                 ..DegreeLimits::NONE

@@ -48,6 +48,7 @@ fn main() {
             attention: r.config().attention,
             dropout: r.config().dropout,
             top: 5,
+            tp_comm_overlap: false,
         };
         let run = || search(&graph, &cluster, &calibration, &opts, &|_, _| {}).expect("plan");
         let t = median(if r.gpus <= 64 { 11 } else { 3 }, || {

@@ -58,6 +58,9 @@ pub struct SearchOptions {
     pub top: usize,
     /// What the search may use (degrees, gradient compression).
     pub limits: DegreeLimits,
+    /// Price tensor-parallel communication as overlapped with the GEMMs
+    /// (Megatron-Core's option; no backend here runs it).
+    pub tp_comm_overlap: bool,
 }
 
 /// Caps on the tensor, context and expert-parallel degrees, and whether
@@ -258,13 +261,14 @@ fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool
     out
 }
 
-/// The fastest first; ties to the smaller memory, then the earlier found.
+/// The fastest first; ties to the one that sends less, then the smaller
+/// memory, then the earlier found.
 fn faster(a: &Candidate, b: &Candidate) -> std::cmp::Ordering {
-    a.estimate.step_time_s.total_cmp(&b.estimate.step_time_s).then(
-        a.estimate
-            .memory_per_gpu_bytes
-            .total_cmp(&b.estimate.memory_per_gpu_bytes),
-    )
+    let (a, b) = (&a.estimate, &b.estimate);
+    a.step_time_s
+        .total_cmp(&b.step_time_s)
+        .then(a.comm_bytes_per_gpu.total_cmp(&b.comm_bytes_per_gpu))
+        .then(a.memory_per_gpu_bytes.total_cmp(&b.memory_per_gpu_bytes))
 }
 
 /// What one task found.
@@ -499,6 +503,7 @@ fn search_mesh(
             dropout: opts.dropout,
             mesh_order: order,
             overlap_grad_reduce: true,
+            tp_comm_overlap: opts.tp_comm_overlap,
             ..TrainingConfig::default()
         };
         let ev = Evaluator::new(w, cluster, calibration, &Mesh::of(&base), base.sp)?;

@@ -208,6 +208,7 @@ fn check(
         attention: AttentionKernel::Fused,
         dropout: false,
         top: 3,
+        tp_comm_overlap: false,
     };
     let found = search(&graph, &cluster, &Calibration::default(), &opts, &|_, _| {}).unwrap();
     let (want, evaluated) = brute_force(&graph, &cluster, &opts);

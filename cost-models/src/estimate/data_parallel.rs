@@ -1,0 +1,449 @@
+//! Data-parallel traffic of one pipeline stage as lowering issues it and the
+//! backends run it: one collective at a time on a communication lane beside
+//! the compute stream, so a collective hides only under compute that runs
+//! beside it, and only what that compute cannot cover is exposed.
+//!
+//! - Gradients are reduced in buckets ([`crate::comm::bucket_count`]), each
+//!   issued when the backward pass has completed it: ZeRO-0/1 once per step,
+//!   in the last micro-batch's backward pass; ZeRO-2/3 in every micro-batch's.
+//!   The last bucket always follows the backward pass.
+//! - ZeRO-1/2 all-gather the updated weights after the optimizer step, one
+//!   collective per parameter tensor, with nothing beside them.
+//! - ZeRO-3 gathers each parameter tensor before the unit that uses it
+//!   ([`PREFETCH_UNITS`] ahead), and reduce-scatters its gradients after the
+//!   unit's backward pass.
+//! - A tied embedding's gradients are summed between the first and last
+//!   stage after the pipeline.
+//!
+//! Every collective pays its own latency: a bucket once, a tensor's gather once.
+
+use super::UnitTime;
+use crate::comm::{self, Algorithm, Collective, CommError, Span};
+use crate::config::TrainingConfig;
+use crate::pipeline::Stage;
+use crate::workload::{ParamShard, Unit, Workload};
+use crate::Cluster;
+
+/// One unit's parameter tensors on one rank, for data-parallel traffic.
+#[derive(Debug, Clone, Default)]
+struct UnitParams {
+    /// Gradient bytes of each dense and each expert tensor.
+    dense: Vec<f64>,
+    expert: Vec<f64>,
+    /// One all-gather of every tensor, each its own collective (ZeRO-3's
+    /// gathers, ZeRO-1/2's refresh).
+    gathers: f64,
+}
+
+impl UnitParams {
+    fn of<'a>(params: impl Iterator<Item = &'a ParamShard>, net: &Net) -> Result<UnitParams, CommError> {
+        let mut u = UnitParams::default();
+        for p in params {
+            let bytes = p.elements * p.dtype.size_bits() as f64 / 8.0;
+            let span = if p.expert { net.expert_data } else { net.data };
+            u.gathers += comm::time(net.cluster, span, Collective::AllGather, Algorithm::Ring, bytes)?;
+            match p.expert {
+                true => u.expert.push(bytes),
+                false => u.dense.push(bytes),
+            }
+        }
+        Ok(u)
+    }
+
+    fn bytes(&self) -> (f64, f64) {
+        (self.dense.iter().sum(), self.expert.iter().sum())
+    }
+}
+
+/// Where the data-parallel groups sit, on the achievable link rates.
+pub(super) struct Net<'a> {
+    pub cluster: &'a Cluster,
+    pub data: Span,
+    pub expert_data: Span,
+    /// The first and the last stage's rank of one replica.
+    pub ends: Span,
+}
+
+/// The stage's parameters in the order the backward pass completes them.
+struct StageParams<'a> {
+    units: Vec<(&'a UnitParams, usize)>,
+}
+
+impl StageParams<'_> {
+    /// Collectives and bytes of one bucketed reduction of every dense (or
+    /// expert) gradient.
+    fn buckets(&self, expert: bool, cap: f64) -> (usize, f64) {
+        let sizes = self.units.iter().flat_map(|&(u, times)| {
+            let list = if expert { &u.expert } else { &u.dense };
+            (0..times).flat_map(move |_| list.iter().copied())
+        });
+        let sizes: Vec<f64> = sizes.collect();
+        (comm::bucket_count(&sizes, cap), sizes.iter().sum())
+    }
+
+    fn gathers(&self) -> f64 {
+        self.units
+            .iter()
+            .map(|&(u, times)| times as f64 * u.gathers)
+            .sum()
+    }
+}
+
+/// A bucketed reduction: `count` collectives of `bytes / count` each.
+#[derive(Debug, Clone, Copy, Default)]
+struct Reduction {
+    count: usize,
+    /// Seconds of all of them.
+    seconds: f64,
+}
+
+impl Reduction {
+    fn then(self, o: Reduction) -> Reduction {
+        Reduction {
+            count: self.count + o.count,
+            seconds: self.seconds + o.seconds,
+        }
+    }
+
+    /// Exposed seconds when the buckets complete evenly through `compute`
+    /// seconds of backward pass and run one after another: the lane ends at
+    /// `max(compute + one bucket, compute / count + all buckets)`.
+    fn exposed_after(self, compute: f64) -> f64 {
+        if self.count == 0 {
+            return 0.0;
+        }
+        let n = self.count as f64;
+        let one = self.seconds / n;
+        (compute / n + self.seconds).max(compute + one) - compute
+    }
+}
+
+/// The data-parallel traffic of a workload on a mesh, priced per unit once.
+pub(super) struct Traffic {
+    pre: UnitParams,
+    layer: UnitParams,
+    post: UnitParams,
+    /// The post-layers part less the weights it shares with the pre-layers part.
+    post_unshared: UnitParams,
+    /// Bytes of the weights the first and last stage share (a tied embedding).
+    tied_bytes: f64,
+    cluster: Cluster,
+    data: Span,
+    expert_data: Span,
+    ends: Span,
+}
+
+impl Traffic {
+    pub(super) fn new(w: &Workload, net: &Net) -> Result<Traffic, CommError> {
+        let unit = |u: &Unit| UnitParams::of(u.params.values(), net);
+        let unshared = w
+            .post
+            .params
+            .iter()
+            .filter(|(id, _)| !w.pre.params.contains_key(id))
+            .map(|(_, p)| p);
+        let post_unshared = UnitParams::of(unshared, net)?;
+        let post = unit(&w.post)?;
+        let (all, _) = post.bytes();
+        let (unshared_bytes, _) = post_unshared.bytes();
+        Ok(Traffic {
+            pre: unit(&w.pre)?,
+            layer: unit(&w.layer)?,
+            post,
+            post_unshared,
+            tied_bytes: all - unshared_bytes,
+            cluster: net.cluster.clone(),
+            data: net.data,
+            expert_data: net.expert_data,
+            ends: net.ends,
+        })
+    }
+
+    fn stage_params(&self, stage: &Stage) -> StageParams<'_> {
+        let mut units = Vec::with_capacity(3);
+        if stage.last {
+            let post = if stage.first {
+                &self.post_unshared
+            } else {
+                &self.post
+            };
+            units.push((post, 1));
+        }
+        units.push((&self.layer, stage.layers));
+        if stage.first {
+            units.push((&self.pre, 1));
+        }
+        StageParams { units }
+    }
+
+    fn time(&self, span: Span, c: Collective, a: Algorithm, bytes: f64) -> Result<f64, CommError> {
+        comm::time(&self.cluster, span, c, a, bytes)
+    }
+
+    /// The bucketed reduction of every gradient of `stage`: an all-reduce
+    /// (ZeRO-0, by `cfg`'s algorithm and in its narrower type) or a
+    /// reduce-scatter (ZeRO-1 to 3).
+    fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<Reduction, CommError> {
+        let params = self.stage_params(stage);
+        let cap = f64::from(cfg.grad_reduce.bucket_mib) * (1u64 << 20) as f64;
+        let mut total = Reduction::default();
+        for (expert, span) in [(false, self.data), (true, self.expert_data)] {
+            let (count, bytes) = params.buckets(expert, cap);
+            if count == 0 || span.ranks() <= 1 {
+                continue;
+            }
+            let (collective, algorithm) = match cfg.zero {
+                0 => (Collective::AllReduce, cfg.grad_reduce.algorithm),
+                _ => (Collective::ReduceScatter, Algorithm::Ring),
+            };
+            let one = self.time(span, collective, algorithm, bytes * ratio / count as f64)?;
+            total = total.then(Reduction {
+                count,
+                seconds: one * count as f64,
+            });
+        }
+        Ok(total)
+    }
+
+    /// Exposed data-parallel seconds of `stage` after its pipeline work:
+    /// the reduction's tail behind the last backward pass (ZeRO-0/1/2; the
+    /// whole reduction without overlap), ZeRO-2's reduce-scatters of earlier
+    /// micro-batches beyond the micro-batch of compute beside them, ZeRO-1/2's
+    /// weight refresh, and the tied embedding's gradient sum.
+    pub(super) fn after_pipeline(
+        &self,
+        cfg: &TrainingConfig,
+        stage: &Stage,
+        per_micro_batch: &UnitTime,
+        ratio: f64,
+    ) -> Result<f64, CommError> {
+        let mut exposed = 0.0;
+        if cfg.zero < 3 {
+            let reduce = self.reduction(cfg, stage, ratio)?;
+            let backward = per_micro_batch.backward;
+            exposed += match cfg.overlap_grad_reduce {
+                true => reduce.exposed_after(backward),
+                false => reduce.seconds,
+            };
+            if cfg.zero == 2 {
+                let beside = per_micro_batch.forward + backward;
+                exposed += (cfg.micro_batches() - 1) as f64 * (reduce.seconds - beside).max(0.0);
+            }
+            if cfg.zero >= 1 && self.data.ranks() > 1 {
+                exposed += self.stage_params(stage).gathers();
+            }
+        }
+        if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {
+            exposed += self.time(self.ends, Collective::AllReduce, Algorithm::Ring, self.tied_bytes)?;
+        }
+        Ok(exposed)
+    }
+
+    /// Bytes a rank of `stage` sends per step in data-parallel traffic:
+    /// ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and ZeRO-2 once
+    /// per micro-batch, both then all-gather the weights; ZeRO-3 gathers
+    /// twice and reduce-scatters once per micro-batch; plus the tied sum.
+    pub(super) fn sent(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<f64, CommError> {
+        let params = self.stage_params(stage);
+        let m = cfg.micro_batches() as f64;
+        let mut total = 0.0;
+        for (expert, span) in [(false, self.data), (true, self.expert_data)] {
+            let (_, bytes) = params.buckets(expert, f64::INFINITY);
+            let n = span.ranks();
+            let one = |c: Collective, a: Algorithm| comm::bytes_sent(c, a, n, bytes).map(|b| b[0]);
+            let ring = Algorithm::Ring;
+            total += match cfg.zero {
+                0 => one(Collective::AllReduce, cfg.grad_reduce.algorithm)?,
+                1 => one(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
+                2 => m * one(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
+                _ => m * (2.0 * one(Collective::AllGather, ring)? + one(Collective::ReduceScatter, ring)?),
+            };
+        }
+        if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {
+            total += comm::bytes_sent(Collective::AllReduce, Algorithm::Ring, 2, self.tied_bytes)?[0];
+        }
+        Ok(total)
+    }
+
+    /// ZeRO-3's exposed seconds per micro-batch on `stage`: the units run
+    /// forward then backward on the compute stream; before each, its
+    /// parameters are gathered (issued when the unit before it starts), and
+    /// after each backward unit its gradients' reduce-scatter is issued.
+    pub(super) fn zero3_exposed(
+        &self,
+        cfg: &TrainingConfig,
+        stage: &Stage,
+        times: [&UnitTime; 3],
+    ) -> Result<f64, CommError> {
+        if cfg.zero != 3 || self.data.ranks() <= 1 {
+            return Ok(0.0);
+        }
+        let [pre, layer, post] = times;
+        let reduction = self.reduction(cfg, stage, 1.0)?;
+        let params = self.stage_params(stage);
+        let total_bytes: f64 = params
+            .units
+            .iter()
+            .map(|&(u, n)| {
+                let (d, e) = u.bytes();
+                (d + e) * n as f64
+            })
+            .sum();
+        let rs = |u: &UnitParams| {
+            let (d, e) = u.bytes();
+            match total_bytes > 0.0 {
+                true => reduction.seconds * (d + e) / total_bytes,
+                false => 0.0,
+            }
+        };
+        let post_params = if stage.first {
+            &self.post_unshared
+        } else {
+            &self.post
+        };
+        let mut forward: Vec<Step> = Vec::with_capacity(stage.layers + 2);
+        let push = |list: &mut Vec<Step>, u: &UnitParams, t: &UnitTime, backward: bool| {
+            list.push(match backward {
+                false => Step {
+                    gather: u.gathers,
+                    compute: t.forward,
+                    reduce: 0.0,
+                },
+                true => Step {
+                    gather: u.gathers,
+                    compute: t.backward,
+                    reduce: rs(u),
+                },
+            })
+        };
+        if stage.first {
+            push(&mut forward, &self.pre, pre, false);
+        }
+        for _ in 0..stage.layers {
+            push(&mut forward, &self.layer, layer, false);
+        }
+        if stage.last {
+            push(&mut forward, post_params, post, false);
+        }
+        let mut steps = forward.clone();
+        if stage.last {
+            push(&mut steps, post_params, post, true);
+        }
+        for _ in 0..stage.layers {
+            push(&mut steps, &self.layer, layer, true);
+        }
+        if stage.first {
+            push(&mut steps, &self.pre, pre, true);
+        }
+        Ok(lane_exposed(&steps, PREFETCH_UNITS))
+    }
+}
+
+/// One unit's turn on the compute stream with its ZeRO-3 traffic.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    /// Gathering its parameters, before it can start.
+    gather: f64,
+    compute: f64,
+    /// Reducing its gradients, issued when it ends.
+    reduce: f64,
+}
+
+/// How many units ahead ZeRO-3 gathers weights: the backends gather a
+/// parameter where its unit first reads it (the CPU backend before running
+/// the node, the CUDA backend on the compute stream), so nothing is
+/// prefetched and every gather is exposed.
+const PREFETCH_UNITS: usize = 0;
+
+/// Seconds the compute stream waits, or the lane runs past it, when `steps`
+/// run in order with their collectives one at a time on one lane: a step's
+/// gather is issued when the step `prefetch` before it starts (at once when
+/// `prefetch` is 0, and the step waits for it), its reduction when it ends.
+fn lane_exposed(steps: &[Step], prefetch: usize) -> f64 {
+    let n = steps.len();
+    let mut ready = vec![0.0f64; n];
+    let mut lane = 0.0f64;
+    for (i, s) in steps.iter().enumerate().take(prefetch) {
+        lane += s.gather;
+        ready[i] = lane;
+    }
+    let (mut clock, mut busy) = (0.0f64, 0.0);
+    for (i, s) in steps.iter().enumerate() {
+        if prefetch == 0 {
+            lane = lane.max(clock) + s.gather;
+            ready[i] = lane;
+        }
+        let start = clock.max(ready[i]);
+        if let Some(next) = steps.get(i + prefetch).filter(|_| prefetch > 0) {
+            lane = lane.max(start) + next.gather;
+            ready[i + prefetch] = lane;
+        }
+        clock = start + s.compute;
+        busy += s.compute;
+        if s.reduce > 0.0 {
+            lane = lane.max(clock) + s.reduce;
+        }
+    }
+    clock.max(lane) - busy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(gather: f64, compute: f64, reduce: f64) -> Step {
+        Step {
+            gather,
+            compute,
+            reduce,
+        }
+    }
+
+    #[test]
+    fn prefetched_gathers_shorter_than_compute_expose_only_the_first() {
+        let steps = vec![step(1.0, 3.0, 0.0); 4];
+        assert_eq!(lane_exposed(&steps, 1), 1.0);
+        assert_eq!(lane_exposed(&steps, 2), 1.0);
+    }
+
+    #[test]
+    fn gathers_not_prefetched_are_all_exposed() {
+        let steps = vec![step(1.0, 3.0, 0.0); 4];
+        assert_eq!(lane_exposed(&steps, 0), 4.0);
+    }
+
+    #[test]
+    fn gathers_longer_than_compute_pace_the_stream() {
+        // Each gather takes 2, each step 1: the first waits 2, then each
+        // next one waits 1 more.
+        let steps = vec![step(2.0, 1.0, 0.0); 3];
+        assert_eq!(lane_exposed(&steps, 1), 2.0 + 1.0 + 1.0);
+    }
+
+    #[test]
+    fn reductions_hide_under_later_steps_but_the_last() {
+        let steps = [step(0.0, 4.0, 1.0), step(0.0, 4.0, 1.0)];
+        assert_eq!(lane_exposed(&steps, 1), 1.0);
+        // Without prefetch a gather queues behind the reduction before it:
+        // the second step waits 3 for the reduction and 1 for its gather.
+        let steps = [step(0.0, 1.0, 3.0), step(1.0, 4.0, 0.0)];
+        assert_eq!(lane_exposed(&steps, 0), 4.0);
+    }
+
+    #[test]
+    fn buckets_hide_under_the_backward_pass_but_the_last() {
+        let r = Reduction {
+            count: 4,
+            seconds: 4.0,
+        };
+        // Plenty of compute: only the last bucket shows.
+        assert_eq!(r.exposed_after(100.0), 1.0);
+        // No compute: all of it.
+        assert_eq!(r.exposed_after(0.0), 4.0);
+        // 8 s of backward, buckets at 2, 4, 6, 8: the lane ends at 2 + 4 = 6 < 9.
+        assert_eq!(r.exposed_after(8.0), 1.0);
+        // 2 s of backward: the lane ends at 0.5 + 4.
+        assert_eq!(r.exposed_after(2.0), 2.5);
+        assert_eq!(Reduction::default().exposed_after(3.0), 0.0);
+    }
+}
