@@ -462,6 +462,42 @@ impl<'g> Builder<'g> {
         }
     }
 
+    /// The kernels of the token cross-entropy lowering adds on each graph
+    /// output: a log-softmax over the rank's logits, priced as the op is
+    /// wherever it runs (the picking of the targets' entries and their sum
+    /// touch one value per token and are left out).
+    pub(super) fn add_loss_kernels(&mut self) {
+        for &t in &self.graph.outputs {
+            let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
+                continue;
+            };
+            let ty = TensorType {
+                dtype: self.graph.tensor(t).ty.dtype,
+                shape: Shape::fixed(&self.dims[t.index()]),
+            };
+            let op = Op::LogSoftmax { axis: -1 };
+            let inputs = [Some(ty.clone())];
+            let outputs = [ty.clone()];
+            let ctx = kernels::Context {
+                op: &op,
+                name: "loss/log_softmax",
+                input_types: &inputs,
+                output_types: &outputs,
+                dtype: ty.dtype,
+                work_div: self.divisor(self.layouts[t.index()]),
+                head_div: 1.0,
+                seq_div: self.opts.sharding.cp as f64,
+                tp: self.opts.sharding.tp as f64,
+                split: ProductSplit::Whole,
+                attention: self.opts.attention,
+                dropout: false,
+                residual_add: false,
+            };
+            let ir = op.cost(&[Some(&ty)], &[&ty]);
+            self.units[u].ops.extend(kernels::price(&ctx, &ir));
+        }
+    }
+
     /// The cross-entropy the runtime computes on vocabulary-split logits
     /// (each graph output still split when the walk ends): forward, the
     /// ranks' maxima are all-gathered and the sum of exponentials and the

@@ -205,6 +205,7 @@ impl Workload {
             b.visit(idx)?;
         }
         b.add_loss_comms();
+        b.add_loss_kernels();
         b.add_sequence_parallel_grad_comms();
         let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
