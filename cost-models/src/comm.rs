@@ -208,6 +208,57 @@ pub fn time(
     })
 }
 
+/// Gradient buckets, the one rule lowering emits and the estimate counts:
+/// gradients join the open bucket in the order the backward pass completes
+/// them, and the bucket is issued as one collective as soon as it holds at
+/// least `cap` bytes (PyTorch DDP's `bucket_cap_mb`, Megatron-LM's
+/// `bucket_size`); what remains is issued when nothing more can join it.
+/// A `cap` of 0 issues every gradient on its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketFill {
+    cap: f64,
+    bytes: f64,
+    members: usize,
+}
+
+impl BucketFill {
+    /// An empty bucket issued at `cap` bytes.
+    pub fn new(cap: f64) -> BucketFill {
+        BucketFill {
+            cap,
+            bytes: 0.0,
+            members: 0,
+        }
+    }
+
+    /// Adds a gradient of `bytes`; true when that fills the bucket, which
+    /// is then issued (and this one starts empty again).
+    pub fn add(&mut self, bytes: f64) -> bool {
+        self.bytes += bytes;
+        self.members += 1;
+        let full = self.bytes >= self.cap;
+        if full {
+            *self = BucketFill::new(self.cap);
+        }
+        full
+    }
+
+    /// Whether gradients wait in the bucket (to be issued when nothing more
+    /// can join it).
+    pub fn is_open(&self) -> bool {
+        self.members > 0
+    }
+}
+
+/// The collectives that reduce gradients of `sizes` bytes (in the order
+/// the backward pass completes them) in buckets of `cap` bytes
+/// ([`BucketFill`]).
+pub fn buckets(sizes: &[f64], cap: f64) -> usize {
+    let mut fill = BucketFill::new(cap);
+    let full = sizes.iter().filter(|&&bytes| fill.add(bytes)).count();
+    full + usize::from(fill.is_open())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,5 +457,19 @@ mod tests {
         let ring = time(&c, span, AllReduce, Ring, 1e9).unwrap();
         assert!((ps - (4e-6 + 14.0 * 1e9 / 300e9)).abs() < 1e-12);
         assert!(ps > ring);
+    }
+
+    #[test]
+    fn buckets_close_at_the_cap_and_issue_the_rest_at_the_end() {
+        assert_eq!(buckets(&[], 10.0), 0);
+        assert_eq!(buckets(&[4.0, 4.0, 4.0, 4.0, 1.0], 8.0), 3);
+        assert_eq!(buckets(&[9.0, 1.0], 8.0), 2);
+        assert_eq!(buckets(&[1.0, 1.0, 1.0], 100.0), 1);
+        // 0: one collective per tensor, an empty one included.
+        assert_eq!(buckets(&[3.0, 0.0, 5.0], 0.0), 3);
+        let mut fill = BucketFill::new(8.0);
+        assert!(!fill.is_open());
+        assert!(!fill.add(5.0) && fill.is_open());
+        assert!(fill.add(3.0) && !fill.is_open());
     }
 }
