@@ -330,13 +330,13 @@ impl Lifetimes<'_> {
             BufferUse::Creates(buf) => self.create(buf, at),
             BufferUse::Reads(buf) => self.read(buf, at),
             BufferUse::Frees(buf) => self.free(buf, at),
-            BufferUse::Gradient { param, micro_batch } => {
+            BufferUse::Gradients { params, micro_batch } => params.iter().try_for_each(|param| {
                 let grad = self
                     .gradients
-                    .get(param)
+                    .get(param.as_str())
                     .ok_or_else(|| BufferError::NoGradient(param.to_string()))?;
                 self.read(&Buf::of(grad, micro_batch), at)
-            }
+            }),
             BufferUse::Node { node, micro_batch } => {
                 let n = g.node(
                     *self

@@ -65,8 +65,8 @@ enum Runner {
 pub(super) struct CommStream<T> {
     rank: usize,
     runner: Runner,
-    /// Issued jobs in order, by the parameter they concern.
-    pending: VecDeque<(String, T)>,
+    /// Issued jobs in order, with the parameters they concern.
+    pending: VecDeque<(Vec<String>, T)>,
 }
 
 impl<T> CommStream<T> {
@@ -105,9 +105,10 @@ impl<T> CommStream<T> {
         }
     }
 
-    /// Queues `job` for parameter `param`; `then` comes back with its result.
-    pub fn issue(&mut self, param: &str, job: Job, then: T) {
-        self.pending.push_back((param.to_string(), then));
+    /// Queues `job` on `params` (a bucket's, or one); `then` comes back
+    /// with its result.
+    pub fn issue(&mut self, params: Vec<String>, job: Job, then: T) {
+        self.pending.push_back((params, then));
         match &mut self.runner {
             // A worker that stopped leaves the job to fail in `next`.
             Runner::Worker { jobs: Some(jobs), .. } => drop(jobs.send(job)),
@@ -118,7 +119,7 @@ impl<T> CommStream<T> {
 
     /// Whether a job for `param` is still pending.
     pub fn is_pending(&self, param: &str) -> bool {
-        self.pending.iter().any(|(p, _)| p == param)
+        self.pending.iter().any(|(ps, _)| ps.iter().any(|p| p == param))
     }
 
     /// Whether any job is pending.

@@ -18,9 +18,11 @@ use autopar_cost_models::Recompute;
 use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+mod buckets;
 mod frees;
 mod zero;
 
+use buckets::Buckets;
 use frees::{Groups, Key, Lifetimes};
 
 /// Facts about the training graph shared by every rank's emission.
@@ -43,6 +45,8 @@ pub(super) struct Layout<'a> {
     /// Virtual stages that use each parameter, and the one that owns its gradient.
     param_users: BTreeMap<String, BTreeSet<usize>>,
     param_owner: HashMap<String, usize>,
+    /// By parameter: its gradient's bytes on a rank, which fill buckets.
+    grad_bytes: HashMap<String, f64>,
 }
 
 impl<'a> Layout<'a> {
@@ -107,6 +111,15 @@ impl<'a> Layout<'a> {
                 param_owner.insert(p.clone(), part.place[&node].0);
             }
         }
+        let grad_bytes = t
+            .gradients
+            .iter()
+            .filter_map(|(p, grad)| {
+                let x = g.tensor(id_of(grad)?);
+                let numel = x.ty.shape.numel(&g.bindings)?;
+                Some((p.clone(), (numel as usize * x.ty.dtype.size_bytes()) as f64))
+            })
+            .collect();
         Layout {
             t,
             s,
@@ -118,6 +131,7 @@ impl<'a> Layout<'a> {
             loss,
             param_users,
             param_owner,
+            grad_bytes,
         }
     }
 
@@ -225,8 +239,10 @@ impl<'a> Layout<'a> {
             gathered: Vec::new(),
             reduce_early: BTreeMap::new(),
             reduced: BTreeSet::new(),
+            buckets: Buckets::default(),
         };
         e.reduce_early = e.early_reductions();
+        e.plan_buckets();
         for task in &order {
             e.task(*task)?;
         }
@@ -258,12 +274,15 @@ struct Emitter<'l, 'a> {
     /// parameter (ZeRO-3).
     tasks: usize,
     gathered: Vec<usize>,
-    /// Parameters whose gradient is reduced as soon as its last micro-batch
-    /// accumulated (overlapping the rest of the backward pass), with the
-    /// accumulations still to come this step.
+    /// Parameters whose gradient is reduced in the backward pass
+    /// (overlapping the rest of it), in buckets, with the micro-batches'
+    /// gradients still to come this step: after the last (ZeRO-0/1), or
+    /// each micro-batch's (ZeRO-2/3).
     reduce_early: BTreeMap<String, usize>,
-    /// Parameters whose reduction was emitted that way.
+    /// Parameters whose reduction joined a bucket that way.
     reduced: BTreeSet<String>,
+    /// The gradient buckets being filled.
+    buckets: Buckets,
 }
 
 impl Emitter<'_, '_> {
@@ -419,15 +438,7 @@ impl Emitter<'_, '_> {
                 self.push_use(Instr::ReportLoss { buf }, key);
             }
             if let Some(&Some((param, grad))) = l.accumulates.get(key.name as usize) {
-                if let Some(name) = grad {
-                    let grad = Key { name, ..key };
-                    self.lifetimes.used(grad, self.out.len());
-                }
-                self.out.push(Instr::AccumulateGrad {
-                    param: param.to_string(),
-                    micro_batch: mb,
-                });
-                self.reduce_if_complete(param);
+                self.gradient(param, mb, grad.map(|name| Key { name, ..key }));
             }
         }
         Ok(())
