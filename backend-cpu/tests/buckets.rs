@@ -7,31 +7,25 @@
 
 use autopar_cost_models::comm::buckets;
 use autopar_cpu::train;
-use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
-use autopar_ir::Graph;
 use autopar_lower::{lower, training_graph, Buf, Instr, Program, Strategy, TrainingGraph};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
+mod common;
+
 const SEQ: usize = 8;
-const LAYERS: usize = 4;
+/// `common::zoo_gpt`'s layers.
+const LAYERS: usize = 2;
 const VOCAB: usize = 64;
 /// A cap that cuts the tiny GPT's gradients (about 50 KiB a layer) into
 /// several buckets; the default (25 MiB) holds them all.
 const SMALL: usize = 16 << 10;
 
-/// A tiny GPT (tied embeddings) whose every dimension divides by 4.
-fn model() -> Graph {
-    let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab={VOCAB},seq={SEQ}");
-    let mut g = autopar_import::zoo::build(&spec).unwrap();
-    initialize(&mut g, 7).unwrap();
-    g
-}
-
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let t = training_graph(&model(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+    let t = training_graph(&common::zoo_gpt(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -278,10 +272,11 @@ fn zero_2_holds_a_fraction_of_the_full_size_gradients_zero_1_holds() {
             let (after, _) = peak(2, cap);
             let (zero1, _) = peak(1, cap);
             eprintln!("  cap {cap:>8} B: ZeRO-2 peak {after} B, ZeRO-1 peak {zero1} B");
-            if cap < 25 << 20 {
-                assert!(after * 2.0 < before, "cap {cap}: {after} B vs {before} B");
+            // A bucket below a layer's gradients: about one layer's at most.
+            if cap <= SMALL {
+                assert!(after * 3.0 < before, "cap {cap}: {after} B vs {before} B");
             }
-            assert!(after <= before, "cap {cap}: {after} B vs {before} B");
+            assert!(after < before, "cap {cap}: {after} B vs {before} B");
         }
     }
 }
