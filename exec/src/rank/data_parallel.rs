@@ -12,8 +12,8 @@ use crate::overlap::{CommStream, Done, Job, JobKind};
 use crate::trace::Stream;
 use crate::zero_parts::shard_of;
 use autopar_comm::collective::values::{to_buffer, unpad};
+use autopar_comm::collective::Buffer;
 use autopar_cost_models::comm::Algorithm;
-use autopar_ir::interp::run_dtype;
 use autopar_ir::{DType, Value};
 use autopar_lower::{Buf, Instr, Shard};
 use std::sync::Arc;
@@ -48,11 +48,13 @@ enum Slot {
         dtype: DType,
         members: Vec<(String, usize)>,
     },
-    /// The parameter's weight, gathered whole (padding dropped).
+    /// The parameter's weight, gathered whole (padding dropped): the
+    /// stored weight (ZeRO-1/2's refresh) or the step's gathered copy (ZeRO-3).
     Weight {
         param: String,
         dtype: DType,
         shape: Vec<usize>,
+        gathered: bool,
     },
 }
 
@@ -139,10 +141,19 @@ impl<B: Backend> RankRun<'_, B> {
                 }
                 Ok(())
             }
-            Slot::Weight { param, dtype, shape } => {
+            Slot::Weight {
+                param,
+                dtype,
+                shape,
+                gathered,
+            } => {
                 let full = unpad(got, dtype, shape)?;
                 let held = self.dev.upload(full)?;
-                self.weights.insert(param, held);
+                if gathered {
+                    self.bufs.insert(Buf::step(&param), held);
+                } else {
+                    self.weights.insert(param, held);
+                }
                 Ok(())
             }
         }
@@ -316,39 +327,62 @@ impl<B: Backend> RankRun<'_, B> {
             index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
             parts: group.len(),
         };
-        let job = Job {
-            kind: JobKind::AllGather,
-            group: group.to_vec(),
-            data: to_buffer(&shard_of(&w, shard)),
-            tag: at.tag(&format!("ag/{param}")),
-            what: at.what.to_string(),
-        };
+        let job = all_gather(
+            group,
+            to_buffer(&shard_of(&w, shard)),
+            at.tag(&format!("ag/{param}")),
+            at,
+        );
         let into = Slot::Weight {
             param: param.to_string(),
             dtype: w.dtype,
             shape: w.shape.clone(),
+            gathered: false,
         };
         self.overlap(vec![param.to_string()], job, into, instr, at.step);
         Ok(())
     }
 
-    /// Gathers the whole `param` from its shards into a per-step buffer (ZeRO-3).
-    pub(super) fn gather_param(&mut self, param: &str, group: &[usize], at: At<'_>) -> Result<(), Failure> {
+    /// Gathers the whole `param` from its shards into a per-step buffer
+    /// (ZeRO-3): on the backend's collectives in order, else on the
+    /// communication stream, where the program's prefetch lets it run
+    /// beside the computation until a node reads it.
+    pub(super) fn gather_param(
+        &mut self,
+        instr: &Instr,
+        param: &str,
+        group: &[usize],
+        at: At<'_>,
+    ) -> Result<(), Failure> {
         let k = self.gathers.entry(param.to_string()).or_insert(0);
         *k += 1;
-        let t = at.tag(&format!("gather/{param}/{k}"));
+        let tag = at.tag(&format!("gather/{param}/{k}"));
         let part = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
-        let (_, shape) = self.ty(param)?;
+        let (dtype, shape) = self.ty(param)?;
         if let Some(full) = on_device(&mut self.dev, |d| d.all_gather(&part, group, &shape))?.flatten() {
             self.bufs.insert(Buf::step(param), full);
             return Ok(());
         }
         let w = self.weight_host(param)?;
-        let all = self.ep.all_gather(group, &to_buffer(&w), &t, at.what)?;
-        let (dtype, shape) = self.ty(param)?;
-        let full = unpad(all, run_dtype(dtype, self.opts.precision), shape)?;
-        let held = self.dev.upload(full)?;
-        self.bufs.insert(Buf::step(param), held);
+        let job = all_gather(group, to_buffer(&w), tag, at);
+        let into = Slot::Weight {
+            param: param.to_string(),
+            dtype,
+            shape,
+            gathered: true,
+        };
+        self.overlap(vec![param.to_string()], job, into, instr, at.step);
         Ok(())
+    }
+}
+
+/// The job gathering every member's `part` over `group`.
+fn all_gather(group: &[usize], part: Buffer, tag: String, at: At<'_>) -> Job {
+    Job {
+        kind: JobKind::AllGather,
+        group: group.to_vec(),
+        data: part,
+        tag,
+        what: at.what.to_string(),
     }
 }

@@ -20,10 +20,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod buckets;
 mod frees;
+mod prefetch;
 mod zero;
 
 use buckets::Buckets;
 use frees::{Groups, Key, Lifetimes};
+use prefetch::Segments;
 
 /// Facts about the training graph shared by every rank's emission.
 pub(super) struct Layout<'a> {
@@ -47,6 +49,8 @@ pub(super) struct Layout<'a> {
     param_owner: HashMap<String, usize>,
     /// By parameter: its gradient's bytes on a rank, which fill buckets.
     grad_bytes: HashMap<String, f64>,
+    /// By forward node name: the repeated layer it belongs to.
+    layer_of: HashMap<&'a str, usize>,
 }
 
 impl<'a> Layout<'a> {
@@ -132,6 +136,12 @@ impl<'a> Layout<'a> {
             param_users,
             param_owner,
             grad_bytes,
+            layer_of: g
+                .blocks
+                .iter()
+                .enumerate()
+                .flat_map(|(layer, b)| b.nodes.iter().map(move |n| (n.as_str(), layer)))
+                .collect(),
         }
     }
 
@@ -240,6 +250,7 @@ impl<'a> Layout<'a> {
             reduce_early: BTreeMap::new(),
             reduced: BTreeSet::new(),
             buckets: Buckets::default(),
+            segments: Segments::default(),
         };
         e.reduce_early = e.early_reductions();
         e.plan_buckets();
@@ -283,6 +294,8 @@ struct Emitter<'l, 'a> {
     reduced: BTreeSet<String>,
     /// The gradient buckets being filled.
     buckets: Buckets,
+    /// ZeRO-3: the current task's weights in runs of one layer, to gather ahead.
+    segments: Segments,
 }
 
 impl Emitter<'_, '_> {
@@ -342,6 +355,14 @@ impl Emitter<'_, '_> {
         let vs = l.task_stage(task, self.coord);
         let mb = task.micro_batch;
         self.tasks += 1;
+        if self.zero3() {
+            let again = match task.phase {
+                Phase::Backward => Some(l.recomputed(vs)),
+                Phase::Forward => None,
+            };
+            let nodes = again.into_iter().flatten();
+            self.segments = l.segments(nodes.chain(l.stage_nodes(vs, task.phase).iter().copied()));
+        }
         if task.phase == Phase::Backward {
             for node in l.recomputed(vs) {
                 self.compute(node, mb, true)?;
@@ -365,14 +386,8 @@ impl Emitter<'_, '_> {
             let tensor = g.tensor(x);
             match tensor.role {
                 Role::Constant => {}
-                Role::Parameter => {
-                    let key = l.key(x, None);
-                    if zero3 && self.first_gather(key) {
-                        let group = self.dp_group(&tensor.name);
-                        let param = tensor.name.clone();
-                        self.push_def(Instr::GatherParam { param, group }, key);
-                    }
-                }
+                Role::Parameter if zero3 => self.gather_ahead(l.key(x, None), &tensor.name),
+                Role::Parameter => {}
                 _ => self.ensure(x, mb)?,
             }
         }
