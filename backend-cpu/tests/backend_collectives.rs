@@ -15,6 +15,7 @@
 use autopar_comm::collective::{fabric, Algorithm, Buffer, Endpoint};
 use autopar_cost_models::Schedule;
 use autopar_cpu::{train, CpuBackend};
+use autopar_exec::buckets;
 use autopar_exec::train::{initialize, Optimizer, State, TokenSource};
 use autopar_exec::{train_on, Backend, BackendError, DeviceCollectives, Order, TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
@@ -141,6 +142,57 @@ impl DeviceCollectives<Arc<Value>> for Summing {
             .map_err(|e| e.to_string())?;
         let mine = Arc::new(shaped(mine, x.dtype, &[part]));
         self.hold(order, [x.clone(), mine.clone()]);
+        Ok(Some(mine))
+    }
+
+    /// One ring over the bucket laid out as the interpreter lays it out.
+    fn all_reduce_bucket(
+        &mut self,
+        xs: &mut [Arc<Value>],
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, BackendError> {
+        self.untouched(&xs.iter().collect::<Vec<_>>())?;
+        let tag = self.next_tag(Kind::AllReduce, group);
+        let values: Vec<Value> = xs.iter().map(|x| (**x).clone()).collect();
+        let shapes: Vec<Vec<usize>> = values.iter().map(|v| v.shape.clone()).collect();
+        let mut buffer = buckets::concat(values).map_err(|e| e.to_string())?;
+        self.endpoint
+            .all_reduce(
+                group,
+                &mut buffer,
+                Algorithm::Ring,
+                &tag,
+                "a device bucket all-reduce",
+            )
+            .map_err(|e| e.to_string())?;
+        let sums = buckets::split(buffer, xs[0].dtype, &shapes).map_err(|e| e.to_string())?;
+        for (x, sum) in xs.iter_mut().zip(sums) {
+            *x = Arc::new(sum);
+        }
+        self.hold(order, xs.iter().cloned());
+        Ok(true)
+    }
+
+    fn reduce_scatter_bucket(
+        &mut self,
+        xs: &[Arc<Value>],
+        group: &[usize],
+        order: Order,
+    ) -> Result<Option<Vec<Arc<Value>>>, BackendError> {
+        self.untouched(&xs.iter().collect::<Vec<_>>())?;
+        let tag = self.next_tag(Kind::ReduceScatter, group);
+        let n = group.len();
+        let values: Vec<Value> = xs.iter().map(|x| (**x).clone()).collect();
+        let parts: Vec<Vec<usize>> = values.iter().map(|v| vec![v.numel().div_ceil(n)]).collect();
+        let flat = buckets::interleave(values, n).map_err(|e| e.to_string())?;
+        let mine = self
+            .endpoint
+            .reduce_scatter(group, &flat, &tag, "a device bucket reduce-scatter")
+            .map_err(|e| e.to_string())?;
+        let mine = buckets::split(mine, xs[0].dtype, &parts).map_err(|e| e.to_string())?;
+        let mine: Vec<Arc<Value>> = mine.into_iter().map(Arc::new).collect();
+        self.hold(order, xs.iter().chain(&mine).cloned());
         Ok(Some(mine))
     }
 

@@ -24,6 +24,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
+mod grouped;
+
 /// Op name → nodes of that op that ran on the host.
 pub(crate) type HostNodes = Arc<Mutex<BTreeMap<String, usize>>>;
 
@@ -448,16 +450,7 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         group: &[usize],
         order: Order,
     ) -> Result<bool, BackendError> {
-        let Some(dtype) = self.device_type(x, group) else {
-            return Ok(false);
-        };
-        let target = self.owned(x)?;
-        let (ptr, count) = (self.gpu.ptr(target), target.numel());
-        let stream = self.stream_for(order)?;
-        let call = DeviceOp::AllReduce(ptr).over(group, count, dtype);
-        self.comms()?.collective(call, &stream)?;
-        self.hold(order, [x.clone()]);
-        Ok(true)
+        self.all_reduce_grouped(std::slice::from_mut(x), group, order)
     }
 
     fn reduce_scatter(
@@ -466,22 +459,26 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         group: &[usize],
         order: Order,
     ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
-        let Some(dtype) = self.device_type(x, group) else {
-            return Ok(None);
-        };
-        let part = x.numel().div_ceil(group.len());
-        let len = part * group.len();
-        let whole = match len > x.numel() {
-            true => Arc::new(self.padded(x, len)?),
-            false => x.clone(),
-        };
-        let mine = Arc::new(self.allocate_like(x, vec![part])?);
-        let (send, recv) = (self.gpu.ptr(&whole), self.gpu.ptr(&mine));
-        let stream = self.stream_for(order)?;
-        let call = DeviceOp::ReduceScatter { send, recv }.over(group, part, dtype);
-        self.comms()?.collective(call, &stream)?;
-        self.hold(order, [whole, mine.clone()]);
-        Ok(Some(mine))
+        let parts = self.reduce_scatter_grouped(std::slice::from_ref(x), group, order)?;
+        Ok(parts.and_then(|mut parts| parts.pop()))
+    }
+
+    fn all_reduce_bucket(
+        &mut self,
+        xs: &mut [Arc<GpuTensor>],
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, BackendError> {
+        self.all_reduce_grouped(xs, group, order)
+    }
+
+    fn reduce_scatter_bucket(
+        &mut self,
+        xs: &[Arc<GpuTensor>],
+        group: &[usize],
+        order: Order,
+    ) -> Result<Option<Vec<Arc<GpuTensor>>>, BackendError> {
+        self.reduce_scatter_grouped(xs, group, order)
     }
 
     fn all_gather(

@@ -107,7 +107,7 @@ impl Member {
 
     /// Counts `call`, whose whole is `count` elements (an all-reduce) or
     /// `count` per member (the others).
-    fn count_call(&self, call: &Call) {
+    pub(crate) fn count_call(&self, call: &Call) {
         let members = call.group.len();
         let elements = match call.op {
             DeviceOp::AllReduce(_) => call.count,
@@ -158,6 +158,13 @@ pub(crate) trait DeviceComms {
     fn collective(&self, call: Call, stream: &Stream) -> Result<(), CommsError> {
         self.member().count_call(&call);
         self.queue(call, stream)
+    }
+
+    /// Counts `calls` (over one group: a gradient bucket's) and queues
+    /// them on `stream` as one group where this kind groups calls (NCCL);
+    /// by default one by one.
+    fn collectives(&self, calls: &[Call], stream: &Stream) -> Result<(), CommsError> {
+        calls.iter().try_for_each(|&call| self.collective(call, stream))
     }
 }
 

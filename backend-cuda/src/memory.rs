@@ -97,9 +97,10 @@ impl std::fmt::Display for Block {
 pub struct ModelState {
     /// The weights it stores (a shard of each under ZeRO-3).
     pub weights: u64,
-    /// A whole gradient accumulator per parameter it accumulates: the
-    /// programs add every micro-batch's gradient before any reduction, so
-    /// the accumulator is whole even when ZeRO shards the reduced gradient.
+    /// A gradient accumulator per parameter: whole where the program adds
+    /// every micro-batch's gradient before one reduction (ZeRO-0/1, and
+    /// what reduces after the pipeline), a shard where it reduce-scatters
+    /// each micro-batch's gradient and adds the shards (ZeRO-2/3).
     pub gradients: u64,
     /// Adam state (moments, and an f32 master copy of narrower weights) of
     /// what its optimizer steps update (a shard under ZeRO-1 and above).
@@ -330,13 +331,13 @@ impl Lifetimes<'_> {
             BufferUse::Creates(buf) => self.create(buf, at),
             BufferUse::Reads(buf) => self.read(buf, at),
             BufferUse::Frees(buf) => self.free(buf, at),
-            BufferUse::Gradient { param, micro_batch } => {
+            BufferUse::Gradients { params, micro_batch } => params.iter().try_for_each(|param| {
                 let grad = self
                     .gradients
-                    .get(param)
+                    .get(param.as_str())
                     .ok_or_else(|| BufferError::NoGradient(param.to_string()))?;
                 self.read(&Buf::of(grad, micro_batch), at)
-            }
+            }),
             BufferUse::Node { node, micro_batch } => {
                 let n = g.node(
                     *self
@@ -382,6 +383,8 @@ fn bytes(numel: u64, dtype: DType) -> u64 {
 fn model_state(life: &Lifetimes, program: &Program) -> Result<ModelState, MemoryError> {
     let mut stepped = HashMap::new();
     let mut accumulated = HashSet::new();
+    // Parameters whose micro-batch gradients are reduce-scattered, by parts.
+    let mut sharded = HashMap::new();
     for instr in &program.instructions {
         match instr {
             Instr::OptimizerStep { param, shard } => {
@@ -390,6 +393,11 @@ fn model_state(life: &Lifetimes, program: &Program) -> Result<ModelState, Memory
             Instr::AccumulateGrad { param, .. } => {
                 accumulated.insert(param.as_str());
             }
+            Instr::ReduceScatterGrad {
+                params,
+                group,
+                micro_batch: Some(_),
+            } => sharded.extend(params.iter().map(|p| (p.as_str(), group.len() as u64))),
             _ => {}
         }
     }
@@ -404,6 +412,8 @@ fn model_state(life: &Lifetimes, program: &Program) -> Result<ModelState, Memory
         state.weights += bytes(numel.div_ceil(stored), dtype);
         if accumulated.contains(slot.name.as_str()) {
             state.gradients += bytes(numel, dtype);
+        } else if let Some(parts) = sharded.get(slot.name.as_str()) {
+            state.gradients += bytes(numel.div_ceil(*parts), dtype);
         }
         if let Some(parts) = stepped.get(slot.name.as_str()) {
             let elements = numel.div_ceil(*parts) as f64;

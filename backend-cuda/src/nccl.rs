@@ -253,6 +253,31 @@ unsafe fn send_or_recv(
     }
 }
 
+/// Queues `call`'s NCCL collective on `comm` and `s`.
+///
+/// # Safety
+/// The call's addresses hold the elements its op reads and writes (see
+/// [`DeviceOp`]) on this device, kept alive until it completes.
+unsafe fn enqueue(
+    call: &Call,
+    comm: sys::ncclComm_t,
+    s: sys::cudaStream_t,
+) -> Result<result::NcclStatus, result::NcclError> {
+    let (count, dtype) = (call.count, call.dtype);
+    let sum = sys::ncclRedOp_t::ncclSum;
+    match call.op {
+        DeviceOp::AllReduce(ptr) => {
+            result::all_reduce(ptr as *const _, ptr as *mut _, count, dtype, sum, comm, s)
+        }
+        DeviceOp::ReduceScatter { send, recv } => {
+            result::reduce_scatter(send as *const _, recv as *mut _, count, dtype, sum, comm, s)
+        }
+        DeviceOp::AllGather { send, recv } => {
+            result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s)
+        }
+    }
+}
+
 impl DeviceComms for Nccl {
     fn member(&self) -> &Member {
         &self.member
@@ -270,29 +295,35 @@ impl DeviceComms for Nccl {
 
     /// Queues `call` on its group's communicator and `stream`.
     fn queue(&self, call: Call, stream: &Stream) -> Result<(), CommsError> {
-        let Call {
-            op,
-            group,
-            count,
-            dtype,
-        } = call;
+        let (op, group) = (call.op, call.group);
         let comm = self.group(group)?;
-        let sum = sys::ncclRedOp_t::ncclSum;
         let what = || format!("{} over ranks {group:?}", op.name());
         // SAFETY: the addresses hold the elements the op reads and writes
         // (see `DeviceOp`) on this rank's device, used in stream order.
-        self.call_on(comm, what, stream, |comm, s| unsafe {
-            match op {
-                DeviceOp::AllReduce(ptr) => {
-                    result::all_reduce(ptr as *const _, ptr as *mut _, count, dtype, sum, comm, s)
-                }
-                DeviceOp::ReduceScatter { send, recv } => {
-                    result::reduce_scatter(send as *const _, recv as *mut _, count, dtype, sum, comm, s)
-                }
-                DeviceOp::AllGather { send, recv } => {
-                    result::all_gather(send as *const _, recv as *mut _, count, dtype, comm, s)
-                }
-            }
+        self.call_on(comm, what, stream, |comm, s| unsafe { enqueue(&call, comm, s) })
+    }
+
+    /// Queues `calls` (over one group) as one NCCL group on its
+    /// communicator and `stream`.
+    fn collectives(&self, calls: &[Call], stream: &Stream) -> Result<(), CommsError> {
+        let Some(first) = calls.first() else {
+            return Ok(());
+        };
+        calls.iter().for_each(|call| self.member.count_call(call));
+        let comm = self.group(first.group)?;
+        let what = || {
+            let (n, op, group) = (calls.len(), first.op.name(), first.group);
+            format!("group of {n} {op}s over ranks {group:?}")
+        };
+        self.call_on(comm, what, stream, |comm, s| {
+            result::group_start()?;
+            // SAFETY: as in `queue`, for every call of the group.
+            let issued = calls
+                .iter()
+                .try_for_each(|call| unsafe { enqueue(call, comm, s) }.map(drop));
+            // The group is closed even when a call failed.
+            let ended = result::group_end();
+            issued.and(ended)
         })
     }
 

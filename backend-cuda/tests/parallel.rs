@@ -198,6 +198,27 @@ fn zero_stages() {
     );
 }
 
+fn zero_stages_in_buckets() {
+    // One gradient per collective, and several buckets (the default holds
+    // the tiny model in one): ZeRO-2/3 reduce-scatter each of the 2
+    // micro-batches bucket by bucket; with a pipeline, the tied embedding's
+    // copies reduce after it.
+    for bucket_bytes in [0, 16 << 10] {
+        for zero in 0..=3 {
+            let s = with(Strategy::new(2, 1, LAYERS, 1, 2), |s| {
+                s.zero = zero;
+                s.bucket_bytes = bucket_bytes;
+            });
+            check_on(ON, s, Precision::F64);
+        }
+        let s = with(Strategy::new(2, 2, LAYERS, 1, 2), |s| {
+            s.zero = 2;
+            s.bucket_bytes = bucket_bytes;
+        });
+        check_on(ON, s, Precision::F64);
+    }
+}
+
 fn pipeline_gpipe() {
     check_on(ON,
         with(Strategy::new(1, 2, LAYERS, 2, 4), |s| {

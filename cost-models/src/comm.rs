@@ -100,25 +100,6 @@ fn tree_children(r: usize, n: usize) -> usize {
     [2 * r + 1, 2 * r + 2].iter().filter(|&&c| c < n).count()
 }
 
-/// How many collectives a bucketed gradient reduction issues: tensors of
-/// `sizes` bytes join the open bucket in order, and a bucket is issued as
-/// soon as it holds at least `cap` bytes (what is left, at the end); a cap
-/// of 0 gives every tensor its own.
-pub fn bucket_count(sizes: &[f64], cap: f64) -> usize {
-    let mut count = 0;
-    let mut open = None;
-    for &s in sizes {
-        let held = open.unwrap_or(0.0) + s;
-        if held >= cap {
-            count += 1;
-            open = None;
-        } else {
-            open = Some(held);
-        }
-    }
-    count + usize::from(open.is_some())
-}
-
 /// Where a group's ranks sit: `per_node` members on each of `nodes` nodes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -227,6 +208,57 @@ pub fn time(
     })
 }
 
+/// Gradient buckets, the one rule lowering emits and the estimate counts:
+/// gradients join the open bucket in the order the backward pass completes
+/// them, and the bucket is issued as one collective as soon as it holds at
+/// least `cap` bytes (PyTorch DDP's `bucket_cap_mb`, Megatron-LM's
+/// `bucket_size`); what remains is issued when nothing more can join it.
+/// A `cap` of 0 issues every gradient on its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BucketFill {
+    cap: f64,
+    bytes: f64,
+    members: usize,
+}
+
+impl BucketFill {
+    /// An empty bucket issued at `cap` bytes.
+    pub fn new(cap: f64) -> BucketFill {
+        BucketFill {
+            cap,
+            bytes: 0.0,
+            members: 0,
+        }
+    }
+
+    /// Adds a gradient of `bytes`; true when that fills the bucket, which
+    /// is then issued (and this one starts empty again).
+    pub fn add(&mut self, bytes: f64) -> bool {
+        self.bytes += bytes;
+        self.members += 1;
+        let full = self.bytes >= self.cap;
+        if full {
+            *self = BucketFill::new(self.cap);
+        }
+        full
+    }
+
+    /// Whether gradients wait in the bucket (to be issued when nothing more
+    /// can join it).
+    pub fn is_open(&self) -> bool {
+        self.members > 0
+    }
+}
+
+/// The collectives that reduce gradients of `sizes` bytes (in the order
+/// the backward pass completes them) in buckets of `cap` bytes
+/// ([`BucketFill`]).
+pub fn buckets(sizes: &[f64], cap: f64) -> usize {
+    let mut fill = BucketFill::new(cap);
+    let full = sizes.iter().filter(|&&bytes| fill.add(bytes)).count();
+    full + usize::from(fill.is_open())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,14 +267,6 @@ mod tests {
 
     fn a100(gpus: usize) -> Cluster {
         Cluster::preset("dgx-a100-80g").unwrap().with_gpus(gpus).unwrap()
-    }
-
-    #[test]
-    fn a_bucket_is_issued_once_it_holds_the_cap() {
-        assert_eq!(bucket_count(&[10.0, 10.0, 10.0, 10.0, 5.0], 20.0), 3);
-        assert_eq!(bucket_count(&[50.0, 1.0], 20.0), 2);
-        assert_eq!(bucket_count(&[1.0, 2.0, 3.0], 0.0), 3);
-        assert_eq!(bucket_count(&[], 20.0), 0);
     }
 
     #[test]
@@ -433,5 +457,19 @@ mod tests {
         let ring = time(&c, span, AllReduce, Ring, 1e9).unwrap();
         assert!((ps - (4e-6 + 14.0 * 1e9 / 300e9)).abs() < 1e-12);
         assert!(ps > ring);
+    }
+
+    #[test]
+    fn buckets_close_at_the_cap_and_issue_the_rest_at_the_end() {
+        assert_eq!(buckets(&[], 10.0), 0);
+        assert_eq!(buckets(&[4.0, 4.0, 4.0, 4.0, 1.0], 8.0), 3);
+        assert_eq!(buckets(&[9.0, 1.0], 8.0), 2);
+        assert_eq!(buckets(&[1.0, 1.0, 1.0], 100.0), 1);
+        // 0: one collective per tensor, an empty one included.
+        assert_eq!(buckets(&[3.0, 0.0, 5.0], 0.0), 3);
+        let mut fill = BucketFill::new(8.0);
+        assert!(!fill.is_open());
+        assert!(!fill.add(5.0) && fill.is_open());
+        assert!(fill.add(3.0) && !fill.is_open());
     }
 }

@@ -121,6 +121,9 @@ pub struct TrainingConfig {
     /// cannot cover is exposed. No backend here runs it: it prices runs of
     /// Megatron-Core, and lowering refuses a plan that assumes it.
     pub tp_comm_overlap: bool,
+    /// ZeRO-3: how many layers ahead of the one it computes a task gathers
+    /// weights (0: each right before its first use).
+    pub zero3_prefetch: usize,
     /// Which parallel dimension sits inside a node after tensor parallelism.
     pub mesh_order: MeshOrder,
     /// Layers and recomputation per pipeline stage; `None` spreads the
@@ -148,6 +151,10 @@ pub struct GradReduce {
     /// parameter tensor on its own.
     pub bucket_mib: u32,
 }
+
+/// ZeRO-3 gathers weights one layer ahead of the layer a task computes, as
+/// FSDP's prefetch does.
+pub const DEFAULT_PREFETCH: usize = 1;
 
 /// PyTorch DDP's default bucket (`bucket_cap_mb`): large enough that each
 /// collective runs near link bandwidth, small enough to start early in the
@@ -199,6 +206,7 @@ impl Default for TrainingConfig {
             overlap_grad_reduce: false,
             grad_reduce: GradReduce::default(),
             tp_comm_overlap: false,
+            zero3_prefetch: DEFAULT_PREFETCH,
             mesh_order: MeshOrder::default(),
             stages: None,
         }

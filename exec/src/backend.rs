@@ -119,6 +119,43 @@ pub trait DeviceCollectives<T> {
     /// multiple of the group's size, summed over `group`, and this member's
     /// part of the sum (shape `[padded / group size]`, parts in group order).
     fn reduce_scatter(&mut self, x: &T, group: &[usize], order: Order) -> Result<Option<T>, BackendError>;
+    /// A gradient bucket's all-reduce: every tensor of `xs` summed in place
+    /// over `group` ([`DeviceCollectives::all_reduce`]), as one collective
+    /// where the backend can group them (NCCL groups). By default they run
+    /// one by one; the answer depends only on the group and element type,
+    /// which a bucket's tensors share.
+    fn all_reduce_bucket(
+        &mut self,
+        xs: &mut [T],
+        group: &[usize],
+        order: Order,
+    ) -> Result<bool, BackendError> {
+        for x in xs.iter_mut() {
+            if !self.all_reduce(x, group, order)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+    /// A gradient bucket's reduce-scatter: this member's part of the sum of
+    /// each tensor of `xs` ([`DeviceCollectives::reduce_scatter`]), in
+    /// order, as one collective where the backend can group them; by
+    /// default one by one.
+    fn reduce_scatter_bucket(
+        &mut self,
+        xs: &[T],
+        group: &[usize],
+        order: Order,
+    ) -> Result<Option<Vec<T>>, BackendError> {
+        let mut parts = Vec::with_capacity(xs.len());
+        for x in xs {
+            match self.reduce_scatter(x, group, order)? {
+                Some(part) => parts.push(part),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(parts))
+    }
     /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
     /// concatenated in group order, cut to the whole weight's `shape`.
     fn all_gather(&mut self, part: &T, group: &[usize], shape: &[usize]) -> Result<Option<T>, BackendError>;

@@ -12,6 +12,7 @@
 //! crates implement.
 
 mod backend;
+pub mod buckets;
 mod distributed;
 mod overlap;
 mod rank;

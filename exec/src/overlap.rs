@@ -11,7 +11,8 @@
 //! so results are bitwise those of running them inline.
 
 use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint};
-use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -65,8 +66,10 @@ enum Runner {
 pub(super) struct CommStream<T> {
     rank: usize,
     runner: Runner,
-    /// Issued jobs in order, by the parameter they concern.
-    pending: VecDeque<(String, T)>,
+    /// Issued jobs in order, with the parameters they concern.
+    pending: VecDeque<(Vec<String>, T)>,
+    /// By parameter: its pending jobs (compute reads ask for every weight).
+    waiting: HashMap<String, usize>,
 }
 
 impl<T> CommStream<T> {
@@ -90,6 +93,7 @@ impl<T> CommStream<T> {
                 handle: Some(handle),
             },
             pending: VecDeque::new(),
+            waiting: HashMap::new(),
         }
     }
 
@@ -102,12 +106,17 @@ impl<T> CommStream<T> {
                 results: VecDeque::new(),
             },
             pending: VecDeque::new(),
+            waiting: HashMap::new(),
         }
     }
 
-    /// Queues `job` for parameter `param`; `then` comes back with its result.
-    pub fn issue(&mut self, param: &str, job: Job, then: T) {
-        self.pending.push_back((param.to_string(), then));
+    /// Queues `job` on `params` (a bucket's, or one); `then` comes back
+    /// with its result.
+    pub fn issue(&mut self, params: Vec<String>, job: Job, then: T) {
+        for p in &params {
+            *self.waiting.entry(p.clone()).or_insert(0) += 1;
+        }
+        self.pending.push_back((params, then));
         match &mut self.runner {
             // A worker that stopped leaves the job to fail in `next`.
             Runner::Worker { jobs: Some(jobs), .. } => drop(jobs.send(job)),
@@ -118,7 +127,7 @@ impl<T> CommStream<T> {
 
     /// Whether a job for `param` is still pending.
     pub fn is_pending(&self, param: &str) -> bool {
-        self.pending.iter().any(|(p, _)| p == param)
+        self.waiting.contains_key(param)
     }
 
     /// Whether any job is pending.
@@ -128,7 +137,15 @@ impl<T> CommStream<T> {
 
     /// Waits for the oldest pending job's result (jobs finish in order).
     pub fn next(&mut self) -> Option<Done<T>> {
-        let (_, then) = self.pending.pop_front()?;
+        let (params, then) = self.pending.pop_front()?;
+        for p in params {
+            if let Entry::Occupied(mut left) = self.waiting.entry(p) {
+                *left.get_mut() -= 1;
+                if *left.get() == 0 {
+                    left.remove();
+                }
+            }
+        }
         let outcome = match &mut self.runner {
             Runner::Worker { results, .. } => results.recv().ok(),
             Runner::Inline { results, .. } => results.pop_front(),

@@ -340,7 +340,7 @@ mod tests {
 
     fn all_reduce(param: &str, group: &[usize]) -> Instr {
         Instr::AllReduceGrad {
-            param: param.into(),
+            params: vec![param.into()],
             group: group.to_vec(),
             reduction: Algorithm::Ring,
         }

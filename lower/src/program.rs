@@ -112,16 +112,27 @@ pub enum Instr {
         params: Vec<String>,
         group: Vec<usize>,
     },
-    /// Sum `param`'s gradient over `group` (data parallel).
+    /// Sum the step's gradients of `params` over `group` (data parallel)
+    /// as one collective: a bucket, its members flattened and concatenated
+    /// in order.
     AllReduceGrad {
-        param: String,
+        params: Vec<String>,
         group: Vec<usize>,
         reduction: Algorithm,
     },
-    /// Sum `param`'s gradient over `group`, keeping only this rank's shard (ZeRO-2/3).
+    /// Sum the gradients of `params` over `group` as one reduce-scatter (a
+    /// bucket) and add this rank's shard of each sum into that parameter's
+    /// gradient shard (ZeRO-1 to 3). It reduces the step's accumulated
+    /// gradients (`micro_batch: None`: ZeRO-1, and what reduces after the
+    /// pipeline), or micro-batch `mb`'s gradient buffers as that
+    /// micro-batch's backward pass completes them (`Some(mb)`: ZeRO-2/3,
+    /// which never hold a full-size gradient past its bucket). This
+    /// rank's part of the bucket is the concatenation of its [`Shard`] of
+    /// each member, so optimizer steps stay per parameter.
     ReduceScatterGrad {
-        param: String,
+        params: Vec<String>,
         group: Vec<usize>,
+        micro_batch: Option<usize>,
     },
     /// Update `param` (or this rank's shard of it) from its gradient.
     OptimizerStep {
@@ -187,8 +198,11 @@ pub enum BufferUse<'a> {
     /// Reads node `node`'s inputs of `micro_batch` (and the weights it
     /// uses) and creates its outputs.
     Node { node: &'a str, micro_batch: usize },
-    /// Reads micro-batch `micro_batch`'s gradient of `param`.
-    Gradient { param: &'a str, micro_batch: usize },
+    /// Reads micro-batch `micro_batch`'s gradients of `params`.
+    Gradients {
+        params: &'a [String],
+        micro_batch: usize,
+    },
     /// None: it touches only weights, gradient accumulators and optimizer state.
     Nothing,
 }
@@ -308,13 +322,23 @@ impl Instr {
                 node,
                 micro_batch: *micro_batch,
             },
-            Instr::AccumulateGrad { param, micro_batch } => BufferUse::Gradient {
-                param,
+            Instr::AccumulateGrad { param, micro_batch } => BufferUse::Gradients {
+                params: std::slice::from_ref(param),
                 micro_batch: *micro_batch,
+            },
+            Instr::ReduceScatterGrad {
+                params,
+                micro_batch: Some(mb),
+                ..
+            } => BufferUse::Gradients {
+                params,
+                micro_batch: *mb,
             },
             Instr::SumTiedGrads { .. }
             | Instr::AllReduceGrad { .. }
-            | Instr::ReduceScatterGrad { .. }
+            | Instr::ReduceScatterGrad {
+                micro_batch: None, ..
+            }
             | Instr::OptimizerStep { .. }
             | Instr::AllGatherParam { .. }
             | Instr::SendParam { .. }
@@ -328,14 +352,14 @@ impl Instr {
     pub fn params(&self) -> Vec<&str> {
         match self {
             Instr::AccumulateGrad { param, .. }
-            | Instr::AllReduceGrad { param, .. }
-            | Instr::ReduceScatterGrad { param, .. }
             | Instr::OptimizerStep { param, .. }
             | Instr::AllGatherParam { param, .. }
             | Instr::GatherParam { param, .. }
             | Instr::SendParam { param, .. }
             | Instr::RecvParam { param, .. } => vec![param],
-            Instr::SumTiedGrads { params, .. } => params.iter().map(String::as_str).collect(),
+            Instr::SumTiedGrads { params, .. }
+            | Instr::AllReduceGrad { params, .. }
+            | Instr::ReduceScatterGrad { params, .. } => params.iter().map(String::as_str).collect(),
             Instr::Load { .. }
             | Instr::Collective { .. }
             | Instr::Compute { .. }
@@ -381,10 +405,15 @@ impl Instr {
             Instr::AccumulateGrad { param, micro_batch } => {
                 format!("accumulate grad of '{param}' (mb {micro_batch})")
             }
-            Instr::AllReduceGrad { param, reduction, .. } => {
-                format!("all-reduce ({reduction:?}) grad of '{param}'")
-            }
-            Instr::ReduceScatterGrad { param, .. } => format!("reduce-scatter grad of '{param}'"),
+            Instr::AllReduceGrad {
+                params, reduction, ..
+            } => format!("all-reduce ({reduction:?}) {}", grads(params)),
+            Instr::ReduceScatterGrad {
+                params, micro_batch, ..
+            } => match micro_batch {
+                Some(mb) => format!("reduce-scatter {} (mb {mb})", grads(params)),
+                None => format!("reduce-scatter {}", grads(params)),
+            },
             Instr::OptimizerStep { param, .. } => format!("optimizer step of '{param}'"),
             Instr::AllGatherParam { param, .. } => format!("all-gather '{param}'"),
             Instr::GatherParam { param, .. } => format!("gather '{param}'"),
@@ -393,6 +422,16 @@ impl Instr {
             Instr::ReportLoss { buf } => format!("report loss {buf}"),
             Instr::SumTiedGrads { key, .. } => format!("sum the tied gradients of '{key}'"),
         }
+    }
+}
+
+/// A bucket's gradients as descriptions name them: the one parameter's,
+/// or how many with the first and last (a bucket may hold hundreds).
+fn grads(params: &[String]) -> String {
+    match params {
+        [param] => format!("grad of '{param}'"),
+        [first, .., last] => format!("bucket of {} grads ('{first}' … '{last}')", params.len()),
+        [] => "empty bucket".into(),
     }
 }
 
@@ -462,13 +501,14 @@ mod tests {
                 group: g.clone(),
             },
             Instr::AllReduceGrad {
-                param: p.clone(),
+                params: vec![p.clone()],
                 group: g.clone(),
                 reduction: Algorithm::ParameterServer,
             },
             Instr::ReduceScatterGrad {
-                param: p.clone(),
+                params: vec![p.clone()],
                 group: g.clone(),
+                micro_batch: None,
             },
             Instr::OptimizerStep {
                 param: p.clone(),
@@ -488,6 +528,11 @@ mod tests {
             },
             Instr::RecvParam { param: p, from: 3 },
             Instr::ReportLoss { buf: b },
+            Instr::ReduceScatterGrad {
+                params: vec!["a".into(), "b".into(), "c".into()],
+                group: g,
+                micro_batch: Some(1),
+            },
         ]
     }
 
@@ -521,7 +566,7 @@ mod tests {
             r#"send x@mb0 to rank 1 | group None | None | Some("to 1 x@mb0") | Reads(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
             r#"recv x@mb0 from rank 1 | group None | None | Some("from 1 x@mb0") | Creates(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
             r#"free x@mb0 | group None | None | None | Frees(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
-            r#"accumulate grad of 'w' (mb 2) | group None | None | None | Gradient { param: "w", micro_batch: 2 } | params ["w"]"#,
+            r#"accumulate grad of 'w' (mb 2) | group None | None | None | Gradients { params: ["w"], micro_batch: 2 } | params ["w"]"#,
             r#"sum the tied gradients of 'tie' | group Some([0, 1]) | Some((AllReduce, Ring)) | None | Nothing | params ["a", "b"]"#,
             r#"all-reduce (ParameterServer) grad of 'w' | group Some([0, 1]) | Some((AllReduce, ParameterServer)) | None | Nothing | params ["w"]"#,
             r#"reduce-scatter grad of 'w' | group Some([0, 1]) | Some((ReduceScatter, Ring)) | None | Nothing | params ["w"]"#,
@@ -531,6 +576,7 @@ mod tests {
             r#"send 'w' to rank 3 | group None | None | Some("to 3 w") | Nothing | params ["w"]"#,
             r#"recv 'w' from rank 3 | group None | None | Some("from 3 w") | Nothing | params ["w"]"#,
             r#"report loss x@mb0 | group None | None | None | Reads(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
+            r#"reduce-scatter bucket of 3 grads ('a' … 'c') (mb 1) | group Some([0, 1]) | Some((ReduceScatter, Ring)) | None | Gradients { params: ["a", "b", "c"], micro_batch: 1 } | params ["a", "b", "c"]"#,
         ];
         assert_eq!(table(), expected);
     }
@@ -558,7 +604,7 @@ mod tests {
             .collect();
         let overlapped: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].0).collect();
         let transfers: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].1).collect();
-        assert_eq!(overlapped, [8, 9, 11]);
+        assert_eq!(overlapped, [8, 9, 11, 16]);
         assert_eq!(transfers, [3, 4, 13, 14]);
     }
 }

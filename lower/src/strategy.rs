@@ -28,6 +28,9 @@ pub struct Strategy {
     /// Gradients are reduced in buckets of at least this many bytes, in the
     /// order the backward pass completes them; 0: one collective per parameter.
     pub bucket_bytes: usize,
+    /// ZeRO-3: how many layers ahead of the one it computes a task
+    /// gathers weights, so the gathers run beside the computation.
+    pub prefetch: usize,
     /// Repeated layers per stage (over all of its chunks).
     pub stage_layers: Vec<usize>,
     pub recompute: Vec<Recompute>,
@@ -40,6 +43,8 @@ pub struct Strategy {
     /// (strategies built by hand, as tests do).
     pub sharding: Vec<OpSharding>,
 }
+
+pub use autopar_cost_models::DEFAULT_PREFETCH;
 
 /// Why a plan cannot be lowered.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -79,6 +84,7 @@ impl Strategy {
             micro_batches,
             reduction: Algorithm::Ring,
             bucket_bytes: (autopar_cost_models::DEFAULT_BUCKET_MIB as usize) << 20,
+            prefetch: DEFAULT_PREFETCH,
             stage_layers,
             recompute: vec![Recompute::None; pp],
             ranks: (0..pp)
@@ -201,6 +207,7 @@ impl Strategy {
             micro_batches: p.micro_batches,
             reduction,
             bucket_bytes: (p.grad_bucket_mib as usize) << 20,
+            prefetch: p.zero3_prefetch,
             stage_layers,
             recompute: plan.stages.iter().map(|s| s.recompute).collect(),
             ranks,

@@ -45,6 +45,10 @@ fn default_bucket_mib() -> u32 {
     autopar_cost_models::DEFAULT_BUCKET_MIB
 }
 
+fn default_prefetch() -> usize {
+    autopar_cost_models::DEFAULT_PREFETCH
+}
+
 fn is_zero(n: &usize) -> bool {
     *n == 0
 }
@@ -131,6 +135,10 @@ pub struct Parallel {
     /// (Megatron-Core's overlap); no backend here runs it. Absent: off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tp_comm_overlap: bool,
+    /// ZeRO-3: layers ahead of the one it computes that a task gathers
+    /// weights for. Files written before it read as the default.
+    #[serde(default = "default_prefetch")]
+    pub zero3_prefetch: usize,
     /// `dp-inner` (tp, cp, dp, pp) or `pp-inner` (tp, cp, pp, dp).
     pub mesh_order: MeshOrder,
 }
@@ -205,6 +213,7 @@ impl Plan {
                 bucket_mib: p.grad_bucket_mib,
             },
             tp_comm_overlap: p.tp_comm_overlap,
+            zero3_prefetch: p.zero3_prefetch,
             mesh_order: p.mesh_order,
             stages: Some(stages),
         }
@@ -234,6 +243,7 @@ impl Parallel {
             grad_compression: cfg.grad_reduce.compression,
             grad_bucket_mib: cfg.grad_reduce.bucket_mib,
             tp_comm_overlap: cfg.tp_comm_overlap,
+            zero3_prefetch: cfg.zero3_prefetch,
             mesh_order: cfg.mesh_order,
         }
     }
@@ -330,6 +340,7 @@ mod tests {
         let defaults = [
             ("grad_bucket_mib", serde_json::Value::from(default_bucket_mib())),
             ("comm_bytes_per_gpu", serde_json::Value::from(0.0)),
+            ("zero3_prefetch", serde_json::Value::from(default_prefetch())),
         ];
         match v {
             serde_json::Value::Object(o) => {

@@ -141,6 +141,16 @@ impl Compiled {
     }
 }
 
+/// What a data-parallel collective reads of each of its parameters.
+#[derive(Clone, Copy)]
+enum Read {
+    Nothing,
+    /// The parameter's own buffer (`GRADIENT` or `UPDATED`).
+    Own(u32),
+    /// Its gradient of this micro-batch (ZeRO-2/3's reduce-scatters).
+    Gradient(u32),
+}
+
 /// Buffers that are not a micro-batch's: what each of a parameter's per-step buffers holds.
 const GATHERED: u32 = u32::MAX;
 const GRADIENT: u32 = u32::MAX - 1;
@@ -358,21 +368,31 @@ impl Builder<'_, '_> {
         }
     }
 
-    /// A collective over a parameter's data-parallel group on the gradient
-    /// lane: it reads the parameter's `read` buffer (if any) and writes its
-    /// `write` buffer (`GRADIENT`, `UPDATED` or `GATHERED`).
-    fn data_parallel(&mut self, param: &str, instr: &Instr, read: Option<u32>, write: u32) {
+    /// A collective over a data-parallel group on the gradient lane, priced
+    /// as one collective of its parameters' summed bytes (a bucket of
+    /// gradients, or one weight): it reads each parameter's `read` buffer
+    /// and writes its `write` buffer (`GRADIENT`, `UPDATED` or `GATHERED`).
+    fn data_parallel(&mut self, params: &[String], instr: &Instr, read: Read, write: u32) {
         let (Some((collective, algorithm)), Some(group)) = (instr.collective(), instr.group()) else {
             return;
         };
         let ix = self.c.index;
-        let p = ix.tensor(param);
-        let reads: Vec<u32> = read.map(|r| self.slot(p, r)).into_iter().collect();
-        let writes = [self.slot(p, write)];
-        let seconds = self
-            .c
-            .pricing
-            .collective(collective, algorithm, ix.bytes(p), group);
+        let (mut reads, mut writes, mut bytes) = (Vec::new(), Vec::with_capacity(params.len()), 0.0);
+        for param in params {
+            let p = ix.tensor(param);
+            match read {
+                Read::Nothing => {}
+                Read::Own(r) => reads.push(self.slot(p, r)),
+                Read::Gradient(mb) => {
+                    if let Some(&grad) = ix.gradient.get(&p) {
+                        reads.push(self.slot(grad, mb));
+                    }
+                }
+            }
+            writes.push(self.slot(p, write));
+            bytes += ix.bytes(p);
+        }
+        let seconds = self.c.pricing.collective(collective, algorithm, bytes, group);
         let sync = self.meet(group);
         self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &reads, &writes);
     }
@@ -431,9 +451,17 @@ impl Builder<'_, '_> {
                 let sync = self.meet(group);
                 self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &slots, &slots);
             }
-            Instr::AllReduceGrad { param, .. } | Instr::ReduceScatterGrad { param, .. } => {
-                self.data_parallel(param, instr, Some(GRADIENT), GRADIENT);
-            }
+            Instr::AllReduceGrad { params, .. }
+            | Instr::ReduceScatterGrad {
+                params,
+                micro_batch: None,
+                ..
+            } => self.data_parallel(params, instr, Read::Own(GRADIENT), GRADIENT),
+            Instr::ReduceScatterGrad {
+                params,
+                micro_batch: Some(mb),
+                ..
+            } => self.data_parallel(params, instr, Read::Gradient(*mb as u32), GRADIENT),
             Instr::OptimizerStep { param, shard } => {
                 let p = ix.tensor(param);
                 let acc = self.slot(p, GRADIENT);
@@ -450,8 +478,12 @@ impl Builder<'_, '_> {
                     &[updated],
                 );
             }
-            Instr::AllGatherParam { param, .. } => self.data_parallel(param, instr, Some(UPDATED), UPDATED),
-            Instr::GatherParam { param, .. } => self.data_parallel(param, instr, None, GATHERED),
+            Instr::AllGatherParam { param, .. } => {
+                self.data_parallel(std::slice::from_ref(param), instr, Read::Own(UPDATED), UPDATED)
+            }
+            Instr::GatherParam { param, .. } => {
+                self.data_parallel(std::slice::from_ref(param), instr, Read::Nothing, GATHERED)
+            }
             Instr::ReportLoss { .. } => return,
         }
         if c.labels {

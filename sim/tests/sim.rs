@@ -6,6 +6,7 @@
 //! `cargo bench -p autopar-sim --bench simulate`).
 
 use autopar_cost_models::calibration::{InterpreterCost, OpRate};
+use autopar_cost_models::comm::{Algorithm, Collective};
 use autopar_cost_models::published::megatron_sc21;
 use autopar_cost_models::{estimate, AttentionKernel, Calibration, Cluster, Recompute, Workload};
 use autopar_ir::DType;
@@ -145,4 +146,63 @@ fn an_interpreter_runs_each_rank_on_one_lane_with_its_measured_costs() {
         costly.step_time_s,
         base.step_time_s
     );
+}
+
+/// The communication stream's busy seconds on rank 0 (data parallelism only).
+fn communication_s(s: &Strategy) -> f64 {
+    run(s, true).per_rank[0].communication_s
+}
+
+/// A bucket is one collective of its gradients' summed bytes: one latency
+/// where reducing them one by one pays one each; ZeRO-2 reduce-scatters
+/// every micro-batch's gradients (ZeRO-1 the step's once).
+#[test]
+fn a_bucket_is_priced_as_one_collective_and_zero_2_reduces_every_micro_batch() {
+    let g = autopar_import::zoo::build(ZOO).unwrap();
+    let with = |zero: u8, micro_batches: usize, bucket_bytes: usize| {
+        let mut s = Strategy::new(2, 1, 4, 1, micro_batches);
+        s.zero = zero;
+        s.bucket_bytes = bucket_bytes;
+        s
+    };
+    let s = with(0, 1, 0);
+    let t = for_strategy(&g, &s, 16).unwrap();
+    let cluster = Cluster::preset("dgx-a100-80g").unwrap().with_gpus(2).unwrap();
+    let calibration = Calibration::default();
+    let pricing = Pricing::new(&t, &cluster, &calibration, &PricingOptions::default()).unwrap();
+    let bytes = |name: &str| {
+        let (_, x) = t.graph.tensors().find(|(_, x)| x.name == name).unwrap();
+        let numel: usize = x.ty.shape.resolve(&t.graph.bindings).unwrap().iter().product();
+        (numel * x.ty.dtype.size_bytes()) as f64
+    };
+    let tied: Vec<&String> = t.tied.iter().flat_map(|(a, b)| [a, b]).collect();
+    let (early, late): (Vec<f64>, Vec<f64>) = {
+        let (late, early): (Vec<_>, Vec<_>) = t.gradients.iter().partition(|(p, _)| tied.contains(&p));
+        let sizes = |v: Vec<&(String, String)>| v.iter().map(|(p, _)| bytes(p)).collect::<Vec<f64>>();
+        (sizes(early), sizes(late))
+    };
+    let price = |c, b: f64| pricing.collective(c, Algorithm::Ring, b, &[0, 1]);
+    let sum = |v: &[f64]| v.iter().sum::<f64>();
+    // ZeRO-0: one all-reduce per tensor against one per bucket (the
+    // backward pass's, then the tied copies' after the pipeline).
+    let one_by_one: f64 = early
+        .iter()
+        .chain(&late)
+        .map(|&b| price(Collective::AllReduce, b))
+        .sum();
+    let bucketed = price(Collective::AllReduce, sum(&early)) + price(Collective::AllReduce, sum(&late));
+    let (a, b) = (
+        communication_s(&with(0, 1, 0)),
+        communication_s(&with(0, 1, 25 << 20)),
+    );
+    assert!(((a - b) - (one_by_one - bucketed)).abs() < 1e-9 * a, "{a} - {b}");
+    assert!(b < a);
+    // ZeRO-2 over 4 micro-batches: three reduce-scatters more of the
+    // backward pass's bucket than ZeRO-1.
+    let (z1, z2) = (
+        communication_s(&with(1, 4, 25 << 20)),
+        communication_s(&with(2, 4, 25 << 20)),
+    );
+    let extra = 3.0 * price(Collective::ReduceScatter, sum(&early));
+    assert!(((z2 - z1) - extra).abs() < 1e-9 * z2, "{z2} - {z1} vs {extra}");
 }

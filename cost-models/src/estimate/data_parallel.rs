@@ -3,15 +3,15 @@
 //! the compute stream, so a collective hides only under compute that runs
 //! beside it, and only what that compute cannot cover is exposed.
 //!
-//! - Gradients are reduced in buckets ([`crate::comm::bucket_count`]), each
+//! - Gradients are reduced in buckets ([`crate::comm::buckets`]), each
 //!   issued when the backward pass has completed it: ZeRO-0/1 once per step,
 //!   in the last micro-batch's backward pass; ZeRO-2/3 in every micro-batch's.
 //!   The last bucket always follows the backward pass.
 //! - ZeRO-1/2 all-gather the updated weights after the optimizer step, one
 //!   collective per parameter tensor, with nothing beside them.
-//! - ZeRO-3 gathers each parameter tensor before the unit that uses it
-//!   ([`PREFETCH_UNITS`] ahead), and reduce-scatters its gradients after the
-//!   unit's backward pass.
+//! - ZeRO-3 gathers each parameter tensor before the unit that uses it,
+//!   `zero3_prefetch` layers ahead within a forward or backward pass, and
+//!   reduce-scatters its gradients after the unit's backward pass.
 //! - A tied embedding's gradients are summed between the first and last
 //!   stage after the pipeline.
 //!
@@ -78,7 +78,7 @@ impl StageParams<'_> {
             (0..times).flat_map(move |_| list.iter().copied())
         });
         let sizes: Vec<f64> = sizes.collect();
-        (comm::bucket_count(&sizes, cap), sizes.iter().sum())
+        (comm::buckets(&sizes, cap), sizes.iter().sum())
     }
 
     fn gathers(&self) -> f64 {
@@ -325,17 +325,17 @@ impl Traffic {
         if stage.last {
             push(&mut forward, post_params, post, false);
         }
-        let mut steps = forward.clone();
+        let mut backward: Vec<Step> = Vec::with_capacity(forward.len());
         if stage.last {
-            push(&mut steps, post_params, post, true);
+            push(&mut backward, post_params, post, true);
         }
         for _ in 0..stage.layers {
-            push(&mut steps, &self.layer, layer, true);
+            push(&mut backward, &self.layer, layer, true);
         }
         if stage.first {
-            push(&mut steps, &self.pre, pre, true);
+            push(&mut backward, &self.pre, pre, true);
         }
-        Ok(lane_exposed(&steps, PREFETCH_UNITS))
+        Ok(lane_exposed(&[&forward, &backward], cfg.zero3_prefetch))
     }
 }
 
@@ -349,39 +349,34 @@ struct Step {
     reduce: f64,
 }
 
-/// How many units ahead ZeRO-3 gathers weights: the backends gather a
-/// parameter where its unit first reads it (the CPU backend before running
-/// the node, the CUDA backend on the compute stream), so nothing is
-/// prefetched and every gather is exposed.
-const PREFETCH_UNITS: usize = 0;
-
-/// Seconds the compute stream waits, or the lane runs past it, when `steps`
-/// run in order with their collectives one at a time on one lane: a step's
-/// gather is issued when the step `prefetch` before it starts (at once when
-/// `prefetch` is 0, and the step waits for it), its reduction when it ends.
-fn lane_exposed(steps: &[Step], prefetch: usize) -> f64 {
-    let n = steps.len();
-    let mut ready = vec![0.0f64; n];
-    let mut lane = 0.0f64;
-    for (i, s) in steps.iter().enumerate().take(prefetch) {
-        lane += s.gather;
-        ready[i] = lane;
-    }
-    let (mut clock, mut busy) = (0.0f64, 0.0);
-    for (i, s) in steps.iter().enumerate() {
-        if prefetch == 0 {
-            lane = lane.max(clock) + s.gather;
-            ready[i] = lane;
+/// Seconds the compute stream waits, or the lane runs past it, when the
+/// `tasks` (a forward, then a backward pass) run their steps in order with
+/// their collectives one at a time on one lane. As lowering emits them, a
+/// task gathers its first step's weights and the `prefetch` steps after it
+/// at its start (the first waits), then at each step's start those of the
+/// step `prefetch` ahead; with `prefetch` 0 each step's gather is issued
+/// when it starts. A step's reduction is issued when it ends.
+fn lane_exposed(tasks: &[&[Step]], prefetch: usize) -> f64 {
+    let (mut lane, mut clock, mut busy) = (0.0f64, 0.0f64, 0.0);
+    for steps in tasks {
+        let mut ready = vec![0.0f64; steps.len()];
+        let issue = |lane: &mut f64, ready: &mut [f64], at: f64, i: usize| {
+            if let Some(s) = steps.get(i) {
+                *lane = lane.max(at) + s.gather;
+                ready[i] = *lane;
+            }
+        };
+        for i in 0..prefetch {
+            issue(&mut lane, &mut ready, clock, i);
         }
-        let start = clock.max(ready[i]);
-        if let Some(next) = steps.get(i + prefetch).filter(|_| prefetch > 0) {
-            lane = lane.max(start) + next.gather;
-            ready[i + prefetch] = lane;
-        }
-        clock = start + s.compute;
-        busy += s.compute;
-        if s.reduce > 0.0 {
-            lane = lane.max(clock) + s.reduce;
+        for (i, s) in steps.iter().enumerate() {
+            issue(&mut lane, &mut ready, clock, i + prefetch);
+            let start = clock.max(ready[i]);
+            clock = start + s.compute;
+            busy += s.compute;
+            if s.reduce > 0.0 {
+                lane = lane.max(clock) + s.reduce;
+            }
         }
     }
     clock.max(lane) - busy
@@ -402,14 +397,20 @@ mod tests {
     #[test]
     fn prefetched_gathers_shorter_than_compute_expose_only_the_first() {
         let steps = vec![step(1.0, 3.0, 0.0); 4];
-        assert_eq!(lane_exposed(&steps, 1), 1.0);
-        assert_eq!(lane_exposed(&steps, 2), 1.0);
+        assert_eq!(lane_exposed(&[&steps], 1), 1.0);
+        assert_eq!(lane_exposed(&[&steps], 2), 1.0);
     }
 
     #[test]
     fn gathers_not_prefetched_are_all_exposed() {
         let steps = vec![step(1.0, 3.0, 0.0); 4];
-        assert_eq!(lane_exposed(&steps, 0), 4.0);
+        assert_eq!(lane_exposed(&[&steps], 0), 4.0);
+    }
+
+    #[test]
+    fn each_task_waits_for_its_first_gather() {
+        let steps = vec![step(1.0, 3.0, 0.0); 4];
+        assert_eq!(lane_exposed(&[&steps, &steps], 1), 2.0);
     }
 
     #[test]
@@ -417,17 +418,17 @@ mod tests {
         // Each gather takes 2, each step 1: the first waits 2, then each
         // next one waits 1 more.
         let steps = vec![step(2.0, 1.0, 0.0); 3];
-        assert_eq!(lane_exposed(&steps, 1), 2.0 + 1.0 + 1.0);
+        assert_eq!(lane_exposed(&[&steps], 1), 2.0 + 1.0 + 1.0);
     }
 
     #[test]
     fn reductions_hide_under_later_steps_but_the_last() {
         let steps = [step(0.0, 4.0, 1.0), step(0.0, 4.0, 1.0)];
-        assert_eq!(lane_exposed(&steps, 1), 1.0);
+        assert_eq!(lane_exposed(&[&steps], 1), 1.0);
         // Without prefetch a gather queues behind the reduction before it:
         // the second step waits 3 for the reduction and 1 for its gather.
         let steps = [step(0.0, 1.0, 3.0), step(1.0, 4.0, 0.0)];
-        assert_eq!(lane_exposed(&steps, 0), 4.0);
+        assert_eq!(lane_exposed(&[&steps], 0), 4.0);
     }
 
     #[test]

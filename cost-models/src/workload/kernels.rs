@@ -280,7 +280,10 @@ fn attention(ctx: &Context, causal: bool) -> Vec<OpWork> {
     let io = batch * (sq * (d + dv) + sk * (d + dv)) * e;
     match ctx.attention {
         AttentionKernel::Fused => {
-            let skip = if causal { 0.5 } else { 1.0 };
+            // Under context parallelism lowering runs each rank's queries
+            // against every key with the causal mask made explicit, so no
+            // masked half is skipped.
+            let skip = if causal && ctx.seq_div == 1.0 { 0.5 } else { 1.0 };
             let fwd = 2.0 * scores * (d + dv) * skip;
             vec![ctx.work(
                 Kernel::FusedAttention { batch, sq, sk, d },

@@ -1,58 +1,74 @@
-//! Data-parallel traffic: gradient reductions and the ZeRO weight
-//! gathers, on the backend's own collectives where it has them, else
+//! Data-parallel traffic: gradient reductions (a bucket of gradients
+//! per collective, [`crate::buckets`]) and the ZeRO weight gathers, on the backend's own collectives where it has them, else
 //! staged through host memory on the rank's communication stream (beside
 //! the computation unless overlap is off), with the readers of a parameter
 //! waiting for what is in flight on it.
 
 use super::execute::At;
-use super::{missing, on_device, Failure, RankRun};
+use super::{missing, on_device, Failure, RankError, RankRun};
 use crate::backend::{Backend, Order};
+use crate::buckets;
 use crate::overlap::{CommStream, Done, Job, JobKind};
 use crate::trace::Stream;
 use crate::zero_parts::shard_of;
-use autopar_comm::collective::values::{from_buffer, into_buffer, padded, to_buffer, unpad};
+use autopar_comm::collective::values::{to_buffer, unpad};
+use autopar_comm::collective::Buffer;
 use autopar_cost_models::comm::Algorithm;
-use autopar_ir::interp::run_dtype;
 use autopar_ir::{DType, Value};
 use autopar_lower::{Buf, Instr, Shard};
 use std::sync::Arc;
 
 /// Where the result of an overlapped collective goes, and how to trace it.
 pub(super) struct Landing {
-    param: String,
     into: Slot,
     name: String,
     step: usize,
 }
 
-/// How a gradient is summed over its data-parallel group.
+/// How a bucket of gradients is summed over its data-parallel group.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum GradSum {
-    /// Whole, with this algorithm.
+    /// Whole, with this algorithm: the step's gradients are replaced by their sums.
     AllReduce(Algorithm),
-    /// Keeping only this rank's shard of the sum (ZeRO-2/3).
-    ReduceScatter,
+    /// Adding this rank's shard of each sum into the parameter's gradient
+    /// shard: of the step's gradients (`None`), or of one micro-batch's
+    /// gradient buffers (ZeRO-2/3).
+    ReduceScatter(Option<usize>),
 }
 
 enum Slot {
-    /// The parameter's gradient (whole, or a ZeRO shard of this shape).
-    Grad { dtype: DType, shape: Vec<usize> },
-    /// The parameter's weight, gathered whole (padding dropped).
-    Weight { dtype: DType, shape: Vec<usize> },
+    /// A bucket's gradients, whole, of these shapes (in the bucket's order).
+    Grads {
+        dtype: DType,
+        members: Vec<(String, Vec<usize>)>,
+    },
+    /// This rank's shard of each gradient of a bucket, of these lengths,
+    /// added into the parameter's gradient shard.
+    Shards {
+        dtype: DType,
+        members: Vec<(String, usize)>,
+    },
+    /// The parameter's weight, gathered whole (padding dropped): the
+    /// stored weight (ZeRO-1/2's refresh) or the step's gathered copy (ZeRO-3).
+    Weight {
+        param: String,
+        dtype: DType,
+        shape: Vec<usize>,
+        gathered: bool,
+    },
 }
 
 impl<B: Backend> RankRun<'_, B> {
-    /// Hands a collective on `param`'s gradient or weight to the
+    /// Hands a collective on `params`' gradients or weight to the
     /// communication stream.
-    fn overlap(&mut self, param: &str, job: Job, into: Slot, instr: &Instr, step: usize) {
+    fn overlap(&mut self, params: Vec<String>, job: Job, into: Slot, instr: &Instr, step: usize) {
         let then = Landing {
-            param: param.to_string(),
             into,
             name: instr.describe(),
             step,
         };
         if let Some(comm) = &mut self.comm {
-            comm.issue(param, job, then);
+            comm.issue(params, job, then);
         }
     }
 
@@ -75,10 +91,14 @@ impl<B: Backend> RankRun<'_, B> {
         self.join_device()
     }
 
-    /// Orders what comes next behind the backend's overlapped collectives.
+    /// Orders what comes next behind the backend's overlapped collectives,
+    /// and adds the gradient shards they made into the step's.
     fn join_device(&mut self) -> Result<(), Failure> {
         self.on_device.clear();
         on_device(&mut self.dev, |d| d.join())?;
+        for (param, shard) in std::mem::take(&mut self.landed) {
+            self.add_grad(&param, shard)?;
+        }
         Ok(())
     }
 
@@ -106,17 +126,48 @@ impl<B: Backend> RankRun<'_, B> {
             self.span(Stream::Gradients, then.name.clone(), then.step, began, ended);
         }
         match then.into {
-            Slot::Grad { dtype, shape } => {
-                let v = from_buffer(got, dtype, shape)?;
-                self.set_grad(&then.param, v)
+            Slot::Grads { dtype, members } => {
+                let shapes: Vec<Vec<usize>> = members.iter().map(|(_, shape)| shape.clone()).collect();
+                for ((param, _), v) in members.iter().zip(buckets::split(got, dtype, &shapes)?) {
+                    self.set_grad(param, v)?;
+                }
+                Ok(())
             }
-            Slot::Weight { dtype, shape } => {
+            Slot::Shards { dtype, members } => {
+                let shapes: Vec<Vec<usize>> = members.iter().map(|&(_, len)| vec![len]).collect();
+                for ((param, _), v) in members.iter().zip(buckets::split(got, dtype, &shapes)?) {
+                    let shard = self.dev.upload(v)?;
+                    self.add_grad(param, shard)?;
+                }
+                Ok(())
+            }
+            Slot::Weight {
+                param,
+                dtype,
+                shape,
+                gathered,
+            } => {
                 let full = unpad(got, dtype, shape)?;
                 let held = self.dev.upload(full)?;
-                self.weights.insert(then.param, held);
+                if gathered {
+                    self.bufs.insert(Buf::step(&param), held);
+                } else {
+                    self.weights.insert(param, held);
+                }
                 Ok(())
             }
         }
+    }
+
+    /// Adds `shard` into `param`'s gradient shard (the first one starts it).
+    fn add_grad(&mut self, param: &str, shard: B::Tensor) -> Result<(), Failure> {
+        match self.grads.get_mut(param) {
+            Some(acc) => self.dev.accumulate(acc, &shard)?,
+            None => {
+                self.grads.insert(param.to_string(), shard);
+            }
+        }
+        Ok(())
     }
 
     /// Takes `param`'s gradient out for a collective whose result replaces
@@ -130,67 +181,130 @@ impl<B: Backend> RankRun<'_, B> {
         Ok(Arc::try_unwrap(host).unwrap_or_else(|shared| (*shared).clone()))
     }
 
-    /// Sums `param`'s gradient over `group` with the backend's own
-    /// collectives, in place; false where the backend has none.
-    fn all_reduce_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
-        self.grad(param)?;
-        let order = self.order();
-        let g = self.grads.get_mut(param).expect("checked above");
-        Ok(on_device(&mut self.dev, |d| d.all_reduce(g, group, order))?.unwrap_or(false))
+    /// Micro-batch `mb`'s gradient buffer of `param`.
+    fn micro_batch_grad(&self, param: &str, mb: usize) -> Result<B::Tensor, Failure> {
+        let name = self.grad_tensor.get(param).copied().unwrap_or_default();
+        self.get(&Buf::of(name, mb))
     }
 
-    /// Replaces `param`'s gradient by this rank's part of its sum over
-    /// `group`, with the backend's own collectives; false where it has none.
-    fn reduce_scatter_grad_on_device(&mut self, param: &str, group: &[usize]) -> Result<bool, Failure> {
-        let grad = self.grad(param)?.clone();
+    /// Sums a bucket with the backend's own collectives; false where the
+    /// backend has none (nothing has changed then).
+    fn reduce_on_device(
+        &mut self,
+        params: &[String],
+        group: &[usize],
+        sum: GradSum,
+    ) -> Result<bool, Failure> {
         let order = self.order();
-        match on_device(&mut self.dev, |d| d.reduce_scatter(&grad, group, order))?.flatten() {
-            Some(part) => {
-                self.grads.insert(param.to_string(), part);
+        match sum {
+            GradSum::AllReduce(_) => {
+                // Out of the map, so the backend sums them in place.
+                let mut xs = Vec::with_capacity(params.len());
+                for p in params {
+                    self.grad(p)?;
+                    xs.push(self.grads.remove(p).expect("checked above"));
+                }
+                let done = on_device(&mut self.dev, |d| d.all_reduce_bucket(&mut xs, group, order));
+                for (p, x) in params.iter().zip(xs) {
+                    self.grads.insert(p.clone(), x);
+                }
+                Ok(done?.unwrap_or(false))
+            }
+            GradSum::ReduceScatter(mb) => {
+                let xs = params
+                    .iter()
+                    .map(|p| match mb {
+                        Some(mb) => self.micro_batch_grad(p, mb),
+                        None => self.grad(p).cloned(),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let Some(shards) =
+                    on_device(&mut self.dev, |d| d.reduce_scatter_bucket(&xs, group, order))?.flatten()
+                else {
+                    return Ok(false);
+                };
+                // They land in the step's gradient shards at the next join.
+                for (p, shard) in params.iter().zip(shards) {
+                    if mb.is_none() {
+                        self.grads.remove(p);
+                    }
+                    self.landed.push((p.clone(), shard));
+                }
                 Ok(true)
             }
-            None => Ok(false),
         }
     }
 
-    /// Sums `param`'s gradient over `group` (data parallel), whole or
-    /// keeping this rank's shard as `sum` says.
-    pub(super) fn reduce_grad(
+    /// Sums a bucket of gradients over `group` (data parallel) as one
+    /// collective, whole or keeping this rank's shards as `sum` says.
+    pub(super) fn reduce_grads(
         &mut self,
         instr: &Instr,
-        param: &str,
+        params: &[String],
         group: &[usize],
         sum: GradSum,
         at: At<'_>,
     ) -> Result<(), Failure> {
-        let done = match sum {
-            GradSum::AllReduce(_) => self.all_reduce_grad_on_device(param, group)?,
-            GradSum::ReduceScatter => self.reduce_scatter_grad_on_device(param, group)?,
-        };
-        if done {
-            self.on_device.insert(param.to_string());
+        if self.reduce_on_device(params, group, sum)? {
+            self.on_device.extend(params.iter().cloned());
             return Ok(());
         }
-        let grad = self.take_grad_host(param)?;
-        let dtype = grad.dtype;
-        let (kind, shape, data, name) = match sum {
+        let mut values = Vec::with_capacity(params.len());
+        for p in params {
+            values.push(match sum {
+                GradSum::ReduceScatter(Some(mb)) => {
+                    let x = self.micro_batch_grad(p, mb)?;
+                    (*self.host(&x)?).clone()
+                }
+                GradSum::AllReduce(_) | GradSum::ReduceScatter(None) => self.take_grad_host(p)?,
+            });
+        }
+        let dtype = values.first().ok_or(RankError::NothingToScatter)?.dtype;
+        let n = group.len();
+        let (kind, data, into, name) = match sum {
             GradSum::AllReduce(algorithm) => {
-                let shape = grad.shape.clone();
-                (JobKind::AllReduce(algorithm), shape, into_buffer(grad), "ar")
+                let members = params.iter().cloned().zip(values.iter().map(|v| v.shape.clone()));
+                let into = Slot::Grads {
+                    dtype,
+                    members: members.collect(),
+                };
+                (
+                    JobKind::AllReduce(algorithm),
+                    buckets::concat(values)?,
+                    into,
+                    "ar",
+                )
             }
-            GradSum::ReduceScatter => {
-                let shape = vec![grad.numel().div_ceil(group.len())];
-                (JobKind::ReduceScatter, shape, padded(grad, group.len()), "rs")
+            GradSum::ReduceScatter(_) => {
+                let members = params
+                    .iter()
+                    .cloned()
+                    .zip(values.iter().map(|v| v.numel().div_ceil(n)));
+                let into = Slot::Shards {
+                    dtype,
+                    members: members.collect(),
+                };
+                (
+                    JobKind::ReduceScatter,
+                    buckets::interleave(values, n)?,
+                    into,
+                    "rs",
+                )
             }
+        };
+        let first = &params[0];
+        let wire = match sum {
+            GradSum::ReduceScatter(Some(mb)) => format!("{name}/{first}/mb{mb}"),
+            GradSum::AllReduce(_) | GradSum::ReduceScatter(None) => format!("{name}/{first}"),
         };
         let job = Job {
             kind,
             group: group.to_vec(),
             data,
-            tag: at.tag(&format!("{name}/{param}")),
+            tag: at.tag(&wire),
             what: at.what.to_string(),
         };
-        self.overlap(param, job, Slot::Grad { dtype, shape }, instr, at.step);
+        self.overlap(params.to_vec(), job, into, instr, at.step);
         Ok(())
     }
 
@@ -213,38 +327,62 @@ impl<B: Backend> RankRun<'_, B> {
             index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
             parts: group.len(),
         };
-        let job = Job {
-            kind: JobKind::AllGather,
-            group: group.to_vec(),
-            data: to_buffer(&shard_of(&w, shard)),
-            tag: at.tag(&format!("ag/{param}")),
-            what: at.what.to_string(),
-        };
+        let job = all_gather(
+            group,
+            to_buffer(&shard_of(&w, shard)),
+            at.tag(&format!("ag/{param}")),
+            at,
+        );
         let into = Slot::Weight {
+            param: param.to_string(),
             dtype: w.dtype,
             shape: w.shape.clone(),
+            gathered: false,
         };
-        self.overlap(param, job, into, instr, at.step);
+        self.overlap(vec![param.to_string()], job, into, instr, at.step);
         Ok(())
     }
 
-    /// Gathers the whole `param` from its shards into a per-step buffer (ZeRO-3).
-    pub(super) fn gather_param(&mut self, param: &str, group: &[usize], at: At<'_>) -> Result<(), Failure> {
+    /// Gathers the whole `param` from its shards into a per-step buffer
+    /// (ZeRO-3): on the backend's collectives in order, else on the
+    /// communication stream, where the program's prefetch lets it run
+    /// beside the computation until a node reads it.
+    pub(super) fn gather_param(
+        &mut self,
+        instr: &Instr,
+        param: &str,
+        group: &[usize],
+        at: At<'_>,
+    ) -> Result<(), Failure> {
         let k = self.gathers.entry(param.to_string()).or_insert(0);
         *k += 1;
-        let t = at.tag(&format!("gather/{param}/{k}"));
+        let tag = at.tag(&format!("gather/{param}/{k}"));
         let part = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
-        let (_, shape) = self.ty(param)?;
+        let (dtype, shape) = self.ty(param)?;
         if let Some(full) = on_device(&mut self.dev, |d| d.all_gather(&part, group, &shape))?.flatten() {
             self.bufs.insert(Buf::step(param), full);
             return Ok(());
         }
         let w = self.weight_host(param)?;
-        let all = self.ep.all_gather(group, &to_buffer(&w), &t, at.what)?;
-        let (dtype, shape) = self.ty(param)?;
-        let full = unpad(all, run_dtype(dtype, self.opts.precision), shape)?;
-        let held = self.dev.upload(full)?;
-        self.bufs.insert(Buf::step(param), held);
+        let job = all_gather(group, to_buffer(&w), tag, at);
+        let into = Slot::Weight {
+            param: param.to_string(),
+            dtype,
+            shape,
+            gathered: true,
+        };
+        self.overlap(vec![param.to_string()], job, into, instr, at.step);
         Ok(())
+    }
+}
+
+/// The job gathering every member's `part` over `group`.
+fn all_gather(group: &[usize], part: Buffer, tag: String, at: At<'_>) -> Job {
+    Job {
+        kind: JobKind::AllGather,
+        group: group.to_vec(),
+        data: part,
+        tag,
+        what: at.what.to_string(),
     }
 }

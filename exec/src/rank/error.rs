@@ -2,6 +2,7 @@
 //! rank, step and instruction ([`crate::ExecError::Rank`]).
 
 use crate::backend::BackendError;
+use crate::buckets::BucketError;
 use crate::train::DataError;
 use autopar_comm::collective::values::ValueMismatch;
 use autopar_comm::collective::CommError;
@@ -19,6 +20,9 @@ pub enum RankError {
     /// A received or gathered buffer is not the tensor it should be.
     #[error(transparent)]
     Received(#[from] ValueMismatch),
+    /// A gradient bucket could not be laid out or cut back.
+    #[error(transparent)]
+    Bucket(#[from] BucketError),
     /// A data input could not be built.
     #[error(transparent)]
     Value(#[from] ValueError),
@@ -79,4 +83,11 @@ macro_rules! rank_failure {
     )*};
 }
 
-rank_failure!(RankError, BackendError, ValueMismatch, ValueError, DataError);
+rank_failure!(
+    RankError,
+    BackendError,
+    BucketError,
+    ValueMismatch,
+    ValueError,
+    DataError
+);

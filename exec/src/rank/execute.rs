@@ -59,20 +59,28 @@ impl<B: Backend> RankRun<'_, B> {
                     }
                 }
             }
-            Instr::Free { buf } => self.free(buf),
+            Instr::Free { buf } => {
+                // A gathered weight may still be on its way.
+                if buf.micro_batch.is_none() {
+                    self.settle(&buf.tensor)?;
+                }
+                self.free(buf)
+            }
             Instr::AccumulateGrad { param, micro_batch } => self.accumulate(param, *micro_batch)?,
             Instr::AllReduceGrad {
-                param,
+                params,
                 group,
                 reduction,
-            } => self.reduce_grad(instr, param, group, GradSum::AllReduce(*reduction), at)?,
+            } => self.reduce_grads(instr, params, group, GradSum::AllReduce(*reduction), at)?,
             Instr::SumTiedGrads { key, params, group } => self.sum_tied(key, params, group, at)?,
-            Instr::ReduceScatterGrad { param, group } => {
-                self.reduce_grad(instr, param, group, GradSum::ReduceScatter, at)?
-            }
+            Instr::ReduceScatterGrad {
+                params,
+                group,
+                micro_batch,
+            } => self.reduce_grads(instr, params, group, GradSum::ReduceScatter(*micro_batch), at)?,
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, at.step, grads_out)?,
             Instr::AllGatherParam { param, group } => self.all_gather_param(instr, param, group, at)?,
-            Instr::GatherParam { param, group } => self.gather_param(param, group, at)?,
+            Instr::GatherParam { param, group } => self.gather_param(instr, param, group, at)?,
             Instr::ReportLoss { buf } => {
                 let v = self.host(&self.get(buf)?)?;
                 return Ok(Some(v.to_f64_vec().first().copied().unwrap_or(0.0)));

@@ -87,6 +87,9 @@ pub(super) struct RankRun<'a, B: Backend> {
     /// Parameters whose gradient or weight a backend collective issued
     /// [`Order::Overlapped`] reads or writes, until the backend joins them.
     on_device: HashSet<String>,
+    /// Gradient shards those collectives make, added into the step's
+    /// gradient shards once joined.
+    landed: Vec<(String, B::Tensor)>,
 }
 
 impl<'a, B: Backend> RankRun<'a, B> {
@@ -154,6 +157,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
             initial,
             comm: None,
             on_device: HashSet::new(),
+            landed: Vec::new(),
         }
     }
 

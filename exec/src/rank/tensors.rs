@@ -93,10 +93,14 @@ impl<B: Backend> RankRun<'_, B> {
         Ok(())
     }
 
-    /// The tensor node input `x` reads for micro-batch `mb`.
+    /// The tensor node input `x` reads for micro-batch `mb` (a gathered
+    /// weight once its gather has landed).
     pub(super) fn input(&mut self, x: TensorId, mb: usize) -> Result<B::Tensor, Failure> {
-        let g: &Graph = &self.t.graph;
-        let tensor = g.tensor(x);
+        let t = self.t;
+        let tensor = t.graph.tensor(x);
+        if tensor.role == Role::Parameter {
+            self.settle(&tensor.name)?;
+        }
         Ok(match tensor.role {
             Role::Constant => match self.constants.get(&x) {
                 Some(v) => v.clone(),

@@ -18,10 +18,14 @@ use autopar_cost_models::Recompute;
 use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+mod buckets;
 mod frees;
+mod prefetch;
 mod zero;
 
+use buckets::Buckets;
 use frees::{Groups, Key, Lifetimes};
+use prefetch::Segments;
 
 /// Facts about the training graph shared by every rank's emission.
 pub(super) struct Layout<'a> {
@@ -43,6 +47,10 @@ pub(super) struct Layout<'a> {
     /// Virtual stages that use each parameter, and the one that owns its gradient.
     param_users: BTreeMap<String, BTreeSet<usize>>,
     param_owner: HashMap<String, usize>,
+    /// By parameter: its gradient's bytes on a rank, which fill buckets.
+    grad_bytes: HashMap<String, f64>,
+    /// By forward node name: the repeated layer it belongs to.
+    layer_of: HashMap<&'a str, usize>,
 }
 
 impl<'a> Layout<'a> {
@@ -107,6 +115,15 @@ impl<'a> Layout<'a> {
                 param_owner.insert(p.clone(), part.place[&node].0);
             }
         }
+        let grad_bytes = t
+            .gradients
+            .iter()
+            .filter_map(|(p, grad)| {
+                let x = g.tensor(id_of(grad)?);
+                let numel = x.ty.shape.numel(&g.bindings)?;
+                Some((p.clone(), (numel as usize * x.ty.dtype.size_bytes()) as f64))
+            })
+            .collect();
         Layout {
             t,
             s,
@@ -118,6 +135,13 @@ impl<'a> Layout<'a> {
             loss,
             param_users,
             param_owner,
+            grad_bytes,
+            layer_of: g
+                .blocks
+                .iter()
+                .enumerate()
+                .flat_map(|(layer, b)| b.nodes.iter().map(move |n| (n.as_str(), layer)))
+                .collect(),
         }
     }
 
@@ -225,8 +249,11 @@ impl<'a> Layout<'a> {
             gathered: Vec::new(),
             reduce_early: BTreeMap::new(),
             reduced: BTreeSet::new(),
+            buckets: Buckets::default(),
+            segments: Segments::default(),
         };
         e.reduce_early = e.early_reductions();
+        e.plan_buckets();
         for task in &order {
             e.task(*task)?;
         }
@@ -258,12 +285,17 @@ struct Emitter<'l, 'a> {
     /// parameter (ZeRO-3).
     tasks: usize,
     gathered: Vec<usize>,
-    /// Parameters whose gradient is reduced as soon as its last micro-batch
-    /// accumulated (overlapping the rest of the backward pass), with the
-    /// accumulations still to come this step.
+    /// Parameters whose gradient is reduced in the backward pass
+    /// (overlapping the rest of it), in buckets, with the micro-batches'
+    /// gradients still to come this step: after the last (ZeRO-0/1), or
+    /// each micro-batch's (ZeRO-2/3).
     reduce_early: BTreeMap<String, usize>,
-    /// Parameters whose reduction was emitted that way.
+    /// Parameters whose reduction joined a bucket that way.
     reduced: BTreeSet<String>,
+    /// The gradient buckets being filled.
+    buckets: Buckets,
+    /// ZeRO-3: the current task's weights in runs of one layer, to gather ahead.
+    segments: Segments,
 }
 
 impl Emitter<'_, '_> {
@@ -323,6 +355,14 @@ impl Emitter<'_, '_> {
         let vs = l.task_stage(task, self.coord);
         let mb = task.micro_batch;
         self.tasks += 1;
+        if self.zero3() {
+            let again = match task.phase {
+                Phase::Backward => Some(l.recomputed(vs)),
+                Phase::Forward => None,
+            };
+            let nodes = again.into_iter().flatten();
+            self.segments = l.segments(nodes.chain(l.stage_nodes(vs, task.phase).iter().copied()));
+        }
         if task.phase == Phase::Backward {
             for node in l.recomputed(vs) {
                 self.compute(node, mb, true)?;
@@ -346,14 +386,8 @@ impl Emitter<'_, '_> {
             let tensor = g.tensor(x);
             match tensor.role {
                 Role::Constant => {}
-                Role::Parameter => {
-                    let key = l.key(x, None);
-                    if zero3 && self.first_gather(key) {
-                        let group = self.dp_group(&tensor.name);
-                        let param = tensor.name.clone();
-                        self.push_def(Instr::GatherParam { param, group }, key);
-                    }
-                }
+                Role::Parameter if zero3 => self.gather_ahead(l.key(x, None), &tensor.name),
+                Role::Parameter => {}
                 _ => self.ensure(x, mb)?,
             }
         }
@@ -419,15 +453,7 @@ impl Emitter<'_, '_> {
                 self.push_use(Instr::ReportLoss { buf }, key);
             }
             if let Some(&Some((param, grad))) = l.accumulates.get(key.name as usize) {
-                if let Some(name) = grad {
-                    let grad = Key { name, ..key };
-                    self.lifetimes.used(grad, self.out.len());
-                }
-                self.out.push(Instr::AccumulateGrad {
-                    param: param.to_string(),
-                    micro_batch: mb,
-                });
-                self.reduce_if_complete(param);
+                self.gradient(param, mb, grad.map(|name| Key { name, ..key }));
             }
         }
         Ok(())

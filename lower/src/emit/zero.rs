@@ -1,6 +1,6 @@
-//! The data-parallel end of a rank's step: gradient reductions (early,
-//! in the backward pass, where a parameter's last accumulation allows),
-//! optimizer steps and parameter traffic as the ZeRO stage asks, and the
+//! The data-parallel end of a rank's step: gradient reductions (in
+//! buckets, most in the backward pass: see `buckets`), optimizer steps
+//! and parameter traffic as the ZeRO stage asks, and the
 //! sums and copies of weights shared between pipeline stages.
 
 use super::Emitter;
@@ -46,45 +46,33 @@ impl Emitter<'_, '_> {
         early
     }
 
-    /// After an accumulation into `param`'s gradient: emits its reduction
-    /// if that was the step's last accumulation and it reduces early.
-    pub(super) fn reduce_if_complete(&mut self, param: &str) {
-        let Some(left) = self.reduce_early.get_mut(param) else {
-            return;
-        };
-        *left -= 1;
-        if *left == 0 {
-            self.reduce_early.remove(param);
-            let group = self.dp_group(param);
-            let reduction = self.reduction(param, group);
-            self.out.push(reduction);
-            self.reduced.insert(param.to_string());
-        }
-    }
-
-    /// The gradient reduction the ZeRO stage asks for: an all-reduce
-    /// (ZeRO-0), or a reduce-scatter that leaves each rank the shard it
-    /// steps (ZeRO-1 to 3: Megatron-LM's distributed optimizer moves two
-    /// volumes, a reduce-scatter and the weights' all-gather, not three).
-    pub(super) fn reduction(&self, param: &str, group: Vec<usize>) -> Instr {
+    /// The gradient reduction of a bucket the ZeRO stage asks for: an
+    /// all-reduce (ZeRO-0), or a reduce-scatter that leaves each rank the
+    /// shards it steps (ZeRO-1 to 3: Megatron-LM's distributed optimizer
+    /// moves two volumes, a reduce-scatter and the weights' all-gather, not
+    /// three), of micro-batch `mb`'s gradients (ZeRO-2/3 in the backward
+    /// pass) or of the step's.
+    pub(super) fn reduction(&self, params: Vec<String>, group: Vec<usize>, mb: Option<usize>) -> Instr {
         let s = self.l.s;
-        let param = param.to_string();
         match s.zero {
             0 => Instr::AllReduceGrad {
-                param,
+                params,
                 group,
                 reduction: s.reduction,
             },
-            _ => Instr::ReduceScatterGrad { param, group },
+            _ => Instr::ReduceScatterGrad {
+                params,
+                group,
+                micro_batch: mb,
+            },
         }
     }
 
-    /// The reduction (unless emitted in the backward pass), optimizer step
-    /// and gather of one parameter the ZeRO stage asks for: ZeRO-0
-    /// all-reduces and steps the whole parameter; ZeRO-1 and 2
-    /// reduce-scatter, step their shard and all-gather the weights; ZeRO-3
-    /// keeps only the shard.
-    pub(super) fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
+    /// The optimizer step and gather of one parameter the ZeRO stage asks
+    /// for, after its gradient's reduction: ZeRO-0 steps the whole
+    /// parameter; ZeRO-1 and 2 step their shard and all-gather the
+    /// weights; ZeRO-3 keeps only the shard.
+    fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
         let s = self.l.s;
         let p = param.to_string();
         if group.len() == 1 {
@@ -94,16 +82,15 @@ impl Emitter<'_, '_> {
             });
             return;
         }
-        let group = group.to_vec();
-        if !self.reduced.contains(param) {
-            self.out.push(self.reduction(param, group.clone()));
-        }
         self.out.push(Instr::OptimizerStep {
             param: p.clone(),
             shard,
         });
         if s.zero == 1 || s.zero == 2 {
-            self.out.push(Instr::AllGatherParam { param: p, group });
+            self.out.push(Instr::AllGatherParam {
+                param: p,
+                group: group.to_vec(),
+            });
         }
     }
 
@@ -133,7 +120,12 @@ impl Emitter<'_, '_> {
                 });
             }
         }
+        // What the backward pass left in open buckets, then the gradients
+        // that reduce only now (tied copies after their sum, weights shared
+        // by stages), bucketed alike.
+        self.issue_all();
         let mut receives = Vec::new();
+        let mut updates = Vec::new();
         let l = self.l;
         for (param, users) in &l.param_users {
             if users.is_disjoint(&my_vs) {
@@ -165,10 +157,19 @@ impl Emitter<'_, '_> {
                 });
                 continue;
             }
-            let p = param.clone();
-            self.update(&p, &group, shard);
+            if group.len() > 1 && !self.reduced.contains(param) {
+                self.join_bucket(param, self.slot(param, None), None);
+            }
+            updates.push((param, group, shard, holders));
+        }
+        self.issue_all();
+        for (param, group, shard, holders) in updates {
+            self.update(param, &group, shard);
             for &to in holders.iter().filter(|&&r| r != self.rank) {
-                self.out.push(Instr::SendParam { param: p.clone(), to });
+                self.out.push(Instr::SendParam {
+                    param: param.clone(),
+                    to,
+                });
             }
         }
         self.out.extend(receives);

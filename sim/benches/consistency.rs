@@ -1,0 +1,266 @@
+//! The analytic estimate against the simulator on the plans the planner
+//! emits, and the planner's picks against published configurations.
+//!
+//! 1. Megatron-LM SC'21 Table 1: for every row, the planner's pick and the
+//!    published configuration, each made into a plan (per-op sharding
+//!    solved), lowered, simulated and estimated.
+//! 2. A sweep of GPT, Llama and MoE models over A100, H100 and H200
+//!    clusters: the planner's top candidates, each estimated and simulated.
+//!
+//! Prints both tables and the largest gap between estimate and simulation.
+//! Run: `cargo bench -p autopar-sim --bench consistency` (`-- sc21` or
+//! `-- sweep` for one part; `-- quick` for a few sweep cases).
+
+use autopar_cost_models::published::{megatron_sc21, CLUSTER};
+use autopar_cost_models::{estimate, Calibration, Cluster, Workload};
+use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
+use autopar_lower::{for_strategy, Strategy};
+use autopar_planner::plan::fnv1a_hex;
+use autopar_planner::{
+    plan_candidate, search, Candidate, DegreeLimits, ModelId, SearchOptions, SearchResult,
+};
+use autopar_sim::{simulate_plan, SimOptions};
+use std::time::Instant;
+
+/// What one plan's estimate and simulation said.
+struct Pair {
+    estimate: f64,
+    simulated: f64,
+    seconds: f64,
+}
+
+impl Pair {
+    fn gap(&self) -> f64 {
+        self.estimate / self.simulated - 1.0
+    }
+}
+
+/// Makes `candidate` a plan, lowers it and simulates it.
+fn replay(
+    graph: &Graph,
+    spec: &str,
+    cluster: &Cluster,
+    opts: &SearchOptions,
+    found: &SearchResult,
+    c: &Candidate,
+) -> Result<Pair, String> {
+    let started = Instant::now();
+    let calibration = Calibration::default();
+    let model = ModelId {
+        arg: spec,
+        hash: fnv1a_hex(spec.as_bytes()),
+    };
+    let plan =
+        plan_candidate(graph, &model, cluster, &calibration, opts, found, c).map_err(|e| e.to_string())?;
+    let strategy = Strategy::from_plan(&plan).map_err(|e| e.to_string())?;
+    let seq = graph
+        .inputs
+        .first()
+        .and_then(|&t| graph.tensor(t).ty.shape.0.get(1)?.fixed())
+        .or_else(|| graph.bindings.get("seq").copied())
+        .ok_or("the model's sequence length is symbolic")?;
+    let t = for_strategy(graph, &strategy, seq).map_err(|e| e.to_string())?;
+    let (sim, _) = simulate_plan(
+        &plan,
+        &t,
+        &strategy,
+        None,
+        &calibration,
+        Precision::F32,
+        &SimOptions::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(Pair {
+        estimate: plan.predicted.step_time_s,
+        simulated: sim.step_time_s,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+fn describe(c: &Candidate) -> String {
+    let k = &c.config;
+    format!(
+        "dp{} tp{} pp{} cp{} ep{} v{} mb{} z{}{}",
+        k.dp,
+        k.tp,
+        k.pp,
+        k.cp,
+        k.ep,
+        k.virtual_stages,
+        k.micro_batch,
+        k.zero,
+        if k.sp { " sp" } else { "" }
+    )
+}
+
+fn options(global_batch: usize, top: usize) -> SearchOptions {
+    SearchOptions {
+        global_batch,
+        seq: None,
+        max_memory_fraction: 0.9,
+        attention: autopar_cost_models::AttentionKernel::Fused,
+        dropout: false,
+        top,
+        // What lowering runs.
+        limits: DegreeLimits {
+            grad_compression: false,
+            ..DegreeLimits::NONE
+        },
+        tp_comm_overlap: false,
+    }
+}
+
+/// SC'21 Table 1: the pick and the published configuration side by side.
+fn sc21(worst: &mut f64) {
+    println!("SC'21 Table 1 (A100 80 GB): the planner's pick and the published configuration, estimated and simulated");
+    println!(
+        "{:>3} {:>5} {:<34} {:>9} {:>9} {:>7} | {:<18} {:>9} {:>9} {:>7} {:>9} {:>6}",
+        "row",
+        "gpus",
+        "pick",
+        "est s",
+        "sim s",
+        "gap",
+        "published",
+        "est s",
+        "sim s",
+        "gap",
+        "published",
+        "pick≤"
+    );
+    let calibration = Calibration::default();
+    for (i, r) in megatron_sc21().iter().enumerate() {
+        let spec = r.model_spec();
+        let graph = autopar_import::zoo::build(&spec).expect("zoo spec");
+        let cluster = Cluster::preset(CLUSTER)
+            .and_then(|c| c.with_gpus(r.gpus))
+            .expect("cluster");
+        let mut opts = options(r.batch, 1);
+        opts.attention = r.config().attention;
+        opts.dropout = r.config().dropout;
+        let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).expect("search");
+        let pick = &found.ranked[0];
+        let w = Workload::build(&graph, &r.workload_options()).expect("workload");
+        let published = Candidate {
+            config: r.config(),
+            estimate: estimate(&w, &cluster, &calibration, &r.config()).expect("estimate"),
+        };
+        let p = replay(&graph, &spec, &cluster, &opts, &found, pick);
+        let q = replay(&graph, &spec, &cluster, &opts, &found, &published);
+        match (p, q) {
+            (Ok(p), Ok(q)) => {
+                *worst = worst.max(p.gap().abs()).max(q.gap().abs());
+                println!(
+                    "{:>3} {:>5} {:<34} {:>9.3} {:>9.3} {:>+6.1}% | {:<18} {:>9.3} {:>9.3} {:>+6.1}% {:>9.3} {:>6}",
+                    i + 1,
+                    r.gpus,
+                    describe(pick),
+                    p.estimate,
+                    p.simulated,
+                    100.0 * p.gap(),
+                    format!("tp{} pp{} v{}", r.tp, r.pp, r.config().virtual_stages),
+                    q.estimate,
+                    q.simulated,
+                    100.0 * q.gap(),
+                    r.step_time_s(),
+                    if p.simulated <= q.simulated * (1.0 + 1e-9) { "yes" } else { "NO" }
+                );
+                let _ = (p.seconds, q.seconds);
+            }
+            (p, q) => println!(
+                "{:>3} {:>5} pick: {:?} published: {:?}",
+                i + 1,
+                r.gpus,
+                p.err(),
+                q.err()
+            ),
+        }
+    }
+}
+
+/// The sweep's cases: model spec, cluster preset, GPUs, global batch.
+fn cases(quick: bool) -> Vec<(&'static str, &'static str, usize, usize)> {
+    let all = vec![
+        ("gpt:layers=24,hidden=2048,heads=16,vocab=51200,seq=2048,dtype=bf16", "dgx-a100-80g", 8, 64),
+        ("gpt:layers=24,hidden=2048,heads=16,vocab=51200,seq=2048,dtype=bf16", "dgx-h100", 64, 512),
+        ("gpt:layers=40,hidden=5120,heads=40,vocab=51200,seq=2048,dtype=bf16", "dgx-a100-80g", 64, 512),
+        ("gpt:layers=40,hidden=6144,heads=48,vocab=51200,seq=2048,dtype=bf16", "dgx-h100", 192, 768),
+        ("llama:layers=32,hidden=4096,ffn=11008,heads=32,vocab=32000,seq=4096,dtype=bf16", "dgx-h100", 32, 256),
+        ("llama:layers=32,hidden=4096,ffn=14336,heads=32,kv_heads=8,vocab=128256,seq=8192,dtype=bf16", "hgx-h200", 64, 256),
+        ("llama:layers=80,hidden=8192,ffn=28672,heads=64,kv_heads=8,vocab=128256,seq=4096,dtype=bf16", "dgx-h100", 512, 1024),
+        ("moe:layers=16,hidden=2048,ffn=5632,heads=16,experts=8,top_k=2,vocab=32000,seq=2048,dtype=bf16", "dgx-a100-80g", 32, 256),
+        ("moe:layers=32,hidden=4096,ffn=14336,heads=32,kv_heads=8,experts=8,top_k=2,vocab=32000,seq=4096,dtype=bf16", "dgx-h100", 128, 512),
+        ("gpt:layers=96,hidden=12288,heads=96,vocab=51200,seq=2048,dtype=bf16", "dgx-a100-80g", 1024, 1536),
+    ];
+    match quick {
+        true => all.into_iter().take(3).collect(),
+        false => all,
+    }
+}
+
+/// The planner's top candidates of every case, estimated and simulated.
+fn sweep(quick: bool, worst: &mut f64) {
+    println!("\nsweep: the planner's top 3 candidates per case, estimate against simulation");
+    println!(
+        "{:<70} {:>14} {:>5} {:<34} {:>9} {:>9} {:>7} {:>6}",
+        "model", "cluster", "gpus", "candidate", "est s", "sim s", "gap", "sim s"
+    );
+    let calibration = Calibration::default();
+    let mut count = 0;
+    for (spec, preset, gpus, batch) in cases(quick) {
+        let Ok(graph) = autopar_import::zoo::build(spec) else {
+            println!("{spec}: not a zoo spec");
+            continue;
+        };
+        let cluster = Cluster::preset(preset)
+            .and_then(|c| c.with_gpus(gpus))
+            .expect("cluster");
+        let opts = options(batch, 3);
+        let found = match search(&graph, &cluster, &calibration, &opts, &|_, _| {}) {
+            Ok(f) => f,
+            Err(e) => {
+                println!("{spec} on {gpus} × {preset}: {e}");
+                continue;
+            }
+        };
+        for c in &found.ranked {
+            match replay(&graph, spec, &cluster, &opts, &found, c) {
+                Ok(p) => {
+                    count += 1;
+                    *worst = worst.max(p.gap().abs());
+                    println!(
+                        "{:<70} {:>14} {:>5} {:<34} {:>9.3} {:>9.3} {:>+6.1}% {:>6.1}",
+                        spec,
+                        preset,
+                        gpus,
+                        describe(c),
+                        p.estimate,
+                        p.simulated,
+                        100.0 * p.gap(),
+                        p.seconds
+                    );
+                }
+                Err(e) => println!("{spec} {}: {e}", describe(c)),
+            }
+        }
+    }
+    println!("{count} plans simulated");
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let has = |a: &str| args.iter().any(|x| x == a);
+    let (only_sc21, only_sweep) = (has("sc21"), has("sweep"));
+    let mut worst: f64 = 0.0;
+    if !only_sweep {
+        sc21(&mut worst);
+    }
+    if !only_sc21 {
+        sweep(has("quick"), &mut worst);
+    }
+    println!(
+        "largest gap between estimate and simulation: {:.1} %",
+        100.0 * worst
+    );
+}
