@@ -3,11 +3,13 @@
 //! programs and executing them: every rank a thread of this process, or,
 //! under a launcher (torchrun, Slurm), one rank per process.
 
+use crate::host_profile::{self, HostKey, PredictionSource};
 use crate::units::{binary, seconds};
 use crate::{model, output, plan};
 use anyhow::{bail, Context, Result};
 use autopar_comm::launch::LaunchEnv;
 use autopar_cost_models::{AttentionKernel, Calibration};
+use autopar_cpu::profile::{profile, ProfileOptions};
 use autopar_cpu::CpuRunner;
 use autopar_cuda::{self as cuda, CudaOptions, CudaReport, CudaRunner, GpuPrecision};
 use autopar_exec::session::{RunOptions, Session};
@@ -65,8 +67,10 @@ pub struct Request {
     pub save_plan: Option<PathBuf>,
     /// Write a Chrome trace-event timeline of the run here.
     pub trace: Option<PathBuf>,
-    /// Also predict the step by simulating the plan priced with this
-    /// calibration (from `autopar profile`), to set next to the measurement.
+    /// Predict the step by simulating the plan priced with this
+    /// calibration (from `autopar profile`), to set next to the measurement;
+    /// without it a CPU run predicts from this host's cached profile (see
+    /// [`host_profile`]).
     pub calibration: Option<PathBuf>,
     /// Gradient reductions and weight refreshes beside the backward pass
     /// (a communication thread on the CPU, a stream on the GPU).
@@ -182,12 +186,18 @@ pub struct GpuSummary {
 }
 
 /// The plan a run follows: the plan file's own degrees and knobs (the
-/// report's `plan` object has their keys) and the step time it predicts.
+/// report's `plan` object has their keys) and the step time predicted for
+/// it, with the figures that prediction comes from.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanSummary {
     #[serde(flatten)]
     pub parallel: Parallel,
     pub predicted_step_time_s: f64,
+    pub prediction_source: PredictionSource,
+    /// The cluster the plan was made for, whose preset figures a nominal
+    /// prediction comes from.
+    #[serde(skip)]
+    pub planned_for: String,
 }
 
 /// One rank's traffic and memory.
@@ -311,6 +321,7 @@ pub fn run(
     }
     let opts = run_options(r, &launch)?;
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
+    let nominal = host_profile::nominal_requested()?;
     let (p, model_arg, graph) = resolve(r, ranks, launch.rank == 0)?;
     let world = p.mesh.ranks.len();
     if world != ranks && launch.world_size > 1 {
@@ -326,9 +337,21 @@ pub fn run(
     let seq = seq_of(&graph, &p)?;
     let rank = launch.rank;
     let session = Session::new(p, graph, seq, opts, launch).with_context(|| model_arg.clone())?;
+    // Only rank 0 reports, so only rank 0 predicts.
+    let host = matches!(target, Target::Cpu) && !nominal && rank == 0;
+    let (predicted_step_time_s, prediction_source) = match &calibration {
+        Some(cal) if rank == 0 => (
+            simulated(&session, session.plan(), cal)?,
+            PredictionSource::CalibrationFile,
+        ),
+        _ if host => predict_on_host(&session),
+        _ => (session.plan().predicted.step_time_s, PredictionSource::Nominal),
+    };
     let summary = PlanSummary {
         parallel: session.plan().parallel.clone(),
-        predicted_step_time_s: session.plan().predicted.step_time_s,
+        predicted_step_time_s,
+        prediction_source,
+        planned_for: session.plan().inputs.cluster.name.clone(),
     };
     if rank == 0 {
         on_plan(&summary, world);
@@ -351,21 +374,9 @@ pub fn run(
     let Some(result) = outcome.report else {
         return Ok(None);
     };
-    // The simulator replays the programs that ran, priced by the calibration.
-    let simulated_step_time_s = match &calibration {
-        Some(cal) => {
-            let (sim, _) = simulate_plan(
-                session.plan(),
-                session.training(),
-                session.strategy(),
-                Some(session.programs()),
-                cal,
-                session.precision(),
-                &SimOptions::default(),
-            )?;
-            Some(sim.step_time_s)
-        }
-        None => None,
+    let simulated_step_time_s = match summary.prediction_source {
+        PredictionSource::CalibrationFile => Some(summary.predicted_step_time_s),
+        PredictionSource::HostProfile | PredictionSource::Nominal => None,
     };
     if let (Some(path), false) = (&r.trace, session.launched()) {
         let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
@@ -398,6 +409,49 @@ pub fn run(
             })
             .collect(),
     }))
+}
+
+/// The step time of `p` (the session's plan, or that plan placed on another
+/// cluster) replayed by the simulator: the programs that will run, priced
+/// by `cal`.
+fn simulated(session: &Session, p: &Plan, cal: &Calibration) -> Result<f64> {
+    let (sim, _) = simulate_plan(
+        p,
+        session.training(),
+        session.strategy(),
+        Some(session.programs()),
+        cal,
+        session.precision(),
+        &SimOptions::default(),
+    )?;
+    Ok(sim.step_time_s)
+}
+
+/// A CPU run's prediction from this host's profile (cached, or measured
+/// now): the programs simulated on this host (the `cpu` cluster, whatever
+/// the plan was made for), ranks sharing its cores. Without a profile, or
+/// when the simulator cannot replay the plan, the plan's own nominal
+/// estimate, said so on stderr.
+fn predict_on_host(session: &Session) -> (f64, PredictionSource) {
+    let nominal = (session.plan().predicted.step_time_s, PredictionSource::Nominal);
+    let note = |n: &str| eprintln!("note: {n}");
+    let dir = host_profile::cache_dir(&|name| std::env::var_os(name));
+    let measure = || Ok(profile(&ProfileOptions::default())?);
+    let Some(cal) = host_profile::load_or_measure(dir.as_deref(), &HostKey::this_host(), measure, &note)
+    else {
+        return nominal;
+    };
+    let mut on_host = session.plan().clone();
+    on_host.inputs.cluster.name = "cpu".into();
+    match simulated(session, &on_host, &cal) {
+        Ok(step) => (step, PredictionSource::HostProfile),
+        Err(e) => {
+            note(&format!(
+                "the simulator could not price this plan ({e:#}); predicting from nominal figures"
+            ));
+            nominal
+        }
+    }
 }
 
 /// The optimizer `--optimizer` and `--lr` ask for.
@@ -491,14 +545,19 @@ pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
     }
     let _ = write!(
         s,
-        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step",
+        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step ({})",
         p.zero,
         p.micro_batch,
         p.micro_batches,
         p.recompute,
         p.grad_reduce,
         ranks,
-        seconds(summary.predicted_step_time_s)
+        seconds(summary.predicted_step_time_s),
+        match summary.prediction_source {
+            PredictionSource::HostProfile => "this host's profile".to_string(),
+            PredictionSource::CalibrationFile => "simulated with the calibration".to_string(),
+            PredictionSource::Nominal => format!("nominal {} figures", summary.planned_for),
+        }
     );
     s
 }
@@ -593,6 +652,8 @@ mod tests {
         let plan = PlanSummary {
             parallel: Parallel::of(&cfg, 1),
             predicted_step_time_s: 0.1,
+            prediction_source: PredictionSource::Nominal,
+            planned_for: "cpu".into(),
         };
         let gib = 1u64 << 30;
         let report = Report {

@@ -326,7 +326,7 @@ fn about(plan: &Plan, options: &ProfileOptions) -> String {
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, where there is one.
-fn cpu_model() -> Option<String> {
+pub fn cpu_model() -> Option<String> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("model name"))?;
     Some(line.split_once(':')?.1.trim().to_string())
