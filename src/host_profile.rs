@@ -127,6 +127,7 @@ pub fn read_cached(path: &Path, key: &HostKey) -> Option<Calibration> {
     let complete = key.precisions.iter().all(|&d| measured(d))
         && cal.memory.measured_bytes_per_s.is_some()
         && cal.network.measured_intra_node_bytes_per_s.is_some()
+        && cal.network.measured_intra_node_latency_s.is_some()
         && !cal.threads.is_empty()
         && cal.interpreter.is_some();
     complete.then_some(cal)
@@ -217,6 +218,7 @@ mod tests {
         }
         cal.memory.measured_bytes_per_s = Some(2e10);
         cal.network.measured_intra_node_bytes_per_s = Some(4e9);
+        cal.network.measured_intra_node_latency_s = Some(2e-5);
         cal.threads = vec![ThreadSlowdown {
             threads: 1,
             slowdown: 1.0,
@@ -294,12 +296,15 @@ mod tests {
         incomplete.interpreter = None;
         let mut one_precision = measured("no f64");
         one_precision.ops.retain(|r| r.dtype == DType::F32);
+        let mut no_latency = measured("from before latencies were measured");
+        no_latency.network.measured_intra_node_latency_s = None;
         for stale in [
             "{\"format\": \"autopar-calibration/1\", \"matmul\": ".to_string(),
             "not json at all".to_string(),
             "{\"format\": \"autopar-calibration/0\"}".to_string(),
             serde_json::to_string(&incomplete).unwrap(),
             serde_json::to_string(&one_precision).unwrap(),
+            serde_json::to_string(&no_latency).unwrap(),
         ] {
             std::fs::write(&file, &stale).unwrap();
             let notices = std::cell::RefCell::new(Vec::new());

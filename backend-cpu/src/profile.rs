@@ -172,7 +172,13 @@ pub fn profile(options: &ProfileOptions) -> Result<Calibration, ProfileError> {
         cal.matmul.measured.push(matmul_sample(&plan, dtype, shape)?);
     }
     cal.memory.measured_bytes_per_s = Some(stream_rate(&plan)?);
-    cal.network.measured_intra_node_bytes_per_s = Some(ring_rate(&plan)?);
+    // The `cpu` preset's nodes are this host's cores over again (ranks
+    // beyond its cores): between them runs the same in-process ring.
+    let (rate, latency) = (ring_rate(&plan)?, ring_latency(&plan)?);
+    cal.network.measured_intra_node_bytes_per_s = Some(rate);
+    cal.network.measured_inter_node_bytes_per_s = Some(rate);
+    cal.network.measured_intra_node_latency_s = Some(latency);
+    cal.network.measured_inter_node_latency_s = Some(latency);
     cal.kernel_overhead_s = kernel_overhead(&plan)?;
     cal.ops = ops::op_rates(&plan, &cal)?;
     cal.threads = threads::thread_slowdowns(&plan)?;
@@ -309,6 +315,61 @@ fn ring_rate(plan: &Plan) -> Result<f64, ProfileError> {
     Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
 }
 
+/// All-reduces each ring thread runs back to back per latency sample: a
+/// few, so that a sample is short against the scheduler's time slices and
+/// often runs undisturbed on a busy host.
+const LATENCY_ROUNDS: usize = 20;
+/// Latency samples per timed sample of other figures (each much shorter).
+const LATENCY_SAMPLES_PER_SAMPLE: usize = 4;
+
+/// Seconds per message of the runtime's ring between threads of this
+/// process: all-reduces of one element per rank, back to back on threads
+/// started once, so that what is left is the hand-off between ranks (a
+/// wake-up on a channel) that every message of a collective pays; per
+/// all-reduce, the communication model counts `2 (p - 1)` of them. The
+/// fastest sample, as for every other figure.
+fn ring_latency(plan: &Plan) -> Result<f64, ProfileError> {
+    let p = plan.ring_ranks;
+    let endpoints = fabric(p, Duration::from_secs(60));
+    let group: Vec<usize> = (0..p).collect();
+    let mut fastest = f64::INFINITY;
+    for sample in 0..plan.samples * LATENCY_SAMPLES_PER_SAMPLE {
+        let barrier = std::sync::Barrier::new(p);
+        let seconds = std::thread::scope(|s| {
+            let ranks: Vec<_> = endpoints
+                .iter()
+                .map(|ep| {
+                    let (group, barrier) = (&group, &barrier);
+                    s.spawn(move || -> Result<f64, ProfileError> {
+                        let mut data = Buffer::F32(vec![0.0; p]);
+                        barrier.wait();
+                        let start = Instant::now();
+                        for round in 0..LATENCY_ROUNDS {
+                            let tag = format!("latency/{sample}/{round}");
+                            ep.all_reduce(group, &mut data, Algorithm::Ring, &tag, "profiling")?;
+                        }
+                        Ok(start.elapsed().as_secs_f64())
+                    })
+                })
+                .collect();
+            // Join every rank before reporting, so none outlives the scope's work.
+            let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
+            results
+                .into_iter()
+                .try_fold(0.0f64, |slowest, r| -> Result<f64, ProfileError> {
+                    match r {
+                        Ok(seconds) => Ok(slowest.max(seconds?)),
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    }
+                })
+        })?;
+        fastest = fastest.min(seconds);
+    }
+    Ok(four_digits(
+        fastest / LATENCY_ROUNDS as f64 / (2 * (p - 1)) as f64,
+    ))
+}
+
 /// Which host, how it was measured, and when.
 fn about(plan: &Plan, options: &ProfileOptions) -> String {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -377,6 +438,11 @@ mod tests {
         assert!(cal.matmul.measured.iter().all(|s| positive(s.flops_per_s)));
         assert!(cal.memory.measured_bytes_per_s.is_some_and(positive));
         assert!(cal.network.measured_intra_node_bytes_per_s.is_some_and(positive));
+        assert!(cal.network.measured_intra_node_latency_s.is_some_and(positive));
+        assert_eq!(
+            cal.network.measured_inter_node_latency_s,
+            cal.network.measured_intra_node_latency_s
+        );
         assert!(positive(cal.kernel_overhead_s));
         // Op rates in both precisions, from the plan's graphs.
         for dtype in [DType::F32, DType::F64] {
