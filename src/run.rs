@@ -159,6 +159,19 @@ pub struct Report {
     /// What ran on the GPU (`--backend cuda` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSummary>,
+    /// How much of this host a CPU run's ranks got (ranks as threads of
+    /// this process only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostUse>,
+}
+
+/// The cores a CPU run kept busy while training, from this process's CPU
+/// time: other work on the host leaves it fewer than the host has, and its
+/// steps slower than a prediction for the host alone.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HostUse {
+    pub cores: usize,
+    pub cores_used: f64,
 }
 
 /// The device a CUDA run used and the nodes that had to run on the host.
@@ -358,6 +371,8 @@ pub fn run(
     }
     let tokens_per_step = session.tokens_per_step();
     let progress = |s: &StepReport| on_step(s, tokens_per_step);
+    let (cpu_before, started) = (process_cpu_seconds(), std::time::Instant::now());
+    let in_process_cpu = matches!(target, Target::Cpu) && !session.launched();
     let outcome = match target {
         Target::Cpu => session.run(&CpuRunner, &progress)?.map_details(|()| None),
         Target::Cuda(options) => {
@@ -371,6 +386,13 @@ pub fn run(
         let json = chrome_json(events, &[rank]);
         output::write_atomic(&rank_path(path, rank), serde_json::to_string(&json)?.as_bytes())?;
     }
+    let host = match (in_process_cpu, cpu_before, process_cpu_seconds()) {
+        (true, Some(before), Some(after)) => Some(HostUse {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores_used: (after - before) / started.elapsed().as_secs_f64().max(1e-9),
+        }),
+        _ => None,
+    };
     let Some(result) = outcome.report else {
         return Ok(None);
     };
@@ -391,6 +413,7 @@ pub fn run(
         median_step_time_s: median_after_warmup(&result.step_times_s),
         simulated_step_time_s,
         gpu: result.details,
+        host,
         tokens_per_s: result
             .step_times_s
             .iter()
@@ -452,6 +475,23 @@ fn predict_on_host(session: &Session) -> (f64, PredictionSource) {
             nominal
         }
     }
+}
+
+/// Seconds of CPU this process has used, user and system, from
+/// `/proc/self/stat` (`None` where there is none).
+fn process_cpu_seconds() -> Option<f64> {
+    cpu_seconds_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line, in seconds: fields 14 and
+/// 15, counted after the command name (which may hold spaces) in clock
+/// ticks of `USER_HZ`, 100 on Linux.
+fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    // After the name, field 3 (the state) is index 0.
+    Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// The optimizer `--optimizer` and `--lr` ask for.
@@ -588,6 +628,13 @@ pub fn render_summary(r: &Report) -> String {
             seconds(sim)
         );
     }
+    if let Some(h) = &r.host {
+        let _ = write!(
+            out,
+            "; training kept {:.1} of this host's {} cores busy",
+            h.cores_used, h.cores
+        );
+    }
     out.push('\n');
     if let Some(g) = &r.gpu {
         let _ = writeln!(
@@ -668,6 +715,7 @@ mod tests {
             per_rank: Vec::new(),
             median_step_time_s: 0.1,
             simulated_step_time_s: None,
+            host: None,
             gpu: Some(GpuSummary {
                 device: "H200".into(),
                 precision: "bf16".into(),
@@ -681,12 +729,51 @@ mod tests {
             }),
         };
         let text = render_summary(&report);
+        assert!(!text.contains("cores busy"), "{text}");
         assert!(
             text.contains(
                 "device memory at peak: 7.0 GiB measured (tensors, this GPU's ranks) against 6.0 GiB planned \
                  and 8.0 GiB predicted by the memory model"
             ),
             "{text}"
+        );
+    }
+
+    /// A CPU run's summary says how much of the host its ranks got.
+    #[test]
+    fn a_cpu_summary_says_how_many_cores_training_kept_busy() {
+        let stat = "4242 (autopar run (x)) R 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 6";
+        assert_eq!(cpu_seconds_of_stat(stat), Some(1.75));
+        assert_eq!(cpu_seconds_of_stat("4242 (autopar) R 1 2"), None);
+        assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
+        let report = Report {
+            model: "m".into(),
+            ranks: 4,
+            processes: 1,
+            plan: PlanSummary {
+                parallel: Parallel::of(&autopar_cost_models::TrainingConfig::default(), 1),
+                predicted_step_time_s: 0.05,
+                prediction_source: PredictionSource::HostProfile,
+                planned_for: "cpu".into(),
+            },
+            losses: vec![2.0],
+            step_times_s: vec![0.1],
+            tokens_per_step: 8,
+            tokens_per_s: vec![80.0],
+            per_rank: Vec::new(),
+            median_step_time_s: 0.1,
+            simulated_step_time_s: None,
+            gpu: None,
+            host: Some(HostUse {
+                cores: 2,
+                cores_used: 1.14,
+            }),
+        };
+        assert!(
+            render_summary(&report)
+                .contains("step time 100.000 ms (median); training kept 1.1 of this host's 2 cores busy\n"),
+            "{}",
+            render_summary(&report)
         );
     }
 }
