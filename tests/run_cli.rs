@@ -540,6 +540,9 @@ fn a_nominal_prediction_says_that_it_is_nominal() {
         planned["predicted"]["step_time_s"]
     );
     assert!(v["simulated_step_time_s"].is_null(), "{v}");
+    // How much of the host training got, to set beside the prediction.
+    assert!(v["host"]["cores"].as_u64().is_some_and(|c| c >= 1), "{v}");
+    assert!(v["host"]["cores_used"].as_f64().is_some_and(|c| c >= 0.0), "{v}");
 }
 
 /// A CPU run predicts from this host's profile in the cache folder,
