@@ -130,7 +130,7 @@ impl Plan {
                 "moe:layers=1,hidden=128,ffn=256,heads=4,kv_heads=2,experts=4,top_k=2,vocab=512,seq=64",
             ],
             micro_batch: 8,
-            passes: 3,
+            passes: 6,
             min_sample_s: 2e-3,
             samples: 9,
             // A 256² product and a 256 Ki-element Gelu: the backend's working sizes.
@@ -281,59 +281,43 @@ fn binary_add(n: usize) -> impl FnMut() -> Result<(), ProfileError> {
 
 /// Bytes each rank sends per second during a ring all-reduce (the
 /// `bytes_sent / time` of the communication model: `2 (p - 1) / p` of the
-/// buffer per rank), one thread per rank on an in-process fabric, thread
-/// start-up included, as in a run whose ranks start their collectives at
-/// slightly different times.
+/// buffer per rank), one thread per rank on an in-process fabric.
 fn ring_rate(plan: &Plan) -> Result<f64, ProfileError> {
     let p = plan.ring_ranks;
-    let endpoints = fabric(p, Duration::from_secs(60));
-    let group: Vec<usize> = (0..p).collect();
-    // Zeros stay zeros under repeated summing: no overflow over many runs.
-    let mut buffers: Vec<Buffer> = (0..p)
-        .map(|_| Buffer::F32(vec![0.0; plan.ring_elements]))
-        .collect();
-    let mut call = 0usize;
-    let seconds = time_per_call(plan, || {
-        call += 1;
-        let tag = format!("profile/{call}");
-        std::thread::scope(|s| {
-            let ranks: Vec<_> = (endpoints.iter().zip(&mut buffers))
-                .map(|(ep, data)| {
-                    let (group, tag) = (&group, &tag);
-                    s.spawn(move || ep.all_reduce(group, data, Algorithm::Ring, tag, "profiling"))
-                })
-                .collect();
-            // Join every rank before reporting, so none outlives the scope's work.
-            let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
-            results.into_iter().try_for_each(|r| match r {
-                Ok(done) => done.map_err(ProfileError::Ring),
-                Err(panic) => std::panic::resume_unwind(panic),
-            })
-        })
-    })?;
+    let seconds = ring_seconds(plan, plan.ring_elements, 1)?;
     let bytes = (plan.ring_elements * std::mem::size_of::<f32>()) as f64;
     Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
 }
 
 /// All-reduces each ring thread runs back to back per latency sample: a
-/// few, so that a sample is short against the scheduler's time slices and
-/// often runs undisturbed on a busy host.
+/// few, so that a sample is short against the scheduler's time slices.
 const LATENCY_ROUNDS: usize = 20;
-/// Latency samples per timed sample of other figures (each much shorter).
-const LATENCY_SAMPLES_PER_SAMPLE: usize = 4;
+/// Ring samples per timed sample of the kernels' figures: a sample needs
+/// every ring thread running at once, which a busy host grants less often.
+const RING_SAMPLES_PER_SAMPLE: usize = 4;
 
 /// Seconds per message of the runtime's ring between threads of this
-/// process: all-reduces of one element per rank, back to back on threads
-/// started once, so that what is left is the hand-off between ranks (a
-/// wake-up on a channel) that every message of a collective pays; per
-/// all-reduce, the communication model counts `2 (p - 1)` of them. The
-/// fastest sample, as for every other figure.
+/// process: all-reduces of one element per rank back to back, so that what
+/// is left is the hand-off between ranks (a wake-up on a channel) that
+/// every message of a collective pays; per all-reduce, the communication
+/// model counts `2 (p - 1)` of them.
 fn ring_latency(plan: &Plan) -> Result<f64, ProfileError> {
+    let p = plan.ring_ranks;
+    let seconds = ring_seconds(plan, p, LATENCY_ROUNDS)?;
+    Ok(four_digits(seconds / (2 * (p - 1)) as f64))
+}
+
+/// Seconds per ring all-reduce of `elements` f32 per rank, one thread per
+/// rank on an in-process fabric: each sample starts the threads, lines
+/// them up and times `rounds` all-reduces back to back (the slowest
+/// thread's time); the fastest of many short samples, as for every other
+/// figure, since other work on a shared host only ever adds time.
+fn ring_seconds(plan: &Plan, elements: usize, rounds: usize) -> Result<f64, ProfileError> {
     let p = plan.ring_ranks;
     let endpoints = fabric(p, Duration::from_secs(60));
     let group: Vec<usize> = (0..p).collect();
     let mut fastest = f64::INFINITY;
-    for sample in 0..plan.samples * LATENCY_SAMPLES_PER_SAMPLE {
+    for sample in 0..plan.samples * RING_SAMPLES_PER_SAMPLE {
         let barrier = std::sync::Barrier::new(p);
         let seconds = std::thread::scope(|s| {
             let ranks: Vec<_> = endpoints
@@ -341,11 +325,12 @@ fn ring_latency(plan: &Plan) -> Result<f64, ProfileError> {
                 .map(|ep| {
                     let (group, barrier) = (&group, &barrier);
                     s.spawn(move || -> Result<f64, ProfileError> {
-                        let mut data = Buffer::F32(vec![0.0; p]);
+                        // Zeros stay zeros under repeated summing: no overflow.
+                        let mut data = Buffer::F32(vec![0.0; elements]);
                         barrier.wait();
                         let start = Instant::now();
-                        for round in 0..LATENCY_ROUNDS {
-                            let tag = format!("latency/{sample}/{round}");
+                        for round in 0..rounds {
+                            let tag = format!("profile/{sample}/{round}");
                             ep.all_reduce(group, &mut data, Algorithm::Ring, &tag, "profiling")?;
                         }
                         Ok(start.elapsed().as_secs_f64())
@@ -365,9 +350,7 @@ fn ring_latency(plan: &Plan) -> Result<f64, ProfileError> {
         })?;
         fastest = fastest.min(seconds);
     }
-    Ok(four_digits(
-        fastest / LATENCY_ROUNDS as f64 / (2 * (p - 1)) as f64,
-    ))
+    Ok(fastest / rounds as f64)
 }
 
 /// Which host, how it was measured, and when.
