@@ -457,10 +457,10 @@ mod tests {
         assert_eq!(cal.matmul, MatmulEfficiency::default());
     }
 
-    /// A measured rate replaces fraction × link bandwidth at its own level
-    /// only; latency stays the cluster's.
+    /// A measured rate replaces fraction × link bandwidth, and a measured
+    /// latency the link's, each at its own level only.
     #[test]
-    fn measured_network_rates_replace_the_products() {
+    fn measured_network_figures_replace_the_links() {
         let link = crate::Link {
             bandwidth: 100e9,
             latency: 5e-6,
@@ -478,38 +478,18 @@ mod tests {
                 ..link
             }
         );
-        let err = Calibration::from_json(
-            r#"{"format": "autopar-calibration/1", "network": {"measured_inter_node_bytes_per_s": 0}}"#,
-            "c.json",
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("measured_inter_node_bytes_per_s"),
-            "{err}"
-        );
-    }
-
-    /// A measured latency replaces the link's at its own level only.
-    #[test]
-    fn measured_latencies_replace_the_links() {
-        let link = crate::Link {
-            bandwidth: 100e9,
-            latency: 1e-6,
-        };
-        let mut cal = Calibration::default();
         cal.network.measured_intra_node_latency_s = Some(2e-5);
         assert_eq!(cal.effective_link(link, true).latency, 2e-5);
-        assert_eq!(cal.effective_link(link, false).latency, 1e-6);
+        assert_eq!(cal.effective_link(link, false).latency, 5e-6);
         cal.network.measured_inter_node_latency_s = Some(3e-5);
         assert_eq!(cal.effective_link(link, false).latency, 3e-5);
         let text = serde_json::to_string(&cal).unwrap();
         assert_eq!(Calibration::from_json(&text, "x").unwrap(), cal);
-        let err = Calibration::from_json(
-            r#"{"format": "autopar-calibration/1", "network": {"measured_intra_node_latency_s": -1}}"#,
-            "c.json",
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("measured_intra_node_latency_s"), "{err}");
+        for field in ["measured_inter_node_bytes_per_s", "measured_intra_node_latency_s"] {
+            let json = format!(r#"{{"format": "autopar-calibration/1", "network": {{"{field}": -1}}}}"#);
+            let err = Calibration::from_json(&json, "c.json").unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]
