@@ -55,7 +55,9 @@ pub struct InterpreterCost {
 }
 
 /// Per-thread time of a kernel mix with `threads` threads running it at
-/// once, over its time alone.
+/// once, over its time alone; with more threads than cores, over its time
+/// alone times `threads / cores` (its share of a core), so that what is
+/// left is the cost of taking turns.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThreadSlowdown {

@@ -49,15 +49,20 @@ impl Mix {
 /// two-core host running builds and 1.16-1.31 on the idle host; the
 /// fastest of short per-thread windows read 1.01-1.05, too little, as a
 /// thread whose partner started late ran alone.)
+///
+/// Beyond the cores, up to twice as many threads (a CPU run of more ranks
+/// than cores), each thread also waits for its turn: the slowdown is then
+/// over the time share, `threads / cores` times the time alone, and what
+/// is left is what taking turns costs (caches refilled after a switch, an
+/// odd thread out).
 pub(super) fn thread_slowdowns(plan: &Plan) -> Result<Vec<ThreadSlowdown>, ProfileError> {
-    let cores = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(plan.max_threads);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let most = (2 * cores).min(plan.max_threads);
     let mut out = vec![ThreadSlowdown {
         threads: 1,
         slowdown: 1.0,
     }];
-    if cores < 2 {
+    if most < 2 {
         return Ok(out);
     }
     // Mixes per run: about `min_sample_s` of one thread's work.
@@ -67,15 +72,16 @@ pub(super) fn thread_slowdowns(plan: &Plan) -> Result<Vec<ThreadSlowdown>, Profi
     mix.run()?;
     let calls = (plan.min_sample_s / start.elapsed().as_secs_f64().max(1e-9)).ceil() as usize;
     let calls = calls.max(1);
-    for threads in 2..=cores {
+    for threads in 2..=most {
         let (mut alone, mut together) = (f64::INFINITY, f64::INFINITY);
         for _ in 0..REPEATS {
             alone = alone.min(lined_up_run(plan, 1, calls)?);
             together = together.min(lined_up_run(plan, threads, calls)?);
         }
+        let share = (threads as f64 / cores as f64).max(1.0);
         out.push(ThreadSlowdown {
             threads,
-            slowdown: super::four_digits((together / alone).max(1.0)),
+            slowdown: super::four_digits((together / (alone * share)).max(1.0)),
         });
     }
     Ok(out)
