@@ -3,11 +3,13 @@
 //! programs and executing them: every rank a thread of this process, or,
 //! under a launcher (torchrun, Slurm), one rank per process.
 
+use crate::host_profile::{self, HostKey, PredictionSource};
 use crate::units::{binary, seconds};
 use crate::{model, output, plan};
 use anyhow::{bail, Context, Result};
 use autopar_comm::launch::LaunchEnv;
 use autopar_cost_models::{AttentionKernel, Calibration};
+use autopar_cpu::profile::{profile, ProfileOptions};
 use autopar_cpu::CpuRunner;
 use autopar_cuda::{self as cuda, CudaOptions, CudaReport, CudaRunner, GpuPrecision};
 use autopar_exec::session::{RunOptions, Session};
@@ -65,8 +67,10 @@ pub struct Request {
     pub save_plan: Option<PathBuf>,
     /// Write a Chrome trace-event timeline of the run here.
     pub trace: Option<PathBuf>,
-    /// Also predict the step by simulating the plan priced with this
-    /// calibration (from `autopar profile`), to set next to the measurement.
+    /// Predict the step by simulating the plan priced with this
+    /// calibration (from `autopar profile`), to set next to the measurement;
+    /// without it a CPU run predicts from this host's cached profile (see
+    /// [`host_profile`]).
     pub calibration: Option<PathBuf>,
     /// Gradient reductions and weight refreshes beside the backward pass
     /// (a communication thread on the CPU, a stream on the GPU).
@@ -155,6 +159,19 @@ pub struct Report {
     /// What ran on the GPU (`--backend cuda` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gpu: Option<GpuSummary>,
+    /// How much of this host a CPU run's ranks got (ranks as threads of
+    /// this process only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostUse>,
+}
+
+/// The cores a CPU run kept busy while training, from this process's CPU
+/// time: other work on the host leaves it fewer than the host has, and its
+/// steps slower than a prediction for the host alone.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct HostUse {
+    pub cores: usize,
+    pub cores_used: f64,
 }
 
 /// The device a CUDA run used and the nodes that had to run on the host.
@@ -182,12 +199,18 @@ pub struct GpuSummary {
 }
 
 /// The plan a run follows: the plan file's own degrees and knobs (the
-/// report's `plan` object has their keys) and the step time it predicts.
+/// report's `plan` object has their keys) and the step time predicted for
+/// it, with the figures that prediction comes from.
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanSummary {
     #[serde(flatten)]
     pub parallel: Parallel,
     pub predicted_step_time_s: f64,
+    pub prediction_source: PredictionSource,
+    /// The cluster the plan was made for, whose preset figures a nominal
+    /// prediction comes from.
+    #[serde(skip)]
+    pub planned_for: String,
 }
 
 /// One rank's traffic and memory.
@@ -312,6 +335,7 @@ pub fn run(
     }
     let opts = run_options(r, &launch)?;
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
+    let nominal = host_profile::nominal_requested()?;
     let (p, model_arg, graph) = resolve(r, ranks, launch.rank == 0)?;
     let world = p.mesh.ranks.len();
     if world != ranks && launch.world_size > 1 {
@@ -327,15 +351,29 @@ pub fn run(
     let seq = seq_of(&graph, &p)?;
     let rank = launch.rank;
     let session = Session::new(p, graph, seq, opts, launch).with_context(|| model_arg.clone())?;
+    // Only rank 0 reports, so only rank 0 predicts.
+    let host = matches!(target, Target::Cpu) && !nominal && rank == 0;
+    let (predicted_step_time_s, prediction_source) = match &calibration {
+        Some(cal) if rank == 0 => (
+            simulated(&session, session.plan(), cal)?,
+            PredictionSource::CalibrationFile,
+        ),
+        _ if host => predict_on_host(&session),
+        _ => (session.plan().predicted.step_time_s, PredictionSource::Nominal),
+    };
     let summary = PlanSummary {
         parallel: session.plan().parallel.clone(),
-        predicted_step_time_s: session.plan().predicted.step_time_s,
+        predicted_step_time_s,
+        prediction_source,
+        planned_for: session.plan().inputs.cluster.name.clone(),
     };
     if rank == 0 {
         on_plan(&summary, world);
     }
     let tokens_per_step = session.tokens_per_step();
     let progress = |s: &StepReport| on_step(s, tokens_per_step);
+    let (cpu_before, started) = (process_cpu_seconds(), std::time::Instant::now());
+    let in_process_cpu = matches!(target, Target::Cpu) && !session.launched();
     let outcome = match target {
         Target::Cpu => session.run(&CpuRunner, &progress)?.map_details(|()| None),
         Target::Cuda(options) => {
@@ -349,24 +387,19 @@ pub fn run(
         let json = chrome_json(events, &[rank]);
         output::write_atomic(&rank_path(path, rank), serde_json::to_string(&json)?.as_bytes())?;
     }
+    let host = match (in_process_cpu, cpu_before, process_cpu_seconds()) {
+        (true, Some(before), Some(after)) => Some(HostUse {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cores_used: (after - before) / started.elapsed().as_secs_f64().max(1e-9),
+        }),
+        _ => None,
+    };
     let Some(result) = outcome.report else {
         return Ok(None);
     };
-    // The simulator replays the programs that ran, priced by the calibration.
-    let simulated_step_time_s = match &calibration {
-        Some(cal) => {
-            let (sim, _) = simulate_plan(
-                session.plan(),
-                session.training(),
-                session.strategy(),
-                Some(session.programs()),
-                cal,
-                session.precision(),
-                &SimOptions::default(),
-            )?;
-            Some(sim.step_time_s)
-        }
-        None => None,
+    let simulated_step_time_s = match summary.prediction_source {
+        PredictionSource::CalibrationFile => Some(summary.predicted_step_time_s),
+        PredictionSource::HostProfile | PredictionSource::Nominal => None,
     };
     if let (Some(path), false) = (&r.trace, session.launched()) {
         let json = chrome_json(&result.trace, &(0..world).collect::<Vec<_>>());
@@ -381,6 +414,7 @@ pub fn run(
         median_step_time_s: median_after_warmup(&result.step_times_s),
         simulated_step_time_s,
         gpu: result.details,
+        host,
         tokens_per_s: result
             .step_times_s
             .iter()
@@ -399,6 +433,66 @@ pub fn run(
             })
             .collect(),
     }))
+}
+
+/// The step time of `p` (the session's plan, or that plan placed on another
+/// cluster) replayed by the simulator: the programs that will run, priced
+/// by `cal`.
+fn simulated(session: &Session, p: &Plan, cal: &Calibration) -> Result<f64> {
+    let (sim, _) = simulate_plan(
+        p,
+        session.training(),
+        session.strategy(),
+        Some(session.programs()),
+        cal,
+        session.precision(),
+        &SimOptions::default(),
+    )?;
+    Ok(sim.step_time_s)
+}
+
+/// A CPU run's prediction from this host's profile (cached, or measured
+/// now): the programs simulated on this host (the `cpu` cluster, whatever
+/// the plan was made for), ranks sharing its cores. Without a profile, or
+/// when the simulator cannot replay the plan, the plan's own nominal
+/// estimate, said so on stderr.
+fn predict_on_host(session: &Session) -> (f64, PredictionSource) {
+    let nominal = (session.plan().predicted.step_time_s, PredictionSource::Nominal);
+    let note = |n: &str| eprintln!("note: {n}");
+    let dir = host_profile::cache_dir(&|name| std::env::var_os(name));
+    let measure = || Ok(profile(&ProfileOptions::default())?);
+    let Some(cal) = host_profile::load_or_measure(dir.as_deref(), &HostKey::this_host(), measure, &note)
+    else {
+        return nominal;
+    };
+    let mut on_host = session.plan().clone();
+    on_host.inputs.cluster.name = "cpu".into();
+    match simulated(session, &on_host, &cal) {
+        Ok(step) => (step, PredictionSource::HostProfile),
+        Err(e) => {
+            note(&format!(
+                "the simulator could not price this plan ({e:#}); predicting from nominal figures"
+            ));
+            nominal
+        }
+    }
+}
+
+/// Seconds of CPU this process has used, user and system, from
+/// `/proc/self/stat` (`None` where there is none).
+fn process_cpu_seconds() -> Option<f64> {
+    cpu_seconds_of_stat(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line, in seconds: fields 14 and
+/// 15, counted after the command name (which may hold spaces) in clock
+/// ticks of `USER_HZ`, 100 on Linux.
+fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    // After the name, field 3 (the state) is index 0.
+    Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
 /// The optimizer `--optimizer` and `--lr` ask for.
@@ -492,14 +586,19 @@ pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
     }
     let _ = write!(
         s,
-        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step",
+        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step ({})",
         p.zero,
         p.micro_batch,
         p.micro_batches,
         p.recompute,
         p.grad_reduce,
         ranks,
-        seconds(summary.predicted_step_time_s)
+        seconds(summary.predicted_step_time_s),
+        match summary.prediction_source {
+            PredictionSource::HostProfile => "this host's profile".to_string(),
+            PredictionSource::CalibrationFile => "simulated with the calibration".to_string(),
+            PredictionSource::Nominal => format!("nominal {} figures", summary.planned_for),
+        }
     );
     s
 }
@@ -528,6 +627,13 @@ pub fn render_summary(r: &Report) -> String {
             out,
             "; simulated with the calibration {} ({gap:+.1} %)",
             seconds(sim)
+        );
+    }
+    if let Some(h) = &r.host {
+        let _ = write!(
+            out,
+            "; training kept {:.1} of this host's {} cores busy",
+            h.cores_used, h.cores
         );
     }
     out.push('\n');
@@ -594,6 +700,8 @@ mod tests {
         let plan = PlanSummary {
             parallel: Parallel::of(&cfg, 1),
             predicted_step_time_s: 0.1,
+            prediction_source: PredictionSource::Nominal,
+            planned_for: "cpu".into(),
         };
         let gib = 1u64 << 30;
         let report = Report {
@@ -608,6 +716,7 @@ mod tests {
             per_rank: Vec::new(),
             median_step_time_s: 0.1,
             simulated_step_time_s: None,
+            host: None,
             gpu: Some(GpuSummary {
                 device: "H200".into(),
                 precision: "bf16".into(),
@@ -621,12 +730,51 @@ mod tests {
             }),
         };
         let text = render_summary(&report);
+        assert!(!text.contains("cores busy"), "{text}");
         assert!(
             text.contains(
                 "device memory at peak: 7.0 GiB measured (tensors, this GPU's ranks) against 6.0 GiB planned \
                  and 8.0 GiB predicted by the memory model"
             ),
             "{text}"
+        );
+    }
+
+    /// A CPU run's summary says how much of the host its ranks got.
+    #[test]
+    fn a_cpu_summary_says_how_many_cores_training_kept_busy() {
+        let stat = "4242 (autopar run (x)) R 1 2 3 4 5 6 7 8 9 10 150 25 0 0 20 0 6";
+        assert_eq!(cpu_seconds_of_stat(stat), Some(1.75));
+        assert_eq!(cpu_seconds_of_stat("4242 (autopar) R 1 2"), None);
+        assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
+        let report = Report {
+            model: "m".into(),
+            ranks: 4,
+            processes: 1,
+            plan: PlanSummary {
+                parallel: Parallel::of(&autopar_cost_models::TrainingConfig::default(), 1),
+                predicted_step_time_s: 0.05,
+                prediction_source: PredictionSource::HostProfile,
+                planned_for: "cpu".into(),
+            },
+            losses: vec![2.0],
+            step_times_s: vec![0.1],
+            tokens_per_step: 8,
+            tokens_per_s: vec![80.0],
+            per_rank: Vec::new(),
+            median_step_time_s: 0.1,
+            simulated_step_time_s: None,
+            gpu: None,
+            host: Some(HostUse {
+                cores: 2,
+                cores_used: 1.14,
+            }),
+        };
+        assert!(
+            render_summary(&report)
+                .contains("step time 100.000 ms (median); training kept 1.1 of this host's 2 cores busy\n"),
+            "{}",
+            render_summary(&report)
         );
     }
 }

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_error, assert_error_with, autopar, binary};
+use common::{assert_error, assert_error_with, autopar, autopar_with, binary};
 use std::path::Path;
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
@@ -491,4 +491,120 @@ fn a_context_parallel_plan_trains_like_one_rank() {
     for (a, b) in one.iter().zip(&two) {
         assert!(((a - b) / a).abs() <= 1e-9, "{one:?} vs {two:?}");
     }
+}
+
+/// `autopar run` of the zoo plan in `dir` on 2 ranks with `env`, as text
+/// (`json` false) or JSON: exit 0 asserted; stdout and stderr.
+fn run_zoo_plan(plan: &str, env: &[(&str, &str)], extra: &[&str]) -> (String, String) {
+    let mut args = vec!["run", plan, "--ranks", "2", "--steps", "2"];
+    args.extend_from_slice(extra);
+    let (code, out, err) = autopar_with(&args, env);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    (out, err)
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// `autopar simulate plan --calibration cal --json`'s step time.
+fn simulated_step(plan: &str, cal: &str) -> f64 {
+    let (code, out, err) = autopar(&["simulate", plan, "--calibration", cal, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    json(&out)["step_time_s"].as_f64().unwrap()
+}
+
+fn assert_close(a: f64, b: f64) {
+    assert!(((a - b) / b).abs() <= 1e-9, "{a} vs {b}");
+}
+
+/// Without a host profile (`AUTOPAR_NOMINAL_CPU=1`, which the tests' binary
+/// sets) the prediction is the plan's own estimate from the nominal `cpu`
+/// preset, and both the plan line and the report say so.
+#[test]
+fn a_nominal_prediction_says_that_it_is_nominal() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let planned: serde_json::Value = json(&std::fs::read_to_string(&plan).unwrap());
+    let (text, _) = run_zoo_plan(&plan, &[], &[]);
+    let line = text.lines().next().unwrap();
+    assert!(
+        line.starts_with("plan: ") && line.ends_with(" per step (nominal cpu figures)"),
+        "{text}"
+    );
+    let (out, _) = run_zoo_plan(&plan, &[], &["--json"]);
+    let v = json(&out);
+    assert_eq!(v["plan"]["prediction_source"], "nominal", "{v}");
+    assert_eq!(
+        v["plan"]["predicted_step_time_s"],
+        planned["predicted"]["step_time_s"]
+    );
+    assert!(v["simulated_step_time_s"].is_null(), "{v}");
+    // How much of the host training got, to set beside the prediction.
+    assert!(v["host"]["cores"].as_u64().is_some_and(|c| c >= 1), "{v}");
+    assert!(v["host"]["cores_used"].as_f64().is_some_and(|c| c >= 0.0), "{v}");
+}
+
+/// A CPU run predicts from this host's profile in the cache folder,
+/// reading it without measuring or rewriting it: the prediction is the
+/// plan's programs simulated with that profile.
+#[test]
+fn a_cached_host_profile_prices_the_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let cache = dir.path().join("cache");
+    std::fs::create_dir(&cache).unwrap();
+    let profile = cache.join(autopar::host_profile::HostKey::this_host().file_name());
+    let profile = profile.to_str().unwrap();
+    let (code, _, err) = autopar(&["profile", "--backend", "cpu", "--quick", "-o", profile]);
+    assert_eq!(code, 0, "{err}");
+    let cached = std::fs::read(profile).unwrap();
+    let env = [
+        ("AUTOPAR_NOMINAL_CPU", "0"),
+        ("AUTOPAR_CACHE_DIR", cache.to_str().unwrap()),
+    ];
+    let (out, err) = run_zoo_plan(&plan, &env, &["--json"]);
+    assert!(
+        !err.contains("measuring"),
+        "the cached profile was measured again: {err}"
+    );
+    let v = json(&out);
+    assert_eq!(v["plan"]["prediction_source"], "host-profile", "{v}");
+    assert!(v["simulated_step_time_s"].is_null(), "{v}");
+    let predicted = v["plan"]["predicted_step_time_s"].as_f64().unwrap();
+    assert_close(predicted, simulated_step(&plan, profile));
+    assert_eq!(std::fs::read(profile).unwrap(), cached);
+    let (text, _) = run_zoo_plan(&plan, &env, &[]);
+    assert!(
+        text.lines()
+            .next()
+            .unwrap()
+            .ends_with(" per step (this host's profile)"),
+        "{text}"
+    );
+}
+
+/// `--calibration` wins over the host profile and the nominal switch; its
+/// simulated step is the prediction.
+#[test]
+fn a_calibration_file_prices_the_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = zoo_plan(dir.path());
+    let cal = dir.path().join("cpu.json");
+    let cal = cal.to_str().unwrap();
+    let (code, _, err) = autopar(&["profile", "--backend", "cpu", "--quick", "-o", cal]);
+    assert_eq!(code, 0, "{err}");
+    let (out, _) = run_zoo_plan(&plan, &[], &["--calibration", cal, "--json"]);
+    let v = json(&out);
+    assert_eq!(v["plan"]["prediction_source"], "calibration-file", "{v}");
+    let predicted = v["plan"]["predicted_step_time_s"].as_f64().unwrap();
+    assert_eq!(v["simulated_step_time_s"].as_f64(), Some(predicted));
+    assert_close(predicted, simulated_step(&plan, cal));
+}
+
+#[test]
+fn the_nominal_switch_takes_only_1_or_0() {
+    let env = [("AUTOPAR_NOMINAL_CPU", "yes")];
+    let args = ["run", ZOO, "--plan", "auto", "--ranks", "1", "--steps", "1"];
+    assert_error_with(&args, &env, 2, &["AUTOPAR_NOMINAL_CPU='yes' is invalid"]);
 }

@@ -130,7 +130,7 @@ impl Plan {
                 "moe:layers=1,hidden=128,ffn=256,heads=4,kv_heads=2,experts=4,top_k=2,vocab=512,seq=64",
             ],
             micro_batch: 8,
-            passes: 3,
+            passes: 6,
             min_sample_s: 2e-3,
             samples: 9,
             // A 256² product and a 256 Ki-element Gelu: the backend's working sizes.
@@ -172,7 +172,13 @@ pub fn profile(options: &ProfileOptions) -> Result<Calibration, ProfileError> {
         cal.matmul.measured.push(matmul_sample(&plan, dtype, shape)?);
     }
     cal.memory.measured_bytes_per_s = Some(stream_rate(&plan)?);
-    cal.network.measured_intra_node_bytes_per_s = Some(ring_rate(&plan)?);
+    // The `cpu` preset's nodes are this host's cores over again (ranks
+    // beyond its cores): between them runs the same in-process ring.
+    let (rate, latency) = (ring_rate(&plan)?, ring_latency(&plan)?);
+    cal.network.measured_intra_node_bytes_per_s = Some(rate);
+    cal.network.measured_inter_node_bytes_per_s = Some(rate);
+    cal.network.measured_intra_node_latency_s = Some(latency);
+    cal.network.measured_inter_node_latency_s = Some(latency);
     cal.kernel_overhead_s = kernel_overhead(&plan)?;
     cal.ops = ops::op_rates(&plan, &cal)?;
     cal.threads = threads::thread_slowdowns(&plan)?;
@@ -275,38 +281,76 @@ fn binary_add(n: usize) -> impl FnMut() -> Result<(), ProfileError> {
 
 /// Bytes each rank sends per second during a ring all-reduce (the
 /// `bytes_sent / time` of the communication model: `2 (p - 1) / p` of the
-/// buffer per rank), one thread per rank on an in-process fabric, thread
-/// start-up included, as in a run whose ranks start their collectives at
-/// slightly different times.
+/// buffer per rank), one thread per rank on an in-process fabric.
 fn ring_rate(plan: &Plan) -> Result<f64, ProfileError> {
+    let p = plan.ring_ranks;
+    let seconds = ring_seconds(plan, plan.ring_elements, 1)?;
+    let bytes = (plan.ring_elements * std::mem::size_of::<f32>()) as f64;
+    Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
+}
+
+/// All-reduces each ring thread runs back to back per latency sample: a
+/// few, so that a sample is short against the scheduler's time slices.
+const LATENCY_ROUNDS: usize = 20;
+/// Ring samples per timed sample of the kernels' figures: a sample needs
+/// every ring thread running at once, which a busy host grants less often.
+const RING_SAMPLES_PER_SAMPLE: usize = 4;
+
+/// Seconds per message of the runtime's ring between threads of this
+/// process: all-reduces of one element per rank back to back, so that what
+/// is left is the hand-off between ranks (a wake-up on a channel) that
+/// every message of a collective pays; per all-reduce, the communication
+/// model counts `2 (p - 1)` of them.
+fn ring_latency(plan: &Plan) -> Result<f64, ProfileError> {
+    let p = plan.ring_ranks;
+    let seconds = ring_seconds(plan, p, LATENCY_ROUNDS)?;
+    Ok(four_digits(seconds / (2 * (p - 1)) as f64))
+}
+
+/// Seconds per ring all-reduce of `elements` f32 per rank, one thread per
+/// rank on an in-process fabric: each sample starts the threads, lines
+/// them up and times `rounds` all-reduces back to back (the slowest
+/// thread's time); the fastest of many short samples, as for every other
+/// figure, since other work on a shared host only ever adds time.
+fn ring_seconds(plan: &Plan, elements: usize, rounds: usize) -> Result<f64, ProfileError> {
     let p = plan.ring_ranks;
     let endpoints = fabric(p, Duration::from_secs(60));
     let group: Vec<usize> = (0..p).collect();
-    // Zeros stay zeros under repeated summing: no overflow over many runs.
-    let mut buffers: Vec<Buffer> = (0..p)
-        .map(|_| Buffer::F32(vec![0.0; plan.ring_elements]))
-        .collect();
-    let mut call = 0usize;
-    let seconds = time_per_call(plan, || {
-        call += 1;
-        let tag = format!("profile/{call}");
-        std::thread::scope(|s| {
-            let ranks: Vec<_> = (endpoints.iter().zip(&mut buffers))
-                .map(|(ep, data)| {
-                    let (group, tag) = (&group, &tag);
-                    s.spawn(move || ep.all_reduce(group, data, Algorithm::Ring, tag, "profiling"))
+    let mut fastest = f64::INFINITY;
+    for sample in 0..plan.samples * RING_SAMPLES_PER_SAMPLE {
+        let barrier = std::sync::Barrier::new(p);
+        let seconds = std::thread::scope(|s| {
+            let ranks: Vec<_> = endpoints
+                .iter()
+                .map(|ep| {
+                    let (group, barrier) = (&group, &barrier);
+                    s.spawn(move || -> Result<f64, ProfileError> {
+                        // Zeros stay zeros under repeated summing: no overflow.
+                        let mut data = Buffer::F32(vec![0.0; elements]);
+                        barrier.wait();
+                        let start = Instant::now();
+                        for round in 0..rounds {
+                            let tag = format!("profile/{sample}/{round}");
+                            ep.all_reduce(group, &mut data, Algorithm::Ring, &tag, "profiling")?;
+                        }
+                        Ok(start.elapsed().as_secs_f64())
+                    })
                 })
                 .collect();
             // Join every rank before reporting, so none outlives the scope's work.
             let results: Vec<_> = ranks.into_iter().map(|h| h.join()).collect();
-            results.into_iter().try_for_each(|r| match r {
-                Ok(done) => done.map_err(ProfileError::Ring),
-                Err(panic) => std::panic::resume_unwind(panic),
-            })
-        })
-    })?;
-    let bytes = (plan.ring_elements * std::mem::size_of::<f32>()) as f64;
-    Ok(four_digits(2.0 * (p - 1) as f64 / p as f64 * bytes / seconds))
+            results
+                .into_iter()
+                .try_fold(0.0f64, |slowest, r| -> Result<f64, ProfileError> {
+                    match r {
+                        Ok(seconds) => Ok(slowest.max(seconds?)),
+                        Err(panic) => std::panic::resume_unwind(panic),
+                    }
+                })
+        })?;
+        fastest = fastest.min(seconds);
+    }
+    Ok(fastest / rounds as f64)
 }
 
 /// Which host, how it was measured, and when.
@@ -326,7 +370,7 @@ fn about(plan: &Plan, options: &ProfileOptions) -> String {
 }
 
 /// The CPU's model name from `/proc/cpuinfo`, where there is one.
-fn cpu_model() -> Option<String> {
+pub fn cpu_model() -> Option<String> {
     let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("model name"))?;
     Some(line.split_once(':')?.1.trim().to_string())
@@ -377,6 +421,11 @@ mod tests {
         assert!(cal.matmul.measured.iter().all(|s| positive(s.flops_per_s)));
         assert!(cal.memory.measured_bytes_per_s.is_some_and(positive));
         assert!(cal.network.measured_intra_node_bytes_per_s.is_some_and(positive));
+        assert!(cal.network.measured_intra_node_latency_s.is_some_and(positive));
+        assert_eq!(
+            cal.network.measured_inter_node_latency_s,
+            cal.network.measured_intra_node_latency_s
+        );
         assert!(positive(cal.kernel_overhead_s));
         // Op rates in both precisions, from the plan's graphs.
         for dtype in [DType::F32, DType::F64] {

@@ -55,7 +55,9 @@ pub struct InterpreterCost {
 }
 
 /// Per-thread time of a kernel mix with `threads` threads running it at
-/// once, over its time alone.
+/// once, over its time alone; with more threads than cores, over its time
+/// alone times `threads / cores` (its share of a core), so that what is
+/// left is the cost of taking turns.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ThreadSlowdown {
@@ -146,6 +148,15 @@ pub struct NetworkEfficiency {
     /// (one rank per node in each ring, every ring at once), bytes/s;
     /// replaces `inter_node_fraction × link bandwidth`.
     pub measured_inter_node_bytes_per_s: Option<f64>,
+    /// Measured seconds per message of an intra-node ring (the alpha of the
+    /// alpha-beta model); replaces the link's latency. Between threads of
+    /// one process it is a wake-up and a hand-off, tens of times the
+    /// nominal figure, and ZeRO-3's per-tensor gathers pay it many times.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_intra_node_latency_s: Option<f64>,
+    /// The same between nodes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub measured_inter_node_latency_s: Option<f64>,
 }
 
 impl Default for Calibration {
@@ -203,6 +214,8 @@ impl Default for NetworkEfficiency {
             inter_node_fraction: 0.9,
             measured_intra_node_bytes_per_s: None,
             measured_inter_node_bytes_per_s: None,
+            measured_intra_node_latency_s: None,
+            measured_inter_node_latency_s: None,
         }
     }
 }
@@ -303,6 +316,16 @@ impl Calibration {
                 self.network.measured_inter_node_bytes_per_s,
                 false,
             ),
+            (
+                "network.measured_intra_node_latency_s",
+                self.network.measured_intra_node_latency_s,
+                true,
+            ),
+            (
+                "network.measured_inter_node_latency_s",
+                self.network.measured_inter_node_latency_s,
+                true,
+            ),
         ];
         for (name, v, zero_ok) in positive {
             if let Some(v) = v {
@@ -390,18 +413,27 @@ impl Calibration {
             .unwrap_or(peak * self.memory.bandwidth_fraction)
     }
 
-    /// `link` with the achievable bandwidth for its level.
+    /// `link` with the achievable bandwidth, and the measured latency where
+    /// there is one, for its level.
     pub fn effective_link(&self, link: crate::Link, intra_node: bool) -> crate::Link {
-        let bandwidth = if intra_node {
-            self.network
-                .measured_intra_node_bytes_per_s
-                .unwrap_or(link.bandwidth * self.network.intra_node_fraction)
+        let n = &self.network;
+        let (bandwidth, latency) = if intra_node {
+            (
+                n.measured_intra_node_bytes_per_s
+                    .unwrap_or(link.bandwidth * n.intra_node_fraction),
+                n.measured_intra_node_latency_s,
+            )
         } else {
-            self.network
-                .measured_inter_node_bytes_per_s
-                .unwrap_or(link.bandwidth * self.network.inter_node_fraction)
+            (
+                n.measured_inter_node_bytes_per_s
+                    .unwrap_or(link.bandwidth * n.inter_node_fraction),
+                n.measured_inter_node_latency_s,
+            )
         };
-        crate::Link { bandwidth, ..link }
+        crate::Link {
+            bandwidth,
+            latency: latency.unwrap_or(link.latency),
+        }
     }
 }
 
@@ -427,10 +459,10 @@ mod tests {
         assert_eq!(cal.matmul, MatmulEfficiency::default());
     }
 
-    /// A measured rate replaces fraction × link bandwidth at its own level
-    /// only; latency stays the cluster's.
+    /// A measured rate replaces fraction × link bandwidth, and a measured
+    /// latency the link's, each at its own level only.
     #[test]
-    fn measured_network_rates_replace_the_products() {
+    fn measured_network_figures_replace_the_links() {
         let link = crate::Link {
             bandwidth: 100e9,
             latency: 5e-6,
@@ -448,15 +480,18 @@ mod tests {
                 ..link
             }
         );
-        let err = Calibration::from_json(
-            r#"{"format": "autopar-calibration/1", "network": {"measured_inter_node_bytes_per_s": 0}}"#,
-            "c.json",
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("measured_inter_node_bytes_per_s"),
-            "{err}"
-        );
+        cal.network.measured_intra_node_latency_s = Some(2e-5);
+        assert_eq!(cal.effective_link(link, true).latency, 2e-5);
+        assert_eq!(cal.effective_link(link, false).latency, 5e-6);
+        cal.network.measured_inter_node_latency_s = Some(3e-5);
+        assert_eq!(cal.effective_link(link, false).latency, 3e-5);
+        let text = serde_json::to_string(&cal).unwrap();
+        assert_eq!(Calibration::from_json(&text, "x").unwrap(), cal);
+        for field in ["measured_inter_node_bytes_per_s", "measured_intra_node_latency_s"] {
+            let json = format!(r#"{{"format": "autopar-calibration/1", "network": {{"{field}": -1}}}}"#);
+            let err = Calibration::from_json(&json, "c.json").unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -89,7 +89,9 @@ pub fn simulate_plan(
     let mut pricing = Pricing::new(t, &cluster, calibration, &pricing_opts)?;
     if p.inputs.cluster.name == "cpu" {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let slowdown = calibration.thread_slowdown(s.world().min(cores));
+        // With more ranks than cores, the measured cost of taking turns
+        // where the calibration has it (else the figure for every core).
+        let slowdown = calibration.thread_slowdown(s.world());
         pricing = pricing.sharing_cores(s.world(), cores, slowdown);
     }
     let sim = replay(t, s, &pricing, opts, programs)?;

@@ -13,9 +13,14 @@ use std::process::Command;
 /// The repository's `fixtures/` folder.
 pub const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures");
 
-/// The `autopar` binary, to be given arguments.
+/// The `autopar` binary, to be given arguments. CPU runs predict from
+/// nominal figures, so that no test measures this host or writes a profile
+/// into the home folder's cache (a test of the host profile sets
+/// `AUTOPAR_NOMINAL_CPU=0` and its own `AUTOPAR_CACHE_DIR`).
 pub fn binary() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_autopar"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_autopar"));
+    command.env("AUTOPAR_NOMINAL_CPU", "1");
+    command
 }
 
 /// `autopar args…`: exit code (-1 when killed by a signal), stdout, stderr.
