@@ -228,11 +228,17 @@ impl<'g> Builder<'g> {
         let graph = self.graph;
         let node = graph.node(idx);
         let s = self.opts.sharding;
-        let work_div = match ways {
+        let mut work_div = match ways {
             Some(ways) => (ways * s.cp) as f64,
             None if d.weight_sharded => (s.tp * s.cp) as f64,
             None => self.divisor(d.output),
         };
+        if matches!(node.op, Op::MoeExperts { .. }) {
+            // Lowering's expert parallelism runs each rank's experts on the
+            // whole group's tokens, the ones routed elsewhere masked out
+            // (`lower::expert_parallel`): `ep` times one rank's tokens.
+            work_div /= s.ep as f64;
+        }
         let head_div = if d.output.is_sharded() { s.tp } else { 1 };
         let resolved = |t: TensorId| TensorType {
             dtype: graph.tensor(t).ty.dtype,
@@ -439,21 +445,37 @@ impl<'g> Builder<'g> {
                 }
             }
             Op::MoeExperts { .. } if s.ep > 1 => {
-                let (Some(x), Some(w)) = (
-                    node.inputs.first().copied().flatten(),
-                    node.inputs.get(1).copied().flatten(),
-                ) else {
-                    return;
-                };
-                let top_k = self.dims[w.index()].last().copied().unwrap_or(1) as f64;
-                let per_rank_tokens = self.rank_bytes(x) * top_k;
-                for _ in 0..2 {
-                    // Dispatch to the experts' ranks, then combine back.
+                // Lowering's dense exchange (`lower::expert_parallel`): the
+                // group's tokens, routing weights and chosen experts are
+                // gathered, and each rank's share of every output is
+                // reduce-scattered back; backward, the conjugates.
+                let ep = s.ep as f64;
+                let gathered = |t: Option<TensorId>| t.map_or(0.0, |t| self.rank_bytes(t) * ep);
+                let input = |i: usize| node.inputs.get(i).copied().flatten();
+                let exchanges = [
+                    (
+                        Collective::AllGather,
+                        Some(Collective::ReduceScatter),
+                        gathered(input(0)),
+                    ),
+                    (
+                        Collective::AllGather,
+                        Some(Collective::ReduceScatter),
+                        gathered(input(1)),
+                    ),
+                    (Collective::AllGather, None, gathered(input(2))),
+                    (
+                        Collective::ReduceScatter,
+                        Some(Collective::AllGather),
+                        gathered(input(0)),
+                    ),
+                ];
+                for (forward, backward, bytes) in exchanges {
                     self.units[u].comms.push(CommWork {
                         group: Group::Expert,
-                        forward: Some(Collective::AllToAll),
-                        backward: Some(Collective::AllToAll),
-                        bytes: per_rank_tokens,
+                        forward: Some(forward),
+                        backward,
+                        bytes,
                         overlaps_attention: false,
                     });
                 }
