@@ -215,6 +215,11 @@ struct PlanArgs {
     /// a plan is for comparing with Megatron-Core, not for `autopar run`.
     #[arg(long)]
     tp_comm_overlap: bool,
+    /// Simulate the K fastest candidates (their programs replayed as the
+    /// backends run them) and choose the fastest simulated; 0 trusts the
+    /// estimate alone.
+    #[arg(long, value_name = "K", default_value_t = plan::DEFAULT_VERIFY)]
+    verify: usize,
     #[arg(short, long)]
     output: PathBuf,
     /// Print the plan as JSON instead of the table.
@@ -473,6 +478,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
             ..autopar_planner::DegreeLimits::NONE
         },
         tp_comm_overlap: a.tp_comm_overlap,
+        verify: a.verify,
     };
     let bar = progress_bar();
     let report = |done: usize, total: usize| {

@@ -8,9 +8,13 @@ use anyhow::{Context, Result};
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
 use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel};
-use autopar_planner::{plan_model, DegreeLimits, ModelId, Plan, SearchOptions};
+use autopar_planner::{plan_model_verified, DegreeLimits, ModelId, Plan, SearchOptions, Verify};
+use autopar_sim::simulate_model_plan;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+
+/// Candidates `autopar plan` simulates unless told otherwise.
+pub const DEFAULT_VERIFY: usize = 1;
 
 /// What the user asked for (the CLI's flags).
 #[derive(Debug, Clone)]
@@ -30,6 +34,8 @@ pub struct Request {
     pub limits: DegreeLimits,
     /// Price tensor-parallel communication as overlapped with the GEMMs.
     pub tp_comm_overlap: bool,
+    /// Re-rank this many of the fastest candidates by simulating them.
+    pub verify: usize,
 }
 
 /// Plans `r.model`, writes the plan file, and returns the plan.
@@ -73,7 +79,17 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         arg: &r.model,
         hash: model_hash(&r.model)?,
     };
-    plan_model(&graph, &model, &cluster, &calibration, &opts, progress).with_context(|| r.model.clone())
+    let simulate = |p: &Plan| {
+        simulate_model_plan(p, &graph, &calibration)
+            .map(|s| s.step_time_s)
+            .map_err(|e| e.to_string())
+    };
+    let verify = Verify {
+        candidates: r.verify,
+        simulate: &simulate,
+    };
+    plan_model_verified(&graph, &model, &cluster, &calibration, &opts, progress, &verify)
+        .with_context(|| r.model.clone())
 }
 
 /// The model's identity: its file's bytes, or the spec text.
@@ -128,10 +144,20 @@ pub fn render(plan: &Plan, output: &Path) -> String {
         plan.inputs.cluster.nodes * plan.inputs.cluster.gpus_per_node,
         plan.inputs.cluster.device
     );
+    let verified = plan.search.top.iter().any(|a| a.simulated_step_time_s.is_some());
     let _ = writeln!(
         out,
-        "\n  #  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>6}",
-        "dp·tp·pp(·cp·ep)", "sp", "mb", "zero", "recompute", "grads", "step", "memory", "MFU"
+        "\n  #  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>6}{}",
+        "dp·tp·pp(·cp·ep)",
+        "sp",
+        "mb",
+        "zero",
+        "recompute",
+        "grads",
+        "step",
+        "memory",
+        "MFU",
+        if verified { "    simulated" } else { "" }
     );
     for (i, alt) in plan.search.top.iter().enumerate() {
         let p = &alt.parallel;
@@ -144,7 +170,7 @@ pub fn render(plan: &Plan, output: &Path) -> String {
         }
         let _ = writeln!(
             out,
-            "{:>3}  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>5.1}%",
+            "{:>3}  {:<22} {:>3} {:>3} {:>4} {:>9} {:>9}  {:>11}  {:>10}  {:>5.1}%{}",
             i + 1,
             mesh,
             if p.sp { "yes" } else { "no" },
@@ -154,7 +180,9 @@ pub fn render(plan: &Plan, output: &Path) -> String {
             grads(p),
             seconds(alt.predicted.step_time_s),
             binary(alt.predicted.memory_per_gpu_bytes),
-            100.0 * alt.predicted.mfu
+            100.0 * alt.predicted.mfu,
+            alt.simulated_step_time_s
+                .map_or(String::new(), |s| format!("  {:>11}", seconds(s)))
         );
     }
     let _ = writeln!(out, "\nchosen: {}", summary(&plan.parallel, &plan.predicted));
@@ -400,7 +428,20 @@ fn why(plan: &Plan) -> String {
     let Some(runner_up) = plan.search.top.get(1) else {
         return "no other configuration fits".into();
     };
-    let Alternative { parallel, predicted } = runner_up;
+    let Alternative {
+        parallel,
+        predicted,
+        simulated_step_time_s,
+    } = runner_up;
+    if let (Some(ours), Some(theirs)) = (plan.simulated_step_time_s, *simulated_step_time_s) {
+        return format!(
+            "why this plan: simulated, the runner-up ({}) takes {} against this plan's {} ({:+.2} %)",
+            summary(parallel, predicted),
+            seconds(theirs),
+            seconds(ours),
+            100.0 * (theirs / ours - 1.0)
+        );
+    }
     let e = &plan.predicted;
     let slower = predicted.step_time_s / e.step_time_s - 1.0;
     let mut deltas: Vec<(&str, f64)> = predicted

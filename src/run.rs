@@ -255,6 +255,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                     ..DegreeLimits::NONE
                 },
                 tp_comm_overlap: false,
+                verify: 0,
             };
             let p = match &r.save_plan {
                 Some(_) if writer => plan::run(&request, &|_, _| {})?,

@@ -343,3 +343,37 @@ fn bad_plan_requests_and_files() {
     }
     assert!(!out.exists(), "no plan file is left behind");
 }
+
+/// `--verify K` simulates the K fastest candidates, chooses the fastest
+/// simulated, and reports each one's simulated step; `--verify 0` trusts the
+/// estimate alone.
+#[test]
+fn verified_plans_carry_their_simulated_steps() {
+    let model = format!("{FIXTURES}/gpt2-tiny.ts.onnx");
+    let base = [
+        model.as_str(),
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "8",
+        "--global-batch",
+        "16",
+    ];
+    let v = plan_json(&[&base[..], &["--verify", "3"]].concat(), "verify3.json");
+    let top = v["search"]["top"].as_array().unwrap();
+    let simulated: Vec<f64> = top
+        .iter()
+        .filter_map(|a| a["simulated_step_time_s"].as_f64())
+        .collect();
+    assert_eq!(simulated.len(), 3.min(top.len()), "{top:?}");
+    assert!(simulated.windows(2).all(|w| w[0] <= w[1]), "{simulated:?}");
+    assert_eq!(v["simulated_step_time_s"].as_f64(), Some(simulated[0]));
+    assert_eq!(top[0]["parallel"], v["parallel"]);
+    let v = plan_json(&[&base[..], &["--verify", "0"]].concat(), "verify0.json");
+    assert!(v.get("simulated_step_time_s").is_none());
+    assert!(v["search"]["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|a| a.get("simulated_step_time_s").is_none()));
+}

@@ -402,12 +402,7 @@ impl<'a> Evaluator<'a> {
     /// Time of one micro-batch through one stage (forward and backward,
     /// with its collectives and transfers), and the parts of it.
     fn stage_time(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<(UnitTime, f64, f64), EstimateError> {
-        let overlap = |u: UnitTime| if cfg.tp_comm_overlap { u.tp_overlapped() } else { u };
-        let (pre, layer, post) = (
-            overlap(self.pre),
-            overlap(self.layer[policy_index(stage.recompute)]),
-            overlap(self.post),
-        );
+        let [pre, layer, post] = self.unit_times(cfg, stage);
         let mut t = layer.scaled(stage.layers as f64);
         if stage.first {
             t = t.add(pre);
@@ -424,6 +419,18 @@ impl<'a> Evaluator<'a> {
             0.0
         };
         Ok((t, zero3, p2p))
+    }
+
+    /// One micro-batch of the part before the layers, of one of `stage`'s
+    /// layers and of the part after them, with tensor-parallel overlap if
+    /// `cfg` asks for it.
+    fn unit_times(&self, cfg: &TrainingConfig, stage: &Stage) -> [UnitTime; 3] {
+        let overlap = |u: UnitTime| if cfg.tp_comm_overlap { u.tp_overlapped() } else { u };
+        [
+            overlap(self.pre),
+            overlap(self.layer[policy_index(stage.recompute)]),
+            overlap(self.post),
+        ]
     }
 
     /// The pipeline's stages under `cfg` (explicit or evenly spread).
@@ -548,10 +555,14 @@ impl<'a> Evaluator<'a> {
         let ratio = cfg.grad_reduce.compression.map_or(1.0, |d| {
             (d.size_bits() as f64 / self.w.compute_dtype.size_bits() as f64).min(1.0)
         });
-        for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
+        for s in stages {
             let params = self.params.stage(s);
-            dp_exposed = dp_exposed.max(self.data_parallel.after_pipeline(cfg, s, t, ratio)?);
-            optimizer = optimizer.max(self.optimizer_time(&params, cfg));
+            let [pre, layer, post] = self.unit_times(cfg, s);
+            let tail = self
+                .data_parallel
+                .after_pipeline(cfg, s, [&pre, &layer, &post], ratio)?;
+            dp_exposed = dp_exposed.max(tail);
+            optimizer = optimizer.max(self.optimizer_time(&params, cfg, s));
         }
         Ok(Timing {
             per_stage,
@@ -565,8 +576,8 @@ impl<'a> Evaluator<'a> {
 
     /// Adam over the local shard: memory-bound, reading and writing the
     /// master weights and both moments, reading the gradient, writing the
-    /// weights.
-    fn optimizer_time(&self, params: &ParamBytes, cfg: &TrainingConfig) -> f64 {
+    /// weights; one kernel per parameter tensor, as the backends step them.
+    fn optimizer_time(&self, params: &ParamBytes, cfg: &TrainingConfig, stage: &Stage) -> f64 {
         let shards = |expert: bool| {
             let r = if expert { cfg.dp / cfg.ep } else { cfg.dp } * cfg.cp;
             if cfg.zero >= 1 {
@@ -581,7 +592,8 @@ impl<'a> Evaluator<'a> {
         if bytes == 0.0 {
             0.0
         } else {
-            bytes / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s
+            let tensors = self.data_parallel.tensors(stage) as f64;
+            bytes / self.rates.memory_bandwidth() + tensors * self.calibration.kernel_overhead_s
         }
     }
 }

@@ -51,12 +51,57 @@ pub fn plan_model(
     opts: &SearchOptions,
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<Plan, PlanningError> {
-    let (found, used) = search_with_spares(graph, cluster, calibration, opts, progress)?;
-    let best = found
-        .ranked
-        .first()
-        .ok_or_else(|| SearchError::Empty("the search ranked no plan".into()))?;
-    let mut plan = plan_candidate(graph, model, &used, calibration, opts, &found, best)?;
+    let verify = Verify {
+        candidates: 0,
+        simulate: &|_| Err("not verified".into()),
+    };
+    plan_model_verified(graph, model, cluster, calibration, opts, progress, &verify)
+}
+
+/// How many of the search's fastest candidates to check by replaying their
+/// programs, and the replay: a plan's simulated step seconds, or why it
+/// cannot be simulated. (The planner does not simulate; its caller does.)
+pub struct Verify<'a> {
+    pub candidates: usize,
+    pub simulate: &'a dyn Fn(&Plan) -> Result<f64, String>,
+}
+
+/// [`plan_model`], with the `verify.candidates` fastest candidates made
+/// into plans and simulated: the fastest simulated one is chosen, the
+/// verified ones lead the runners-up in simulated order (any that cannot be
+/// simulated after them), and each carries its simulated step.
+pub fn plan_model_verified(
+    graph: &Graph,
+    model: &ModelId,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    opts: &SearchOptions,
+    progress: &(dyn Fn(usize, usize) + Sync),
+    verify: &Verify,
+) -> Result<Plan, PlanningError> {
+    let (mut found, used) = search_with_spares(graph, cluster, calibration, opts, progress)?;
+    if found.ranked.is_empty() {
+        return Err(SearchError::Empty("the search ranked no plan".into()).into());
+    }
+    let k = verify.candidates.min(found.ranked.len());
+    let mut simulated = Vec::with_capacity(k);
+    for c in &found.ranked[..k] {
+        let plan = plan_candidate(graph, model, &used, calibration, opts, &found, c)?;
+        simulated.push((verify.simulate)(&plan).ok());
+    }
+    let mut order: Vec<usize> = (0..k).collect();
+    order.sort_by(|&a, &b| match (simulated[a], simulated[b]) {
+        (Some(x), Some(y)) => x.total_cmp(&y),
+        (x, y) => y.is_some().cmp(&x.is_some()).then(a.cmp(&b)),
+    });
+    let mut ranked: Vec<Candidate> = order.iter().map(|&i| found.ranked[i].clone()).collect();
+    ranked.extend(found.ranked.drain(k..));
+    found.ranked = ranked;
+    let mut plan = plan_candidate(graph, model, &used, calibration, opts, &found, &found.ranked[0])?;
+    for (alt, &i) in plan.search.top.iter_mut().zip(&order) {
+        alt.simulated_step_time_s = simulated[i];
+    }
+    plan.simulated_step_time_s = order.first().and_then(|&i| simulated[i]);
     plan.spare_gpus = cluster.gpus() - used.gpus();
     Ok(plan)
 }
@@ -143,6 +188,7 @@ pub fn plan_candidate(
         predicted,
         gpus_used: Some(cluster.gpus()),
         spare_gpus: 0,
+        simulated_step_time_s: None,
         search: SearchSummary {
             configs_evaluated: found.configs_evaluated,
             seconds: found.seconds,
@@ -153,6 +199,7 @@ pub fn plan_candidate(
                 .map(|c| Alternative {
                     parallel: Parallel::of(&c.config, c.estimate.micro_batches),
                     predicted: c.estimate.clone(),
+                    simulated_step_time_s: None,
                 })
                 .collect(),
         },

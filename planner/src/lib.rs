@@ -12,7 +12,8 @@ pub mod spec;
 pub mod stages;
 
 pub use assemble::{
-    mesh_of, plan_candidate, plan_model, planned_workload, stages_of, ModelId, PlanningError,
+    mesh_of, plan_candidate, plan_model, plan_model_verified, planned_workload, stages_of, ModelId,
+    PlanningError, Verify,
 };
 pub use plan::{Parallel, Plan, PlanError};
 pub use search::{search, Candidate, DegreeLimits, SearchError, SearchOptions, SearchResult};

@@ -39,6 +39,10 @@ pub struct Plan {
     /// GPUs asked for that no layout could use, left idle as spares.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub spare_gpus: usize,
+    /// The plan's step as the simulator replays its programs, when the
+    /// search verified its fastest candidates (`autopar plan --verify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_step_time_s: Option<f64>,
 }
 
 fn default_bucket_mib() -> u32 {
@@ -173,6 +177,10 @@ pub struct SearchSummary {
 pub struct Alternative {
     pub parallel: Parallel,
     pub predicted: Estimate,
+    /// Its step as the simulator replays its programs, when it was
+    /// verified (`autopar plan --verify`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub simulated_step_time_s: Option<f64>,
 }
 
 impl Plan {

@@ -13,14 +13,10 @@
 
 use autopar_cost_models::published::{megatron_sc21, CLUSTER};
 use autopar_cost_models::{estimate, Calibration, Cluster, Workload};
-use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, Strategy};
 use autopar_planner::plan::fnv1a_hex;
-use autopar_planner::{
-    plan_candidate, search, Candidate, DegreeLimits, ModelId, SearchOptions, SearchResult,
-};
-use autopar_sim::{simulate_plan, SimOptions};
+use autopar_planner::{search, Candidate, DegreeLimits, ModelId, SearchOptions, SearchResult};
+use autopar_sim::simulate_candidate;
 use std::time::Instant;
 
 /// What one plan's estimate and simulation said.
@@ -46,31 +42,11 @@ fn replay(
     c: &Candidate,
 ) -> Result<Pair, String> {
     let started = Instant::now();
-    let calibration = Calibration::default();
     let model = ModelId {
         arg: spec,
         hash: fnv1a_hex(spec.as_bytes()),
     };
-    let plan =
-        plan_candidate(graph, &model, cluster, &calibration, opts, found, c).map_err(|e| e.to_string())?;
-    let strategy = Strategy::from_plan(&plan).map_err(|e| e.to_string())?;
-    let seq = graph
-        .inputs
-        .first()
-        .and_then(|&t| graph.tensor(t).ty.shape.0.get(1)?.fixed())
-        .or_else(|| graph.bindings.get("seq").copied())
-        .ok_or("the model's sequence length is symbolic")?;
-    let t = for_strategy(graph, &strategy, seq).map_err(|e| e.to_string())?;
-    let (sim, _) = simulate_plan(
-        &plan,
-        &t,
-        &strategy,
-        None,
-        &calibration,
-        Precision::F32,
-        &SimOptions::default(),
-    )
-    .map_err(|e| e.to_string())?;
+    let (plan, sim) = simulate_candidate(graph, &model, cluster, &Calibration::default(), opts, found, c)?;
     Ok(Pair {
         estimate: plan.predicted.step_time_s,
         simulated: sim.step_time_s,

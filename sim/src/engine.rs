@@ -5,7 +5,9 @@
 //! that waits on a peer not yet replayed yields to the others, as a
 //! blocking runtime would, so the event times are those of a
 //! discrete-event run with one compute and one communication stream per
-//! rank (links are not shared between concurrent transfers).
+//! rank (links are not shared between concurrent transfers). A rank issues
+//! its instructions in program order: a collective starts no earlier than
+//! the computation before it in the program has run.
 
 use super::compile::{Activity, Compiled, Lane, MessageKey, Step, Sync};
 use rayon::prelude::*;
@@ -211,7 +213,19 @@ fn advance(st: &mut RankState, p: &Compiled, me: usize, rendezvous: &mut Rendezv
             (t, b)
         }
     });
-    let start = step.lane.index().map_or(ready, |l| st.lane_free[l].max(ready));
+    // The rank issues its instructions in program order, each once the
+    // computation before it has run (the interpreter computes inline and
+    // hands collectives to its streams as it reaches them): a collective
+    // never starts before the compute lane has reached it, so nothing is
+    // prefetched beyond what the program itself issues early.
+    let issued = match step.lane {
+        Lane::Collective | Lane::Transfer | Lane::Gradient => st.lane_free[0],
+        Lane::Compute | Lane::None => 0.0,
+    };
+    let start = step
+        .lane
+        .index()
+        .map_or(ready, |l| st.lane_free[l].max(ready).max(issued));
     let Some((start, peer_wait)) = rendezvous.wait(me, st, step, start) else {
         return false;
     };

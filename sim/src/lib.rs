@@ -21,8 +21,9 @@ pub mod report;
 use autopar_cost_models::{Calibration, Cluster, ClusterError};
 use autopar_exec::trace::{Stream, TraceEvent};
 use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
 use autopar_lower::{self as lower, LowerError, Program, Strategy, TrainingGraph};
-use autopar_planner::Plan;
+use autopar_planner::{plan_candidate, Candidate, ModelId, Plan, SearchOptions, SearchResult};
 use compile::{Compiler, GraphIndex, Lane};
 pub use pricing::{Pricing, PricingError, PricingOptions};
 use ranks::Representatives;
@@ -54,6 +55,12 @@ pub enum SimError {
     },
     #[error("{given} programs for a plan of {world} ranks")]
     Programs { given: usize, world: usize },
+    #[error(transparent)]
+    Strategy(#[from] lower::StrategyError),
+    #[error(transparent)]
+    Training(#[from] lower::TrainingError),
+    #[error("the model's sequence length is symbolic and the plan does not give it")]
+    Sequence,
 }
 
 /// Simulates one training step of `t` under `s`, priced by `pricing`.
@@ -96,6 +103,44 @@ pub fn simulate_plan(
     }
     let sim = replay(t, s, &pricing, opts, programs)?;
     Ok((sim, pricing.per_node))
+}
+
+/// Simulates plan `p` of `model` (the canonical graph it was planned on)
+/// priced under `calibration`, lowering it as `autopar run` would: what
+/// `autopar plan --verify` and the consistency checks replay.
+pub fn simulate_model_plan(
+    p: &Plan,
+    model: &Graph,
+    calibration: &Calibration,
+) -> Result<Simulation, SimError> {
+    let strategy = Strategy::from_plan(p)?;
+    let seq = model
+        .inputs
+        .first()
+        .and_then(|&t| model.tensor(t).ty.shape.0.get(1)?.fixed())
+        .or(p.inputs.seq)
+        .or_else(|| model.bindings.get("seq").copied())
+        .ok_or(SimError::Sequence)?;
+    let t = lower::for_strategy(model, &strategy, seq)?;
+    let opts = SimOptions::default();
+    Ok(simulate_plan(p, &t, &strategy, None, calibration, Precision::F32, &opts)?.0)
+}
+
+/// Candidate `c` of the search `found` made into its plan (per-op sharding
+/// solved and priced) and simulated: the estimate beside the replay, for
+/// every plan the planner could emit.
+pub fn simulate_candidate(
+    model: &Graph,
+    id: &ModelId,
+    cluster: &Cluster,
+    calibration: &Calibration,
+    opts: &SearchOptions,
+    found: &SearchResult,
+    c: &Candidate,
+) -> Result<(Plan, Simulation), String> {
+    let plan = plan_candidate(model, id, cluster, calibration, opts, found, c).map_err(|e| e.to_string())?;
+    let sim = simulate_model_plan(&plan, model, calibration).map_err(|e| e.to_string())?;
+    Ok((plan, sim))
 }
 
 /// The cluster plan `p` was made for, sized to its ranks.

@@ -18,7 +18,7 @@
 //! Every collective pays its own latency: a bucket once, a tensor's gather once.
 
 use super::UnitTime;
-use crate::comm::{self, Algorithm, Collective, CommError, Span};
+use crate::comm::{self, Algorithm, BucketFill, Collective, CommError, Span};
 use crate::config::TrainingConfig;
 use crate::pipeline::Stage;
 use crate::workload::{ParamShard, Unit, Workload};
@@ -30,21 +30,31 @@ struct UnitParams {
     /// Gradient bytes of each dense and each expert tensor.
     dense: Vec<f64>,
     expert: Vec<f64>,
+    /// Per dense tensor: a weight tied between the parts before and after
+    /// the layers, whose gradient is reduced only after the pipeline (once
+    /// its copies' gradients are summed).
+    tied: Vec<bool>,
     /// One all-gather of every tensor, each its own collective (ZeRO-3's
     /// gathers, ZeRO-1/2's refresh).
     gathers: f64,
 }
 
 impl UnitParams {
-    fn of<'a>(params: impl Iterator<Item = &'a ParamShard>, net: &Net) -> Result<UnitParams, CommError> {
+    fn of<'a>(
+        params: impl Iterator<Item = (bool, &'a ParamShard)>,
+        net: &Net,
+    ) -> Result<UnitParams, CommError> {
         let mut u = UnitParams::default();
-        for p in params {
+        for (tied, p) in params {
             let bytes = p.elements * p.dtype.size_bits() as f64 / 8.0;
             let span = if p.expert { net.expert_data } else { net.data };
             u.gathers += comm::time(net.cluster, span, Collective::AllGather, Algorithm::Ring, bytes)?;
             match p.expert {
                 true => u.expert.push(bytes),
-                false => u.dense.push(bytes),
+                false => {
+                    u.dense.push(bytes);
+                    u.tied.push(tied);
+                }
             }
         }
         Ok(u)
@@ -104,18 +114,6 @@ impl Reduction {
             seconds: self.seconds + o.seconds,
         }
     }
-
-    /// Exposed seconds when the buckets complete evenly through `compute`
-    /// seconds of backward pass and run one after another: the lane ends at
-    /// `max(compute + one bucket, compute / count + all buckets)`.
-    fn exposed_after(self, compute: f64) -> f64 {
-        if self.count == 0 {
-            return 0.0;
-        }
-        let n = self.count as f64;
-        let one = self.seconds / n;
-        (compute / n + self.seconds).max(compute + one) - compute
-    }
 }
 
 /// The data-parallel traffic of a workload on a mesh, priced per unit once.
@@ -135,13 +133,14 @@ pub(super) struct Traffic {
 
 impl Traffic {
     pub(super) fn new(w: &Workload, net: &Net) -> Result<Traffic, CommError> {
-        let unit = |u: &Unit| UnitParams::of(u.params.values(), net);
+        let tied = |id: &usize| w.pre.params.contains_key(id) && w.post.params.contains_key(id);
+        let unit = |u: &Unit| UnitParams::of(u.params.iter().map(|(id, p)| (tied(id), p)), net);
         let unshared = w
             .post
             .params
             .iter()
             .filter(|(id, _)| !w.pre.params.contains_key(id))
-            .map(|(_, p)| p);
+            .map(|(_, p)| (false, p));
         let post_unshared = UnitParams::of(unshared, net)?;
         let post = unit(&w.post)?;
         let (all, _) = post.bytes();
@@ -174,6 +173,16 @@ impl Traffic {
             units.push((&self.pre, 1));
         }
         StageParams { units }
+    }
+
+    /// Parameter tensors `stage` holds (each stepped by its own kernel).
+    pub(super) fn tensors(&self, stage: &Stage) -> usize {
+        let params = self.stage_params(stage);
+        params
+            .units
+            .iter()
+            .map(|&(u, n)| n * (u.dense.len() + u.expert.len()))
+            .sum()
     }
 
     fn time(&self, span: Span, c: Collective, a: Algorithm, bytes: f64) -> Result<f64, CommError> {
@@ -214,19 +223,23 @@ impl Traffic {
         &self,
         cfg: &TrainingConfig,
         stage: &Stage,
-        per_micro_batch: &UnitTime,
+        times: [&UnitTime; 3],
         ratio: f64,
     ) -> Result<f64, CommError> {
         let mut exposed = 0.0;
         if cfg.zero < 3 {
-            let reduce = self.reduction(cfg, stage, ratio)?;
-            let backward = per_micro_batch.backward;
-            exposed += match cfg.overlap_grad_reduce {
-                true => reduce.exposed_after(backward),
-                false => reduce.seconds,
-            };
+            exposed += self.reduction_tail(cfg, stage, times, ratio)?;
             if cfg.zero == 2 {
-                let beside = per_micro_batch.forward + backward;
+                let reduce = self.reduction(cfg, stage, ratio)?;
+                let [pre, layer, post] = times;
+                let mut beside = layer.scaled(stage.layers as f64);
+                if stage.first {
+                    beside = beside.add(*pre);
+                }
+                if stage.last {
+                    beside = beside.add(*post);
+                }
+                let beside = beside.forward + beside.backward;
                 exposed += (cfg.micro_batches() - 1) as f64 * (reduce.seconds - beside).max(0.0);
             }
             if cfg.zero >= 1 && self.data.ranks() > 1 {
@@ -237,6 +250,94 @@ impl Traffic {
             exposed += self.time(self.ends, Collective::AllReduce, Algorithm::Ring, self.tied_bytes)?;
         }
         Ok(exposed)
+    }
+
+    /// Exposed seconds of the reduction after the last micro-batch's
+    /// backward pass on `stage` (ZeRO-0/1/2), replayed on one lane: each
+    /// unit's gradients complete when its backward pass ends and join the
+    /// open bucket of their group, a full bucket is issued at once, the open
+    /// ones when the backward pass ends, and tied weights' after it. Without
+    /// overlap everything waits for the backward pass.
+    fn reduction_tail(
+        &self,
+        cfg: &TrainingConfig,
+        stage: &Stage,
+        times: [&UnitTime; 3],
+        ratio: f64,
+    ) -> Result<f64, CommError> {
+        let cap = f64::from(cfg.grad_reduce.bucket_mib) * (1u64 << 20) as f64;
+        let (collective, algorithm) = match cfg.zero {
+            0 => (Collective::AllReduce, cfg.grad_reduce.algorithm),
+            _ => (Collective::ReduceScatter, Algorithm::Ring),
+        };
+        let spans = [self.data, self.expert_data];
+        let one = |group: usize, bytes: f64| -> Result<f64, CommError> {
+            match spans[group].ranks() > 1 && bytes > 0.0 {
+                true => self.time(spans[group], collective, algorithm, bytes * ratio),
+                false => Ok(0.0),
+            }
+        };
+        // Per group (dense, expert): the open bucket and its bytes; each
+        // bucket closed with when it is issued (`None`: when the backward
+        // pass ends) and its group and bytes.
+        let mut fills = [BucketFill::new(cap), BucketFill::new(cap)];
+        let mut held = [0.0f64; 2];
+        let mut issued: Vec<(Option<f64>, usize, f64)> = Vec::new();
+        let [pre, layer, post] = times;
+        let post_params = if stage.first {
+            &self.post_unshared
+        } else {
+            &self.post
+        };
+        let mut units = Vec::with_capacity(3);
+        if stage.last {
+            units.push((post_params, post, 1));
+        }
+        units.push((&self.layer, layer, stage.layers));
+        if stage.first {
+            units.push((&self.pre, pre, 1));
+        }
+        let mut clock = 0.0f64;
+        let mut late = Vec::new();
+        for (params, t, repeats) in units {
+            for _ in 0..repeats {
+                clock += t.backward;
+                let at = cfg.overlap_grad_reduce.then_some(clock);
+                let dense = params.dense.iter().zip(&params.tied);
+                let tensors = dense
+                    .map(|(&b, &tied)| (0, b, tied))
+                    .chain(params.expert.iter().map(|&b| (1, b, false)));
+                for (group, bytes, tied) in tensors {
+                    if tied {
+                        late.push(bytes);
+                        continue;
+                    }
+                    held[group] += bytes;
+                    if fills[group].add(bytes) {
+                        issued.push((at, group, std::mem::take(&mut held[group])));
+                    }
+                }
+            }
+        }
+        for (group, bytes) in held.into_iter().enumerate().filter(|&(_, b)| b > 0.0) {
+            issued.push((None, group, bytes));
+        }
+        let mut tied_fill = BucketFill::new(cap);
+        let mut tied_held = 0.0;
+        for bytes in late {
+            tied_held += bytes;
+            if tied_fill.add(bytes) {
+                issued.push((None, 0, std::mem::take(&mut tied_held)));
+            }
+        }
+        if tied_held > 0.0 {
+            issued.push((None, 0, tied_held));
+        }
+        let mut lane = 0.0f64;
+        for (at, group, bytes) in issued {
+            lane = lane.max(at.unwrap_or(clock)) + one(group, bytes)?;
+        }
+        Ok((lane - clock).max(0.0))
     }
 
     /// Bytes a rank of `stage` sends per step in data-parallel traffic:
@@ -431,20 +532,80 @@ mod tests {
         assert_eq!(lane_exposed(&[&steps], 0), 4.0);
     }
 
-    #[test]
-    fn buckets_hide_under_the_backward_pass_but_the_last() {
-        let r = Reduction {
-            count: 4,
-            seconds: 4.0,
+    /// A layer of two 1 MB gradients and a tied 2 MB embedding, on a
+    /// stage holding everything, over 8 ranks of one node.
+    fn traffic() -> Traffic {
+        let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
+        let span = Span {
+            per_node: 8,
+            nodes: 1,
         };
-        // Plenty of compute: only the last bucket shows.
-        assert_eq!(r.exposed_after(100.0), 1.0);
-        // No compute: all of it.
-        assert_eq!(r.exposed_after(0.0), 4.0);
-        // 8 s of backward, buckets at 2, 4, 6, 8: the lane ends at 2 + 4 = 6 < 9.
-        assert_eq!(r.exposed_after(8.0), 1.0);
-        // 2 s of backward: the lane ends at 0.5 + 4.
-        assert_eq!(r.exposed_after(2.0), 2.5);
-        assert_eq!(Reduction::default().exposed_after(3.0), 0.0);
+        let unit = |dense: Vec<f64>, tied: Vec<bool>| UnitParams {
+            dense,
+            expert: vec![],
+            tied,
+            gathers: 0.0,
+        };
+        Traffic {
+            pre: unit(vec![2e6], vec![true]),
+            layer: unit(vec![1e6, 1e6], vec![false, false]),
+            post: unit(vec![2e6], vec![true]),
+            post_unshared: unit(vec![], vec![]),
+            tied_bytes: 2e6,
+            cluster,
+            data: span,
+            expert_data: span,
+            ends: span,
+        }
+    }
+
+    fn config(bucket_mib: u32, overlap: bool) -> TrainingConfig {
+        TrainingConfig {
+            dp: 8,
+            overlap_grad_reduce: overlap,
+            grad_reduce: crate::GradReduce {
+                bucket_mib,
+                ..Default::default()
+            },
+            ..TrainingConfig::default()
+        }
+    }
+
+    #[test]
+    fn buckets_hide_under_the_backward_pass_but_what_follows_it() {
+        let t = traffic();
+        let stage = Stage {
+            index: 0,
+            layers: 4,
+            first: true,
+            last: true,
+            recompute: crate::Recompute::None,
+        };
+        let layer = UnitTime {
+            backward: 1.0,
+            ..UnitTime::default()
+        };
+        let none = UnitTime::default();
+        let ar = |bytes: f64| {
+            t.time(t.data, Collective::AllReduce, Algorithm::Ring, bytes)
+                .unwrap()
+        };
+        // One collective per tensor: each layer's two hide under the next
+        // layer's second of backward; the last layer's and the tied
+        // embedding's follow the backward pass.
+        let tail = t
+            .reduction_tail(&config(0, true), &stage, [&none, &layer, &none], 1.0)
+            .unwrap();
+        assert!((tail - (2.0 * ar(1e6) + ar(2e6))).abs() < 1e-12, "{tail}");
+        // Without overlap, all of it: 8 layer tensors and the embedding.
+        let all = t
+            .reduction_tail(&config(0, false), &stage, [&none, &layer, &none], 1.0)
+            .unwrap();
+        assert!((all - (8.0 * ar(1e6) + ar(2e6))).abs() < 1e-12, "{all}");
+        // One bucket for everything but the tied weight: it waits for the end.
+        let one = t
+            .reduction_tail(&config(25, true), &stage, [&none, &layer, &none], 1.0)
+            .unwrap();
+        assert!((one - (ar(8e6) + ar(2e6))).abs() < 1e-12, "{one}");
     }
 }

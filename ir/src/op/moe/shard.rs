@@ -35,7 +35,12 @@ fn experts(v: &NodeView) -> Vec<Strategy> {
         Strategy::new(name, inputs, vec![Layout::Partial], v.tp)
     };
     if v.float_out && v.splits(e) {
-        all.push(weights_in("expert", Layout::Shard(0), Layout::Shard(0)));
+        // Each rank runs its experts on every token's routes, the routes to
+        // other ranks' experts masked, not skipped: the weights divide, the
+        // work does not.
+        let mut by_expert = weights_in("expert", Layout::Shard(0), Layout::Shard(0));
+        by_expert.divisor = 1;
+        all.push(by_expert);
     }
     if v.float_out && v.splits(f) {
         all.push(weights_in("ffn", Layout::Shard(2), Layout::Shard(1)));
