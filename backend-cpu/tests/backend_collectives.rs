@@ -201,6 +201,7 @@ impl DeviceCollectives<Arc<Value>> for Summing {
         part: &Arc<Value>,
         group: &[usize],
         shape: &[usize],
+        order: Order,
     ) -> Result<Option<Arc<Value>>, BackendError> {
         self.untouched(&[part])?;
         let tag = self.next_tag(Kind::AllGather, group);
@@ -208,7 +209,9 @@ impl DeviceCollectives<Arc<Value>> for Summing {
             .endpoint
             .all_gather(group, &flat(part, part.numel())?, &tag, "a device all-gather")
             .map_err(|e| e.to_string())?;
-        Ok(Some(Arc::new(shaped(all, part.dtype, shape))))
+        let all = Arc::new(shaped(all, part.dtype, shape));
+        self.hold(order, [part.clone(), all.clone()]);
+        Ok(Some(all))
     }
 
     fn all_gather_parts(

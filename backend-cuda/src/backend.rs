@@ -486,6 +486,7 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         part: &Arc<GpuTensor>,
         group: &[usize],
         shape: &[usize],
+        order: Order,
     ) -> Result<Option<Arc<GpuTensor>>, BackendError> {
         let Some(dtype) = self.device_type(part, group) else {
             return Ok(None);
@@ -500,8 +501,11 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         let all = self.allocate_like(part, vec![count * group.len()])?;
         let (send, recv) = (self.gpu.ptr(part), self.gpu.ptr(&all));
         let call = DeviceOp::AllGather { send, recv }.over(group, count, dtype);
-        self.comms()?.collective(call, &self.gpu.stream)?;
-        Ok(Some(Arc::new(all.alias(part.dtype, shape.to_vec()))))
+        let stream = self.stream_for(order)?;
+        self.comms()?.collective(call, &stream)?;
+        let all = Arc::new(all.alias(part.dtype, shape.to_vec()));
+        self.hold(order, [part.clone(), all.clone()]);
+        Ok(Some(all))
     }
 
     fn all_gather_parts(
@@ -544,7 +548,7 @@ impl DeviceCollectives<Arc<GpuTensor>> for CudaBackend {
         let Some((stacked, concatenated)) = View::stacked_and_concatenated(&x.shape, axis, parts) else {
             return Ok(None);
         };
-        let Some(all) = self.all_gather(x, group, &[x.numel() * parts])? else {
+        let Some(all) = self.all_gather(x, group, &[x.numel() * parts], Order::Inline)? else {
             return Ok(None);
         };
         let mut shape = x.shape.clone();

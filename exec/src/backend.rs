@@ -157,8 +157,15 @@ pub trait DeviceCollectives<T> {
         Ok(Some(parts))
     }
     /// ZeRO-3's weight gather: the members' parts (equal sizes, flattened)
-    /// concatenated in group order, cut to the whole weight's `shape`.
-    fn all_gather(&mut self, part: &T, group: &[usize], shape: &[usize]) -> Result<Option<T>, BackendError>;
+    /// concatenated in group order, cut to the whole weight's `shape`
+    /// (beside the computation when `order` says so: a prefetch).
+    fn all_gather(
+        &mut self,
+        part: &T,
+        group: &[usize],
+        shape: &[usize],
+        order: Order,
+    ) -> Result<Option<T>, BackendError>;
     /// ZeRO-1/2's weight refresh after a sharded optimizer step: every
     /// member holds the whole `w` but updated only its own part of it (`w`
     /// flattened, zero-padded to a multiple of the group's size and split

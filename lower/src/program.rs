@@ -372,13 +372,18 @@ impl Instr {
 
     /// Whether runtimes run it on a communication stream beside the compute
     /// stream (the interpreter's worker thread, a GPU's communication
-    /// stream): the data-parallel gradient reductions and parameter gathers
-    /// after an update. The compute stream waits for its result only where
-    /// an instruction reads it.
+    /// stream): the data-parallel gradient reductions, the parameter
+    /// gathers after an update and ZeRO-3's weight gathers (issued ahead of
+    /// their readers by the prefetch). The compute stream waits for its
+    /// result only where an instruction reads it. Backends choose their
+    /// stream by it and the simulator its lane.
     pub fn overlaps_compute(&self) -> bool {
         matches!(
             self,
-            Instr::AllReduceGrad { .. } | Instr::ReduceScatterGrad { .. } | Instr::AllGatherParam { .. }
+            Instr::AllReduceGrad { .. }
+                | Instr::ReduceScatterGrad { .. }
+                | Instr::AllGatherParam { .. }
+                | Instr::GatherParam { .. }
         )
     }
 

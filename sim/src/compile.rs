@@ -339,6 +339,13 @@ impl Builder<'_, '_> {
         // one thread, but for the collectives its communication worker
         // overlaps: every other timed instruction takes the compute lane.
         // Each instruction also costs it some bookkeeping.
+        // Data-parallel traffic runs beside the computation exactly where
+        // the program says its instruction does ([`Instr::overlaps_compute`],
+        // which the backends follow too); elsewhere it holds the compute lane.
+        let lane = match lane {
+            Lane::Gradient if !self.overlapped => Lane::Compute,
+            lane => lane,
+        };
         let (lane, seconds) = if self.c.pricing.serial() {
             let lane = if self.overlapped { lane } else { Lane::Compute };
             (lane, seconds + self.c.pricing.instruction_overhead())

@@ -206,3 +206,52 @@ fn a_bucket_is_priced_as_one_collective_and_zero_2_reduces_every_micro_batch() {
     let extra = 3.0 * price(Collective::ReduceScatter, sum(&early));
     assert!(((z2 - z1) - extra).abs() < 1e-9 * z2, "{z2} - {z1} vs {extra}");
 }
+
+/// The simulator replays data-parallel traffic on the stream the backends
+/// run it on: beside the computation exactly for the instructions the
+/// program declares so ([`autopar_lower::Instr::overlaps_compute`]: bucket
+/// reductions, the ZeRO refresh, ZeRO-3's prefetched gathers), on the
+/// compute stream otherwise (the tied weights' sum).
+#[test]
+fn data_parallel_traffic_runs_on_the_stream_its_instruction_declares() {
+    use autopar_exec::trace::{Stream, TraceEvent};
+    let g = autopar_import::zoo::build(ZOO).unwrap();
+    for zero in [0, 1, 3] {
+        let mut s = Strategy::new(2, 2, 4, 1, 2);
+        s.zero = zero;
+        let t = for_strategy(&g, &s, 16).unwrap();
+        let programs = autopar_lower::lower(&t, &s).unwrap();
+        let declared: std::collections::HashMap<String, bool> = programs
+            .iter()
+            .flat_map(|p| &p.instructions)
+            .map(|i| (i.describe(), i.overlaps_compute()))
+            .collect();
+        let cluster = Cluster::preset("dgx-a100-80g")
+            .unwrap()
+            .with_gpus(s.world())
+            .unwrap();
+        let calibration = Calibration::default();
+        let pricing = Pricing::new(&t, &cluster, &calibration, &PricingOptions::default()).unwrap();
+        let opts = SimOptions {
+            every_rank: true,
+            trace: true,
+        };
+        let sim = simulate(&t, &s, &pricing, &opts).unwrap();
+        let mut beside = 0;
+        for e in &sim.trace {
+            let TraceEvent::Span { stream, name, .. } = e else {
+                continue;
+            };
+            let Some(&overlaps) = declared.get(name) else {
+                continue;
+            };
+            assert_eq!(
+                *stream == Stream::Gradients,
+                overlaps,
+                "ZeRO-{zero}: {name} on {stream:?}"
+            );
+            beside += usize::from(overlaps);
+        }
+        assert!(beside > 0, "ZeRO-{zero}: nothing ran beside the computation");
+    }
+}

@@ -402,41 +402,42 @@ impl Traffic {
         } else {
             &self.post
         };
-        let mut forward: Vec<Step> = Vec::with_capacity(stage.layers + 2);
-        let push = |list: &mut Vec<Step>, u: &UnitParams, t: &UnitTime, backward: bool| {
-            list.push(match backward {
-                false => Step {
-                    gather: u.gathers,
-                    compute: t.forward,
-                    reduce: 0.0,
-                },
-                true => Step {
-                    gather: u.gathers,
-                    compute: t.backward,
-                    reduce: rs(u),
-                },
-            })
+        let step = |u: &UnitParams, t: &UnitTime, backward: bool| match backward {
+            false => Step {
+                gather: u.gathers,
+                compute: t.forward,
+                reduce: 0.0,
+            },
+            true => Step {
+                gather: u.gathers,
+                compute: t.backward,
+                reduce: rs(u),
+            },
         };
-        if stage.first {
-            push(&mut forward, &self.pre, pre, false);
-        }
-        for _ in 0..stage.layers {
-            push(&mut forward, &self.layer, layer, false);
-        }
-        if stage.last {
-            push(&mut forward, post_params, post, false);
-        }
-        let mut backward: Vec<Step> = Vec::with_capacity(forward.len());
-        if stage.last {
-            push(&mut backward, post_params, post, true);
-        }
-        for _ in 0..stage.layers {
-            push(&mut backward, &self.layer, layer, true);
-        }
-        if stage.first {
-            push(&mut backward, &self.pre, pre, true);
-        }
-        Ok(lane_exposed(&[&forward, &backward], cfg.zero3_prefetch))
+        // One task per model chunk (interleaved schedules run several per
+        // stage), each gathering for itself: forward in order, backward in
+        // reverse, the part before the layers in the first chunk, the part
+        // after in the last.
+        let v = cfg.virtual_stages.max(1);
+        let task = |c: usize, backward: bool| {
+            let layers = stage.layers / v + usize::from(c < stage.layers % v);
+            let mut steps = Vec::with_capacity(layers + 2);
+            if stage.first && c == 0 {
+                steps.push(step(&self.pre, pre, backward));
+            }
+            steps.extend((0..layers).map(|_| step(&self.layer, layer, backward)));
+            if stage.last && c + 1 == v {
+                steps.push(step(post_params, post, backward));
+            }
+            if backward {
+                steps.reverse();
+            }
+            steps
+        };
+        let mut tasks: Vec<Vec<Step>> = (0..v).map(|c| task(c, false)).collect();
+        tasks.extend((0..v).rev().map(|c| task(c, true)));
+        let tasks: Vec<&[Step]> = tasks.iter().map(Vec::as_slice).collect();
+        Ok(lane_exposed(&tasks, cfg.zero3_prefetch))
     }
 }
 

@@ -359,8 +359,11 @@ impl<B: Backend> RankRun<'_, B> {
         let tag = at.tag(&format!("gather/{param}/{k}"));
         let part = self.weights.get(param).ok_or_else(|| missing(param))?.clone();
         let (dtype, shape) = self.ty(param)?;
-        if let Some(full) = on_device(&mut self.dev, |d| d.all_gather(&part, group, &shape))?.flatten() {
+        let order = self.order();
+        if let Some(full) = on_device(&mut self.dev, |d| d.all_gather(&part, group, &shape, order))?.flatten()
+        {
             self.bufs.insert(Buf::step(param), full);
+            self.on_device.insert(param.to_string());
             return Ok(());
         }
         let w = self.weight_host(param)?;
