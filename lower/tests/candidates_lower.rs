@@ -5,9 +5,9 @@
 //! rank. (Gradient compression is left out: it does not run yet, and the
 //! runs that plan for themselves search without it.)
 
-use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
+use autopar_cost_models::{Calibration, Cluster};
 use autopar_lower::{for_strategy, lower, Strategy};
-use autopar_planner::{plan_candidate, search, DegreeLimits, ModelId, SearchOptions};
+use autopar_planner::{plan_candidate, search, ModelId, SearchOptions};
 
 /// `(zoo spec, cluster preset, GPUs, global batch)`.
 const SWEEP: &[(&str, &str, usize, usize)] = &[
@@ -56,19 +56,7 @@ fn every_top_candidate_lowers() {
         let graph = autopar_import::zoo::build(spec).unwrap();
         let cluster = Cluster::preset(preset).unwrap().with_gpus(gpus).unwrap();
         let calibration = Calibration::default();
-        let opts = SearchOptions {
-            global_batch,
-            seq: None,
-            max_memory_fraction: 0.9,
-            attention: AttentionKernel::Fused,
-            dropout: false,
-            top: 8,
-            tp_comm_overlap: false,
-            limits: DegreeLimits {
-                grad_compression: false,
-                ..DegreeLimits::NONE
-            },
-        };
+        let opts = SearchOptions::runnable(global_batch, 8);
         let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).unwrap();
         let model = ModelId {
             arg: spec,

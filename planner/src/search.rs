@@ -63,6 +63,27 @@ pub struct SearchOptions {
     pub tp_comm_overlap: bool,
 }
 
+impl SearchOptions {
+    /// What the runtime runs, keeping the `top` fastest: fused attention,
+    /// no dropout, 90 % of each GPU's memory, and no gradient compression
+    /// (priced, not yet lowered).
+    pub fn runnable(global_batch: usize, top: usize) -> SearchOptions {
+        SearchOptions {
+            global_batch,
+            seq: None,
+            max_memory_fraction: 0.9,
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            top,
+            limits: DegreeLimits {
+                grad_compression: false,
+                ..DegreeLimits::NONE
+            },
+            tp_comm_overlap: false,
+        }
+    }
+}
+
 /// Caps on the tensor, context and expert-parallel degrees, and whether
 /// gradients may be compressed: a backend that does not run some form of
 /// parallelism plans without it.

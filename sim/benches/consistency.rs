@@ -15,7 +15,7 @@ use autopar_cost_models::published::{megatron_sc21, CLUSTER};
 use autopar_cost_models::{estimate, Calibration, Cluster, Workload};
 use autopar_ir::Graph;
 use autopar_planner::plan::fnv1a_hex;
-use autopar_planner::{search, Candidate, DegreeLimits, ModelId, SearchOptions, SearchResult};
+use autopar_planner::{search, Candidate, ModelId, SearchOptions, SearchResult};
 use autopar_sim::simulate_candidate;
 use std::time::Instant;
 
@@ -78,23 +78,6 @@ fn describe(c: &Candidate) -> String {
     )
 }
 
-fn options(global_batch: usize, top: usize) -> SearchOptions {
-    SearchOptions {
-        global_batch,
-        seq: None,
-        max_memory_fraction: 0.9,
-        attention: autopar_cost_models::AttentionKernel::Fused,
-        dropout: false,
-        top,
-        // What lowering runs.
-        limits: DegreeLimits {
-            grad_compression: false,
-            ..DegreeLimits::NONE
-        },
-        tp_comm_overlap: false,
-    }
-}
-
 /// SC'21 Table 1: the pick and the published configuration side by side.
 fn sc21(worst: &mut f64) {
     println!("SC'21 Table 1 (A100 80 GB): the planner's pick and the published configuration, estimated and simulated");
@@ -120,7 +103,7 @@ fn sc21(worst: &mut f64) {
         let cluster = Cluster::preset(CLUSTER)
             .and_then(|c| c.with_gpus(r.gpus))
             .expect("cluster");
-        let mut opts = options(r.batch, 1);
+        let mut opts = SearchOptions::runnable(r.batch, 1);
         opts.attention = r.config().attention;
         opts.dropout = r.config().dropout;
         let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).expect("search");
@@ -209,7 +192,7 @@ fn sweep(quick: bool, worst: &mut f64, worst_memory: &mut f64) {
         let cluster = Cluster::preset(preset)
             .and_then(|c| c.with_gpus(gpus))
             .expect("cluster");
-        let opts = options(batch, 3);
+        let opts = SearchOptions::runnable(batch, 3);
         let found = match search(&graph, &cluster, &calibration, &opts, &|_, _| {}) {
             Ok(f) => f,
             Err(e) => {

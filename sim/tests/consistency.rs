@@ -3,8 +3,8 @@
 //! its plan, estimates within 5 % of its simulation. (The full sweep is
 //! `cargo bench -p autopar-sim --bench consistency`.)
 
-use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
-use autopar_planner::{search, DegreeLimits, ModelId, SearchOptions};
+use autopar_cost_models::{Calibration, Cluster};
+use autopar_planner::{search, ModelId, SearchOptions};
 use autopar_sim::simulate_candidate;
 
 /// Models at sizes people train, where a step is long against a kernel
@@ -44,19 +44,7 @@ fn every_top_candidate_estimates_within_five_percent_of_its_simulation() {
     for &(spec, preset, gpus, global_batch) in SAMPLE {
         let graph = autopar_import::zoo::build(spec).unwrap();
         let cluster = Cluster::preset(preset).unwrap().with_gpus(gpus).unwrap();
-        let opts = SearchOptions {
-            global_batch,
-            seq: None,
-            max_memory_fraction: 0.9,
-            attention: AttentionKernel::Fused,
-            dropout: false,
-            top: 3,
-            tp_comm_overlap: false,
-            limits: DegreeLimits {
-                grad_compression: false,
-                ..DegreeLimits::NONE
-            },
-        };
+        let opts = SearchOptions::runnable(global_batch, 3);
         let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).unwrap();
         let id = ModelId {
             arg: spec,

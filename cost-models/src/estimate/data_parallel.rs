@@ -158,7 +158,11 @@ impl Traffic {
         })
     }
 
-    fn stage_params(&self, stage: &Stage) -> StageParams<'_> {
+    /// `stage`'s parts in the order the backward pass completes them: the
+    /// part after the layers, the layer (`stage.layers` times), the part
+    /// before; each with its index into `[pre, layer, post]` arrays and its
+    /// repeats.
+    fn stage_units(&self, stage: &Stage) -> Vec<(&UnitParams, usize, usize)> {
         let mut units = Vec::with_capacity(3);
         if stage.last {
             let post = if stage.first {
@@ -166,12 +170,21 @@ impl Traffic {
             } else {
                 &self.post
             };
-            units.push((post, 1));
+            units.push((post, 2, 1));
         }
-        units.push((&self.layer, stage.layers));
+        units.push((&self.layer, 1, stage.layers));
         if stage.first {
-            units.push((&self.pre, 1));
+            units.push((&self.pre, 0, 1));
         }
+        units
+    }
+
+    fn stage_params(&self, stage: &Stage) -> StageParams<'_> {
+        let units = self
+            .stage_units(stage)
+            .into_iter()
+            .map(|(u, _, n)| (u, n))
+            .collect();
         StageParams { units }
     }
 
@@ -231,15 +244,11 @@ impl Traffic {
             exposed += self.reduction_tail(cfg, stage, times, ratio)?;
             if cfg.zero == 2 {
                 let reduce = self.reduction(cfg, stage, ratio)?;
-                let [pre, layer, post] = times;
-                let mut beside = layer.scaled(stage.layers as f64);
-                if stage.first {
-                    beside = beside.add(*pre);
-                }
-                if stage.last {
-                    beside = beside.add(*post);
-                }
-                let beside = beside.forward + beside.backward;
+                let beside: f64 = self
+                    .stage_units(stage)
+                    .iter()
+                    .map(|&(_, i, n)| n as f64 * (times[i].forward + times[i].backward))
+                    .sum();
                 exposed += (cfg.micro_batches() - 1) as f64 * (reduce.seconds - beside).max(0.0);
             }
             if cfg.zero >= 1 && self.data.ranks() > 1 {
@@ -283,25 +292,11 @@ impl Traffic {
         let mut fills = [BucketFill::new(cap), BucketFill::new(cap)];
         let mut held = [0.0f64; 2];
         let mut issued: Vec<(Option<f64>, usize, f64)> = Vec::new();
-        let [pre, layer, post] = times;
-        let post_params = if stage.first {
-            &self.post_unshared
-        } else {
-            &self.post
-        };
-        let mut units = Vec::with_capacity(3);
-        if stage.last {
-            units.push((post_params, post, 1));
-        }
-        units.push((&self.layer, layer, stage.layers));
-        if stage.first {
-            units.push((&self.pre, pre, 1));
-        }
         let mut clock = 0.0f64;
         let mut late = Vec::new();
-        for (params, t, repeats) in units {
+        for (params, i, repeats) in self.stage_units(stage) {
             for _ in 0..repeats {
-                clock += t.backward;
+                clock += times[i].backward;
                 let at = cfg.overlap_grad_reduce.then_some(clock);
                 let dense = params.dense.iter().zip(&params.tied);
                 let tensors = dense
