@@ -25,8 +25,12 @@ pub(super) struct Builder<'g> {
     produced: Vec<Option<Layout>>,
     /// Tensors whose backward all-reduce (column-parallel input) is counted.
     column_inputs: HashSet<TensorId>,
-    /// Storage already counted as saved for backward.
-    saved: HashSet<TensorId>,
+    /// Storage already counted as saved for backward, with the ways it is
+    /// divided on a rank as kept (the program keeps the copy an op reads).
+    saved: HashSet<(TensorId, u64)>,
+    /// Per input slot of the node being priced: the ways the op reads it
+    /// divided when it is moved first (gathered), else `None`.
+    reads: Vec<Option<f64>>,
     /// Whole weights read on sequence slices whose gradient all-reduce is counted.
     sequence_params: HashSet<TensorId>,
     /// Bytes of those gradients in each unit.
@@ -86,6 +90,7 @@ impl<'g> Builder<'g> {
             produced: vec![None; count],
             column_inputs: HashSet::new(),
             saved: HashSet::new(),
+            reads: Vec::new(),
             sequence_params: HashSet::new(),
             sequence_grad_bytes: [0.0; 3],
             units: Default::default(),
@@ -192,8 +197,13 @@ impl<'g> Builder<'g> {
             }
             self.layouts[t.index()] = Layout::Replicated;
         }
+        self.reads = vec![None; node.inputs.len()];
         for &slot in &d.column_input {
             let Some(t) = node.inputs[slot] else { continue };
+            if sp {
+                // Gathered along the sequence first: kept whole for backward.
+                self.reads[slot] = Some(self.opts.sharding.cp as f64);
+            }
             if let Some(u) = unit.filter(|_| self.column_inputs.insert(t)) {
                 let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
                 let (fwd, bwd) = if sp {
@@ -212,7 +222,9 @@ impl<'g> Builder<'g> {
         if d.output == Layout::Weight {
             return Ok(());
         }
-        self.price(idx, u, &d, None)
+        let priced = self.price(idx, u, &d, None);
+        self.reads.clear();
+        priced
     }
 
     /// Kernels, saved activations, parameters and extra collectives of a
@@ -302,8 +314,17 @@ impl<'g> Builder<'g> {
         });
         for t in kept {
             let root = self.storage_root(t);
-            if self.saved.insert(root) {
-                self.units[u].saved_bytes += self.rank_bytes(root);
+            // An input moved into another layout before the op (gathered
+            // along the sequence, say) is kept for backward as moved.
+            let slot = node.inputs.iter().position(|&i| i == Some(t));
+            let read = slot.and_then(|i| self.reads.get(i).copied().flatten());
+            let held = self.layouts[root.index()];
+            let (ways, bytes) = match read {
+                Some(ways) if held != Layout::Weight => (ways, self.full_bytes(root) / ways),
+                _ => (self.divisor(held), self.rank_bytes(root)),
+            };
+            if self.saved.insert((root, ways.to_bits())) {
+                self.units[u].saved_bytes += bytes;
             }
         }
         let (extra, selective) = kernels::saved_extra_bytes(ctx);

@@ -429,20 +429,11 @@ pub fn saved_extra_bytes(ctx: &Context) -> (f64, f64) {
             let mask = ctx.dropout_mask(ctx.output_types.first().map_or(0.0, numel) / ctx.work_div);
             (mask, 0.0)
         }
-        Op::MoeExperts { .. } => {
-            let x = ctx.input(0).map(dims).unwrap_or_default();
-            let hidden = x.last().copied().unwrap_or(1.0);
-            let top_k = ctx.input(1).and_then(|w| dims(w).last().copied()).unwrap_or(1.0);
-            let ffn = ctx.input(3).and_then(|w| dims(w).last().copied()).unwrap_or(0.0);
-            let tokens = x.iter().product::<f64>() / hidden.max(1.0) / ctx.seq_div;
-            // Dispatched input, pre-activation and activation (and the gate's
-            // pre-activation when gated) per routed token.
-            let gated = ctx.input(5).is_some();
-            let per_token = hidden + ffn / ctx.tp * if gated { 3.0 } else { 2.0 };
-            (tokens * top_k * per_token * e, 0.0)
-        }
-        // Everything else keeps only named tensors (or nothing).
-        Op::Unary { .. }
+        // Everything else keeps only named tensors (or nothing). The experts'
+        // fused adjoint recomputes each routed token's hidden states from
+        // the op's inputs, so nothing per routed token is kept.
+        Op::MoeExperts { .. }
+        | Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where
         | Op::Cast { .. }

@@ -12,7 +12,7 @@
 use autopar_ir::{BinaryOp, Op};
 
 /// Where the values of a tensor live across the tensor-parallel group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Layout {
     /// Computed only from parameters and constants: weights (sharded with
     /// the op that uses them).

@@ -187,7 +187,12 @@ impl Builder<'_> {
             output: layout,
             weight_sharded,
         };
-        self.price(idx, u, &d, Some(s.divisor))
+        self.reads = (0..node.inputs.len())
+            .map(|slot| Some(self.divisor(coarse(s.reads(slot).0))))
+            .collect();
+        let priced = self.price(idx, u, &d, Some(s.divisor));
+        self.reads.clear();
+        priced
     }
 
     /// The unit a reader in `unit` pays for moving `t` in: a tensor made
