@@ -609,7 +609,7 @@ mod tests {
             .collect();
         let overlapped: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].0).collect();
         let transfers: Vec<usize> = (0..flags.len()).filter(|&i| flags[i].1).collect();
-        assert_eq!(overlapped, [8, 9, 11, 16]);
+        assert_eq!(overlapped, [8, 9, 11, 12, 16]);
         assert_eq!(transfers, [3, 4, 13, 14]);
     }
 }
