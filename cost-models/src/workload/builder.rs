@@ -296,6 +296,18 @@ impl<'g> Builder<'g> {
             self.compute_dtype = Some(dtype);
         }
         self.units[u].ops.extend(priced);
+        if matches!(node.op, Op::Attention { .. }) && s.cp > 1 {
+            // Context parallelism gathers keys and values along the
+            // sequence before attention, and the gathered copies are kept.
+            self.reads.resize(node.inputs.len(), None);
+            for slot in [1, 2] {
+                let Some(t) = node.inputs.get(slot).copied().flatten() else {
+                    continue;
+                };
+                let held = self.reads[slot].unwrap_or_else(|| self.divisor(self.layouts[t.index()]));
+                self.reads[slot] = Some(held / s.cp as f64);
+            }
+        }
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);
         if ways.is_none() {
