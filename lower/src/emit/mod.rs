@@ -363,12 +363,25 @@ impl Emitter<'_, '_> {
             let nodes = again.into_iter().flatten();
             self.segments = l.segments(nodes.chain(l.stage_nodes(vs, task.phase).iter().copied()));
         }
-        if task.phase == Phase::Backward {
-            for node in l.recomputed(vs) {
-                self.compute(node, mb, true)?;
-            }
+        // A layer's forward nodes are run again just before its backward
+        // pass reaches it (per-layer checkpointing, as Megatron-LM does), so
+        // one layer's recomputed activations are live at a time; those
+        // outside the layers first.
+        let mut redo: Vec<(Option<usize>, NodeIndex)> = match task.phase {
+            Phase::Backward => l.recomputed(vs).map(|n| (l.layer(n), n)).collect(),
+            Phase::Forward => Vec::new(),
+        };
+        for (_, node) in redo.iter().filter(|(layer, _)| layer.is_none()) {
+            self.compute(*node, mb, true)?;
         }
+        redo.retain(|(layer, _)| layer.is_some());
         for &node in l.stage_nodes(vs, task.phase) {
+            if let Some(layer) = l.layer(node).filter(|_| !redo.is_empty()) {
+                for (_, n) in redo.iter().filter(|(at, _)| *at == Some(layer)) {
+                    self.compute(*n, mb, true)?;
+                }
+                redo.retain(|(at, _)| *at != Some(layer));
+            }
             self.compute(node, mb, false)?;
         }
         Ok(())
