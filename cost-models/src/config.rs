@@ -161,6 +161,23 @@ pub const DEFAULT_PREFETCH: usize = 1;
 /// backward pass.
 pub const DEFAULT_BUCKET_MIB: u32 = 25;
 
+impl GradReduce {
+    /// The bucket cap in bytes (0: one collective per tensor).
+    pub fn bucket_bytes(&self) -> usize {
+        (self.bucket_mib as usize) << 20
+    }
+
+    /// The collective that sums gradients under ZeRO stage `zero`: an
+    /// all-reduce by this algorithm (ZeRO-0), else a ring reduce-scatter.
+    pub fn collective(&self, zero: u8) -> (crate::comm::Collective, crate::comm::Algorithm) {
+        use crate::comm::{Algorithm, Collective};
+        match zero {
+            0 => (Collective::AllReduce, self.algorithm),
+            _ => (Collective::ReduceScatter, Algorithm::Ring),
+        }
+    }
+}
+
 impl Default for GradReduce {
     fn default() -> Self {
         GradReduce {

@@ -83,7 +83,7 @@ impl Strategy {
             micro_batch,
             micro_batches,
             reduction: Algorithm::Ring,
-            bucket_bytes: (autopar_cost_models::DEFAULT_BUCKET_MIB as usize) << 20,
+            bucket_bytes: autopar_cost_models::GradReduce::default().bucket_bytes(),
             prefetch: DEFAULT_PREFETCH,
             stage_layers,
             recompute: vec![Recompute::None; pp],
@@ -206,7 +206,11 @@ impl Strategy {
             micro_batch: p.micro_batch,
             micro_batches: p.micro_batches,
             reduction,
-            bucket_bytes: (p.grad_bucket_mib as usize) << 20,
+            bucket_bytes: autopar_cost_models::GradReduce {
+                bucket_mib: p.grad_bucket_mib,
+                ..Default::default()
+            }
+            .bucket_bytes(),
             prefetch: p.zero3_prefetch,
             stage_layers,
             recompute: plan.stages.iter().map(|s| s.recompute).collect(),

@@ -99,23 +99,6 @@ impl StageParams<'_> {
     }
 }
 
-/// A bucketed reduction: `count` collectives of `bytes / count` each.
-#[derive(Debug, Clone, Copy, Default)]
-struct Reduction {
-    count: usize,
-    /// Seconds of all of them.
-    seconds: f64,
-}
-
-impl Reduction {
-    fn then(self, o: Reduction) -> Reduction {
-        Reduction {
-            count: self.count + o.count,
-            seconds: self.seconds + o.seconds,
-        }
-    }
-}
-
 /// The data-parallel traffic of a workload on a mesh, priced per unit once.
 pub(super) struct Traffic {
     pre: UnitParams,
@@ -202,29 +185,23 @@ impl Traffic {
         comm::time(&self.cluster, span, c, a, bytes)
     }
 
-    /// The bucketed reduction of every gradient of `stage`: an all-reduce
-    /// (ZeRO-0, by `cfg`'s algorithm and in its narrower type) or a
-    /// reduce-scatter (ZeRO-1 to 3).
-    fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<Reduction, CommError> {
+    /// Seconds of the bucketed reduction of every gradient of `stage`, its
+    /// collectives one after another: an all-reduce (ZeRO-0, by `cfg`'s
+    /// algorithm and in its narrower type) or a reduce-scatter (ZeRO-1 to 3).
+    fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<f64, CommError> {
         let params = self.stage_params(stage);
-        let cap = f64::from(cfg.grad_reduce.bucket_mib) * (1u64 << 20) as f64;
-        let mut total = Reduction::default();
+        let cap = cfg.grad_reduce.bucket_bytes() as f64;
+        let (collective, algorithm) = cfg.grad_reduce.collective(cfg.zero);
+        let mut seconds = 0.0;
         for (expert, span) in [(false, self.data), (true, self.expert_data)] {
             let (count, bytes) = params.buckets(expert, cap);
             if count == 0 || span.ranks() <= 1 {
                 continue;
             }
-            let (collective, algorithm) = match cfg.zero {
-                0 => (Collective::AllReduce, cfg.grad_reduce.algorithm),
-                _ => (Collective::ReduceScatter, Algorithm::Ring),
-            };
             let one = self.time(span, collective, algorithm, bytes * ratio / count as f64)?;
-            total = total.then(Reduction {
-                count,
-                seconds: one * count as f64,
-            });
+            seconds += one * count as f64;
         }
-        Ok(total)
+        Ok(seconds)
     }
 
     /// Exposed data-parallel seconds of `stage` after its pipeline work:
@@ -249,7 +226,7 @@ impl Traffic {
                     .iter()
                     .map(|&(_, i, n)| n as f64 * (times[i].forward + times[i].backward))
                     .sum();
-                exposed += (cfg.micro_batches() - 1) as f64 * (reduce.seconds - beside).max(0.0);
+                exposed += (cfg.micro_batches() - 1) as f64 * (reduce - beside).max(0.0);
             }
             if cfg.zero >= 1 && self.data.ranks() > 1 {
                 exposed += self.stage_params(stage).gathers();
@@ -274,11 +251,8 @@ impl Traffic {
         times: [&UnitTime; 3],
         ratio: f64,
     ) -> Result<f64, CommError> {
-        let cap = f64::from(cfg.grad_reduce.bucket_mib) * (1u64 << 20) as f64;
-        let (collective, algorithm) = match cfg.zero {
-            0 => (Collective::AllReduce, cfg.grad_reduce.algorithm),
-            _ => (Collective::ReduceScatter, Algorithm::Ring),
-        };
+        let cap = cfg.grad_reduce.bucket_bytes() as f64;
+        let (collective, algorithm) = cfg.grad_reduce.collective(cfg.zero);
         let spans = [self.data, self.expert_data];
         let one = |group: usize, bytes: f64| -> Result<f64, CommError> {
             match spans[group].ranks() > 1 && bytes > 0.0 {
@@ -388,7 +362,7 @@ impl Traffic {
         let rs = |u: &UnitParams| {
             let (d, e) = u.bytes();
             match total_bytes > 0.0 {
-                true => reduction.seconds * (d + e) / total_bytes,
+                true => reduction * (d + e) / total_bytes,
                 false => 0.0,
             }
         };
