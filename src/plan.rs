@@ -9,7 +9,7 @@ use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
 use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel};
 use autopar_planner::{plan_model_verified, DegreeLimits, ModelId, Plan, SearchOptions, Verify};
-use autopar_sim::simulate_model_plan;
+use autopar_sim::simulate_model_plan_step;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
 
@@ -79,11 +79,7 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         arg: &r.model,
         hash: model_hash(&r.model)?,
     };
-    let simulate = |p: &Plan| {
-        simulate_model_plan(p, &graph, &calibration)
-            .map(|s| s.step_time_s)
-            .map_err(|e| e.to_string())
-    };
+    let simulate = |p: &Plan| simulate_model_plan_step(p, &graph, &calibration).map_err(|e| e.to_string());
     let verify = Verify {
         candidates: r.verify,
         simulate: &simulate,

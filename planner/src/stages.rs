@@ -37,24 +37,23 @@ fn stage(index: usize, pp: usize, layers: usize, recompute: Recompute) -> Stage 
 }
 
 /// The least recomputation under which stage `index` with `layers` layers
-/// fits in `limit`, with its time; or the lowest memory it can reach.
-fn fastest_fitting(
+/// fits in `limit`; or the lowest memory it can reach.
+fn fitting_policy(
     ev: &Evaluator,
     cfg: &TrainingConfig,
     index: usize,
     layers: usize,
     limit: f64,
-) -> Result<Result<(Recompute, f64), f64>, EstimateError> {
+) -> Result<Recompute, f64> {
     let mut lowest = f64::INFINITY;
     for policy in POLICIES {
-        let s = stage(index, cfg.pp, layers, policy);
-        let memory = ev.stage_memory(cfg, &s).total;
+        let memory = ev.stage_memory(cfg, &stage(index, cfg.pp, layers, policy)).total;
         if memory <= limit {
-            return Ok(Ok((policy, ev.stage_seconds(cfg, &s)?)));
+            return Ok(policy);
         }
         lowest = lowest.min(memory);
     }
-    Ok(Err(lowest))
+    Err(lowest)
 }
 
 /// Chooses the stages of `cfg` (its `stages` field is ignored) for a model
@@ -91,8 +90,8 @@ fn with_policies(
     let mut lowest: f64 = 0.0;
     let mut fits = true;
     for (s, &n) in split.iter().enumerate() {
-        match fastest_fitting(ev, cfg, s, n, limit)? {
-            Ok((recompute, _)) => specs.push(StageSpec { layers: n, recompute }),
+        match fitting_policy(ev, cfg, s, n, limit) {
+            Ok(recompute) => specs.push(StageSpec { layers: n, recompute }),
             Err(memory) => {
                 fits = false;
                 lowest = lowest.max(memory);
@@ -192,16 +191,17 @@ struct Line {
 }
 
 impl Line {
+    /// Stage `s`'s line under `policy`, given its seconds with one and two
+    /// layers `(t1, t2)`.
     fn of(
         ev: &Evaluator,
         cfg: &TrainingConfig,
-        s: usize,
-        policy: Recompute,
+        (s, policy): (usize, Recompute),
+        (t1, t2): (f64, f64),
         layers: usize,
         limit: f64,
-    ) -> Result<Line, EstimateError> {
+    ) -> Line {
         let at = |n| stage(s, cfg.pp, n, policy);
-        let (t1, t2) = (ev.stage_seconds(cfg, &at(1))?, ev.stage_seconds(cfg, &at(2))?);
         let (m1, m2) = (
             ev.stage_memory(cfg, &at(1)).total,
             ev.stage_memory(cfg, &at(2)).total,
@@ -216,11 +216,11 @@ impl Line {
         } else {
             (2 + ((limit - m2) / per_layer).floor() as usize).min(layers)
         };
-        Ok(Line {
+        Line {
             time_one: t1,
             time_per_layer: (t2 - t1).max(f64::MIN_POSITIVE),
             memory_cap,
-        })
+        }
     }
 
     /// Most layers that fit under `t` seconds and the memory limit.
@@ -237,6 +237,9 @@ impl Line {
     }
 }
 
+/// Whether a stage is the first and the last, and its recomputation.
+type StageClass = (bool, bool, Recompute);
+
 /// Binary search on the slowest stage's time over line models of each
 /// stage and policy, then an exact check of the split found.
 fn balanced(
@@ -246,11 +249,25 @@ fn balanced(
     limit: f64,
 ) -> Result<StageChoice, EstimateError> {
     let pp = cfg.pp;
+    // A stage's seconds depend on its layers, policy and whether it is the
+    // first or the last (its memory also on how many micro-batches it keeps
+    // in flight): the middle stages share one set of times.
+    let mut times: Vec<(StageClass, (f64, f64))> = Vec::new();
     let mut lines = Vec::with_capacity(pp);
     for s in 0..pp {
         let mut per_policy = Vec::with_capacity(POLICIES.len());
         for policy in POLICIES {
-            per_policy.push(Line::of(ev, cfg, s, policy, layers, limit)?);
+            let at = |n| stage(s, pp, n, policy);
+            let class = (at(1).first, at(1).last, policy);
+            let t = match times.iter().find(|(c, _)| *c == class) {
+                Some(&(_, t)) => t,
+                None => {
+                    let t = (ev.stage_seconds(cfg, &at(1))?, ev.stage_seconds(cfg, &at(2))?);
+                    times.push((class, t));
+                    t
+                }
+            };
+            per_policy.push(Line::of(ev, cfg, (s, policy), t, layers, limit));
         }
         lines.push(per_policy);
     }

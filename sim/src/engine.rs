@@ -31,6 +31,8 @@ pub struct Timeline {
     pub memory: Vec<(f64, f64)>,
     /// When the rank's last instruction ends.
     pub end_s: f64,
+    /// When each timed lane's last instruction ends ([`Lane::index`]).
+    pub lane_end_s: [f64; 4],
     /// Timed instructions when labels were compiled: `(lane, label, start, seconds)`.
     pub spans: Vec<(Lane, usize, f64, f64)>,
 }
@@ -194,6 +196,7 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             st.t.stretch(compute_end, comm_end, Activity::DataComm);
             st.t.stretch(comm_end, step_end, Activity::Pipeline);
             st.t.end_s = comm_end;
+            st.t.lane_end_s = st.lane_free;
             finish_memory(&mut st, p.static_bytes);
             st.t
         })

@@ -49,8 +49,9 @@ pub(super) struct Layout<'a> {
     param_owner: HashMap<String, usize>,
     /// By parameter: its gradient's bytes on a rank, which fill buckets.
     grad_bytes: HashMap<String, f64>,
-    /// By forward node name: the repeated layer it belongs to.
-    layer_of: HashMap<&'a str, usize>,
+    /// By node index: the repeated layer it belongs to (a backward node,
+    /// that of the forward node it came from).
+    layer_of: Vec<Option<usize>>,
 }
 
 impl<'a> Layout<'a> {
@@ -136,12 +137,7 @@ impl<'a> Layout<'a> {
             param_users,
             param_owner,
             grad_bytes,
-            layer_of: g
-                .blocks
-                .iter()
-                .enumerate()
-                .flat_map(|(layer, b)| b.nodes.iter().map(move |n| (n.as_str(), layer)))
-                .collect(),
+            layer_of: layers_of(t),
         }
     }
 
@@ -266,6 +262,28 @@ impl<'a> Layout<'a> {
             instructions,
         })
     }
+}
+
+/// The repeated layer of every node of `t`, by node index: forward nodes
+/// by name, backward nodes by the forward node they came from.
+fn layers_of(t: &TrainingGraph) -> Vec<Option<usize>> {
+    let g = &t.graph;
+    let by_name: HashMap<&str, usize> = g
+        .blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(layer, b)| b.nodes.iter().map(move |n| (n.as_str(), layer)))
+        .collect();
+    let mut layers = Vec::new();
+    for i in g.node_indices() {
+        let name = g.node(i).name.as_str();
+        let forward = t.origins.get(name).map_or(name, String::as_str);
+        if layers.len() <= i.index() {
+            layers.resize(i.index() + 1, None);
+        }
+        layers[i.index()] = by_name.get(forward).copied();
+    }
+    layers
 }
 
 /// One rank's program while it is emitted.

@@ -27,9 +27,7 @@ pub(super) struct Segments {
 impl Layout<'_> {
     /// The repeated layer `node` belongs to, if any.
     pub(super) fn layer(&self, node: NodeIndex) -> Option<usize> {
-        let name = self.t.graph.node(node).name.as_str();
-        let forward = self.t.origins.get(name).map_or(name, String::as_str);
-        self.layer_of.get(forward).copied()
+        self.layer_of.get(node.index()).copied().flatten()
     }
 
     /// `nodes`' weights in order of first use, in runs of one layer.
