@@ -129,7 +129,7 @@ pub fn read_cached(path: &Path, key: &HostKey) -> Option<Calibration> {
         && cal.network.measured_intra_node_bytes_per_s.is_some()
         && cal.network.measured_intra_node_latency_s.is_some()
         && !cal.threads.is_empty()
-        && cal.interpreter.is_some();
+        && cal.interpreter.is_some_and(|c| c.collective_overhead_s.is_some());
     complete.then_some(cal)
 }
 
@@ -226,6 +226,7 @@ mod tests {
         cal.interpreter = Some(InterpreterCost {
             node_factor: 1.0,
             instruction_overhead_s: 3e-7,
+            collective_overhead_s: Some(2e-5),
         });
         cal
     }
@@ -298,6 +299,11 @@ mod tests {
         one_precision.ops.retain(|r| r.dtype == DType::F32);
         let mut no_latency = measured("from before latencies were measured");
         no_latency.network.measured_intra_node_latency_s = None;
+        let mut no_collective_cost = measured("from before collectives were measured in a run");
+        no_collective_cost.interpreter = no_collective_cost.interpreter.map(|c| InterpreterCost {
+            collective_overhead_s: None,
+            ..c
+        });
         for stale in [
             "{\"format\": \"autopar-calibration/1\", \"matmul\": ".to_string(),
             "not json at all".to_string(),
@@ -305,6 +311,7 @@ mod tests {
             serde_json::to_string(&incomplete).unwrap(),
             serde_json::to_string(&one_precision).unwrap(),
             serde_json::to_string(&no_latency).unwrap(),
+            serde_json::to_string(&no_collective_cost).unwrap(),
         ] {
             std::fs::write(&file, &stale).unwrap();
             let notices = std::cell::RefCell::new(Vec::new());

@@ -45,13 +45,19 @@ pub struct Calibration {
 
 /// An interpreter's cost beyond its kernels' timing loops, measured in a
 /// traced training step: kernels run `node_factor` times slower than alone
-/// (fresh buffers, colder caches), and each instruction adds
-/// `instruction_overhead_s` of bookkeeping between kernels.
+/// (fresh buffers, colder caches), each instruction adds
+/// `instruction_overhead_s` of bookkeeping between kernels, and each
+/// data-parallel collective `collective_overhead_s` beyond the link model
+/// (handing it to the communication stream, staging its buffers through
+/// host memory, storing what it returns).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct InterpreterCost {
     pub node_factor: f64,
     pub instruction_overhead_s: f64,
+    /// Absent in profiles measured before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub collective_overhead_s: Option<f64>,
 }
 
 /// Per-thread time of a kernel mix with `threads` threads running it at

@@ -246,10 +246,19 @@ impl<'a> Pricing<'a> {
         if ranks.len() <= 1 || bytes == 0.0 {
             return 0.0;
         }
-        Span::of(&self.cluster, ranks)
+        let link = Span::of(&self.cluster, ranks)
             .and_then(|span| comm::time(&self.cluster, span, collective, algorithm, bytes))
-            .unwrap_or(0.0)
-            / self.comm_share()
+            .unwrap_or(0.0);
+        (link + self.collective_overhead()) / self.comm_share()
+    }
+
+    /// What an interpreter spends on each collective beyond the link (0
+    /// unless measured).
+    fn collective_overhead(&self) -> f64 {
+        match (self.serial(), self.calibration.interpreter) {
+            (true, Some(c)) => c.collective_overhead_s.unwrap_or(0.0),
+            _ => 0.0,
+        }
     }
 
     /// Seconds of one message of `bytes` from rank `from` to rank `to`.

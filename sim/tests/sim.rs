@@ -136,6 +136,7 @@ fn an_interpreter_runs_each_rank_on_one_lane_with_its_measured_costs() {
         interpreter: Some(InterpreterCost {
             node_factor: 2.0,
             instruction_overhead_s: 1e-3,
+            collective_overhead_s: Some(1e-3),
         }),
         ..measured.clone()
     };
