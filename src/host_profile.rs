@@ -45,7 +45,7 @@ pub struct HostKey {
     /// The CPU model from `/proc/cpuinfo` (the architecture where there is none).
     pub cpu: String,
     pub cores: usize,
-    /// The autopar version, whose profiler and simulator the figures are for.
+    /// The autopar version and the profiler's revision, whose figures these are.
     pub version: String,
     /// The precisions whose per-op rates the profile holds.
     pub precisions: Vec<DType>,
@@ -57,7 +57,11 @@ impl HostKey {
         HostKey {
             cpu: autopar_cpu::profile::cpu_model().unwrap_or_else(|| std::env::consts::ARCH.to_string()),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: format!(
+                "{}+p{}",
+                env!("CARGO_PKG_VERSION"),
+                autopar_cpu::profile::REVISION
+            ),
             precisions: vec![DType::F32, DType::F64],
         }
     }

@@ -158,6 +158,11 @@ fn cubes(dtype: DType, dims: &[usize]) -> Vec<(DType, [usize; 3])> {
     dims.iter().map(|&d| (dtype, [d, d, d])).collect()
 }
 
+/// What the profiler measures, revised whenever that changes (a kernel
+/// priced apart, a figure added), so that cached host profiles are measured
+/// again.
+pub const REVISION: u32 = 2;
+
 /// Measures this host through the CPU backend's kernels and returns a
 /// calibration with every measured field set (efficiency fractions keep
 /// their defaults; the measured rates replace them for the `cpu` preset).

@@ -538,14 +538,19 @@ fn check_lowered(t: &TrainingGraph, programs: &[Program]) -> BTreeMap<Kind, usiz
             } => Kind::ReduceScatter,
             Instr::SumTiedGrads { group, .. } if group.len() > 1 => Kind::AllReduce,
             Instr::ReduceScatterGrad { .. } => Kind::ReduceScatter,
-            Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => Kind::AllGather,
+            Instr::AllGatherParams { .. } | Instr::GatherParam { .. } => Kind::AllGather,
             Instr::Send { .. } | Instr::SendParam { .. } => Kind::Send,
             Instr::Recv { .. } | Instr::RecvParam { .. } => Kind::Recv,
             _ => continue,
         };
-        *planned.entry(kind).or_insert(0) += 1;
+        // A backend gathers a refresh bucket weight by weight.
+        let calls = match instr {
+            Instr::AllGatherParams { params, .. } => params.len(),
+            _ => 1,
+        };
+        *planned.entry(kind).or_insert(0) += calls;
         if instr.overlaps_compute() {
-            overlappable += 1;
+            overlappable += calls;
         }
     }
     for overlap in [true, false] {

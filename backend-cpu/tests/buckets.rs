@@ -59,6 +59,17 @@ fn reductions(p: &Program) -> Vec<(usize, &[String], Option<usize>)> {
         .collect()
 }
 
+/// Each ZeRO-1/2 refresh all-gather's weights.
+fn refreshes(p: &Program) -> Vec<Vec<String>> {
+    p.instructions
+        .iter()
+        .filter_map(|i| match i {
+            Instr::AllGatherParams { params, .. } => Some(params.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[test]
 fn each_rank_issues_the_collectives_the_bucket_rule_counts() {
     let micro_batches = 3;
@@ -97,6 +108,13 @@ fn each_rank_issues_the_collectives_the_bucket_rule_counts() {
                     } else {
                         assert!(got.len() < one_by_one.len(), "{what}");
                     }
+                    // ZeRO-1/2 refresh the same weights in the same order,
+                    // in as many all-gathers as the rule counts.
+                    let (singly, bucketed) = (refreshes(single), refreshes(p));
+                    let sizes: Vec<f64> = singly.iter().map(|ps| grad_bytes(&t, &ps[0])).collect();
+                    assert_eq!(bucketed.len(), buckets(&sizes, cap as f64), "{what}");
+                    assert_eq!(bucketed.concat(), singly.concat(), "{what}");
+                    assert_eq!(sizes.is_empty(), !(1..=2).contains(&zero), "{what}");
                 }
             }
         }

@@ -616,7 +616,7 @@ pub(crate) fn collective_groups(programs: &[Program]) -> BTreeSet<Vec<usize>> {
             Instr::AllReduceGrad { group, .. }
             | Instr::SumTiedGrads { group, .. }
             | Instr::ReduceScatterGrad { group, .. }
-            | Instr::AllGatherParam { group, .. }
+            | Instr::AllGatherParams { group, .. }
             | Instr::GatherParam { group, .. }
             | Instr::Collective {
                 kind:

@@ -4,7 +4,7 @@
 
 use crate::{Calibration, Device};
 use autopar_ir::interp::{run_dtype, Precision};
-use autopar_ir::{DType, Dim, Graph, NodeIndex, Op, Shape, TensorId, TensorType, UnaryOp};
+use autopar_ir::{DType, Dim, GeluApprox, Graph, NodeIndex, Op, Shape, TensorId, TensorType, UnaryOp};
 
 /// What a node's time is predicted from: the kernel it runs, the dtype the
 /// kernel computes in, and its forward FLOPs and bytes read plus written
@@ -75,6 +75,14 @@ pub fn node_work(graph: &Graph, idx: NodeIndex, precision: Precision) -> NodeWor
             kernel += broadcast_loop(&a.shape, &b.shape, &out.shape);
         }
         (Op::Linear | Op::Gemm { .. }, [_, _, Some(_), ..], _) => kernel += " (bias)",
+        (Op::ActivationGrad { activation }, _, _) => kernel += &format!(" ({activation:?})"),
+        (
+            Op::Gelu {
+                approximate: GeluApprox::Tanh,
+            },
+            _,
+            _,
+        ) => kernel += " (tanh)",
         (Op::Reduce { axes, .. }, [Some(x), ..], _)
             if reduces_last_axis(graph, idx, axes.as_deref(), &x.shape) =>
         {
@@ -228,7 +236,7 @@ pub fn gemm_seconds(cal: &Calibration, peak: f64, dtype: DType, flops: f64, [m, 
 mod tests {
     use super::*;
     use crate::calibration::{MatmulSample, OpRate};
-    use autopar_ir::{BinaryOp, Role};
+    use autopar_ir::{Activation, BinaryOp, Role};
     use std::collections::BTreeMap;
 
     fn tensor(g: &mut Graph, name: &str, dims: &[usize]) -> TensorId {
@@ -296,6 +304,19 @@ mod tests {
         assert_eq!(kernel(sum(&[1]), &[&[4, 3]], &[4, 1]), "ReduceSum (last axis)");
         assert_eq!(kernel(sum(&[0]), &[&[4, 3]], &[1, 3]), "ReduceSum");
         assert_eq!(kernel(sum(&[1]), &[&[4, 1]], &[4, 1]), "ReduceSum");
+        let grad = |activation| Op::ActivationGrad { activation };
+        let pair: &[&[usize]] = &[&[4, 3], &[4, 3]];
+        assert_eq!(
+            kernel(grad(Activation::Gelu), pair, &[4, 3]),
+            "ActivationGrad (Gelu)"
+        );
+        assert_eq!(
+            kernel(grad(Activation::Silu), pair, &[4, 3]),
+            "ActivationGrad (Silu)"
+        );
+        let gelu = |approximate| Op::Gelu { approximate };
+        assert_eq!(kernel(gelu(GeluApprox::None), &[&[4, 3]], &[4, 3]), "Gelu");
+        assert_eq!(kernel(gelu(GeluApprox::Tanh), &[&[4, 3]], &[4, 3]), "Gelu (tanh)");
     }
 
     #[test]

@@ -51,6 +51,31 @@ fn joined(buffers: &[Buffer]) -> Result<Buffer, BucketError> {
     }
 }
 
+/// A gathered bucket of weights back into each weight, whole but still
+/// padded: `flat` holds `parts` members' parts, each that member's shard of
+/// every weight in order, of `shard_lens` elements (a reduce-scatter's
+/// layout, [`interleave`], read backwards).
+pub fn ungather(
+    flat: Buffer,
+    dtype: DType,
+    parts: usize,
+    shard_lens: &[usize],
+) -> Result<Vec<Buffer>, BucketError> {
+    let (got, want) = (flat.len(), parts * shard_lens.iter().sum::<usize>());
+    let cut = flat
+        .split_even(parts)
+        .filter(|_| got == want)
+        .ok_or(BucketError::Length { got, want })?;
+    let shapes: Vec<Vec<usize>> = shard_lens.iter().map(|&len| vec![len]).collect();
+    let shards = cut
+        .into_iter()
+        .map(|part| split(part, dtype, &shapes))
+        .collect::<Result<Vec<_>, _>>()?;
+    (0..shard_lens.len())
+        .map(|j| concat(shards.iter().map(|member| member[j].clone()).collect()))
+        .collect()
+}
+
 /// Cuts `flat` into consecutive `dtype` values of `shapes`: an
 /// all-reduced bucket into its gradients, or a member's part of a
 /// reduce-scattered one into its part of each (shapes `[part length]`).
@@ -99,6 +124,24 @@ mod tests {
             let shard = Shard { index, parts: 2 };
             assert_eq!(got, [shard_of(&a, shard), shard_of(&b, shard)]);
         }
+    }
+
+    #[test]
+    fn a_gathered_bucket_is_every_member_s_shards_of_each_weight() {
+        let (a, b) = (v(&[1.0, 2.0, 3.0]), v(&[4.0, 5.0, 6.0, 7.0, 8.0]));
+        let shard = |index| Shard { index, parts: 2 };
+        // What each member sends: its shard of a, then of b (2 + 3 elements).
+        let sent: Vec<Buffer> = (0..2)
+            .map(|i| concat(vec![shard_of(&a, shard(i)), shard_of(&b, shard(i))]).unwrap())
+            .collect();
+        let gathered = Buffer::concat(&sent).unwrap();
+        let whole = ungather(gathered, DType::F32, 2, &[2, 3]).unwrap();
+        assert_eq!(whole[0], Buffer::F32(vec![1.0, 2.0, 3.0, 0.0]));
+        assert_eq!(whole[1], Buffer::F32(vec![4.0, 5.0, 6.0, 7.0, 8.0, 0.0]));
+        assert!(matches!(
+            ungather(Buffer::F32(vec![0.0; 9]), DType::F32, 2, &[2, 3]),
+            Err(BucketError::Length { got: 9, want: 10 })
+        ));
     }
 
     #[test]

@@ -139,9 +139,12 @@ pub enum Instr {
         param: String,
         shard: Option<Shard>,
     },
-    /// Rebuild the full `param` from every rank's updated shard (ZeRO-1/2).
-    AllGatherParam {
-        param: String,
+    /// Rebuild the full weights of a bucket of `params` from every rank's
+    /// updated shards (ZeRO-1/2), as one collective: each rank sends its
+    /// [`Shard`] of every member, concatenated (a reduce-scatter's layout
+    /// read backwards).
+    AllGatherParams {
+        params: Vec<String>,
         group: Vec<usize>,
     },
     /// Gather the full `param` from shards into a per-step buffer before use (ZeRO-3).
@@ -246,7 +249,7 @@ impl Instr {
             | Instr::SumTiedGrads { group, .. }
             | Instr::AllReduceGrad { group, .. }
             | Instr::ReduceScatterGrad { group, .. }
-            | Instr::AllGatherParam { group, .. }
+            | Instr::AllGatherParams { group, .. }
             | Instr::GatherParam { group, .. } => Some(group),
             Instr::Load { .. }
             | Instr::Compute { .. }
@@ -271,7 +274,7 @@ impl Instr {
             Instr::SumTiedGrads { .. } => ring(Collective::AllReduce),
             Instr::AllReduceGrad { reduction, .. } => Some((Collective::AllReduce, *reduction)),
             Instr::ReduceScatterGrad { .. } => ring(Collective::ReduceScatter),
-            Instr::AllGatherParam { .. } | Instr::GatherParam { .. } => ring(Collective::AllGather),
+            Instr::AllGatherParams { .. } | Instr::GatherParam { .. } => ring(Collective::AllGather),
             Instr::Load { .. }
             | Instr::Compute { .. }
             | Instr::Send { .. }
@@ -301,7 +304,7 @@ impl Instr {
             | Instr::AllReduceGrad { .. }
             | Instr::ReduceScatterGrad { .. }
             | Instr::OptimizerStep { .. }
-            | Instr::AllGatherParam { .. }
+            | Instr::AllGatherParams { .. }
             | Instr::GatherParam { .. }
             | Instr::ReportLoss { .. } => return None,
         };
@@ -340,7 +343,7 @@ impl Instr {
                 micro_batch: None, ..
             }
             | Instr::OptimizerStep { .. }
-            | Instr::AllGatherParam { .. }
+            | Instr::AllGatherParams { .. }
             | Instr::SendParam { .. }
             | Instr::RecvParam { .. } => BufferUse::Nothing,
         }
@@ -353,13 +356,13 @@ impl Instr {
         match self {
             Instr::AccumulateGrad { param, .. }
             | Instr::OptimizerStep { param, .. }
-            | Instr::AllGatherParam { param, .. }
             | Instr::GatherParam { param, .. }
             | Instr::SendParam { param, .. }
             | Instr::RecvParam { param, .. } => vec![param],
             Instr::SumTiedGrads { params, .. }
             | Instr::AllReduceGrad { params, .. }
-            | Instr::ReduceScatterGrad { params, .. } => params.iter().map(String::as_str).collect(),
+            | Instr::ReduceScatterGrad { params, .. }
+            | Instr::AllGatherParams { params, .. } => params.iter().map(String::as_str).collect(),
             Instr::Load { .. }
             | Instr::Collective { .. }
             | Instr::Compute { .. }
@@ -382,7 +385,7 @@ impl Instr {
             self,
             Instr::AllReduceGrad { .. }
                 | Instr::ReduceScatterGrad { .. }
-                | Instr::AllGatherParam { .. }
+                | Instr::AllGatherParams { .. }
                 | Instr::GatherParam { .. }
         )
     }
@@ -420,7 +423,14 @@ impl Instr {
                 None => format!("reduce-scatter {}", grads(params)),
             },
             Instr::OptimizerStep { param, .. } => format!("optimizer step of '{param}'"),
-            Instr::AllGatherParam { param, .. } => format!("all-gather '{param}'"),
+            Instr::AllGatherParams { params, .. } => match params.as_slice() {
+                [param] => format!("all-gather '{param}'"),
+                [first, .., last] => format!(
+                    "all-gather bucket of {} weights ('{first}' … '{last}')",
+                    params.len()
+                ),
+                [] => "all-gather empty bucket".into(),
+            },
             Instr::GatherParam { param, .. } => format!("gather '{param}'"),
             Instr::SendParam { param, to } => format!("send '{param}' to rank {to}"),
             Instr::RecvParam { param, from } => format!("recv '{param}' from rank {from}"),
@@ -519,8 +529,8 @@ mod tests {
                 param: p.clone(),
                 shard: None,
             },
-            Instr::AllGatherParam {
-                param: p.clone(),
+            Instr::AllGatherParams {
+                params: vec![p.clone()],
                 group: g.clone(),
             },
             Instr::GatherParam {

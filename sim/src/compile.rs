@@ -485,8 +485,8 @@ impl Builder<'_, '_> {
                     &[updated],
                 );
             }
-            Instr::AllGatherParam { param, .. } => {
-                self.data_parallel(std::slice::from_ref(param), instr, Read::Own(UPDATED), UPDATED)
+            Instr::AllGatherParams { params, .. } => {
+                self.data_parallel(params, instr, Read::Own(UPDATED), UPDATED)
             }
             Instr::GatherParam { param, .. } => {
                 self.data_parallel(std::slice::from_ref(param), instr, Read::Nothing, GATHERED)

@@ -162,8 +162,9 @@ fn collective_overhead(plan: &Plan, cal: &Calibration) -> Result<f64, ProfileErr
             continue;
         };
         let params: &[String] = match instr {
-            Instr::AllReduceGrad { params, .. } | Instr::ReduceScatterGrad { params, .. } => params,
-            Instr::AllGatherParam { param, .. } => std::slice::from_ref(param),
+            Instr::AllReduceGrad { params, .. }
+            | Instr::ReduceScatterGrad { params, .. }
+            | Instr::AllGatherParams { params, .. } => params,
             _ => continue,
         };
         let bytes: f64 = params.iter().filter_map(|p| bytes_of.get(p.as_str())).sum();

@@ -7,15 +7,15 @@
 //!   issued when the backward pass has completed it: ZeRO-0/1 once per step,
 //!   in the last micro-batch's backward pass; ZeRO-2/3 in every micro-batch's.
 //!   The last bucket always follows the backward pass.
-//! - ZeRO-1/2 all-gather the updated weights after the optimizer step, one
-//!   collective per parameter tensor, with nothing beside them.
+//! - ZeRO-1/2 all-gather the updated weights after the optimizer step, in
+//!   buckets as the gradients are reduced, with nothing beside them.
 //! - ZeRO-3 gathers each parameter tensor before the unit that uses it,
 //!   `zero3_prefetch` layers ahead within a forward or backward pass, and
 //!   reduce-scatters its gradients after the unit's backward pass.
 //! - A tied embedding's gradients are summed between the first and last
 //!   stage after the pipeline.
 //!
-//! Every collective pays its own latency: a bucket once, a tensor's gather once.
+//! Every collective pays its own latency: a bucket once, a ZeRO-3 gather once.
 
 use super::UnitTime;
 use crate::comm::{self, Algorithm, BucketFill, Collective, CommError, Span};
@@ -34,8 +34,7 @@ struct UnitParams {
     /// the layers, whose gradient is reduced only after the pipeline (once
     /// its copies' gradients are summed).
     tied: Vec<bool>,
-    /// One all-gather of every tensor, each its own collective (ZeRO-3's
-    /// gathers, ZeRO-1/2's refresh).
+    /// One all-gather of every tensor, each its own collective (ZeRO-3's gathers).
     gathers: f64,
 }
 
@@ -89,13 +88,6 @@ impl StageParams<'_> {
         });
         let sizes: Vec<f64> = sizes.collect();
         (comm::buckets(&sizes, cap), sizes.iter().sum())
-    }
-
-    fn gathers(&self) -> f64 {
-        self.units
-            .iter()
-            .map(|&(u, times)| times as f64 * u.gathers)
-            .sum()
     }
 }
 
@@ -189,9 +181,27 @@ impl Traffic {
     /// collectives one after another: an all-reduce (ZeRO-0, by `cfg`'s
     /// algorithm and in its narrower type) or a reduce-scatter (ZeRO-1 to 3).
     fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<f64, CommError> {
+        self.bucketed(cfg, stage, cfg.grad_reduce.collective(cfg.zero), ratio)
+    }
+
+    /// Seconds of ZeRO-1/2's refresh of `stage`'s weights after the
+    /// optimizer step: all-gathers in buckets, as the reduction's.
+    fn refresh(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<f64, CommError> {
+        self.bucketed(cfg, stage, (Collective::AllGather, Algorithm::Ring), 1.0)
+    }
+
+    /// Seconds of `collective` over every tensor of `stage` (`ratio` of its
+    /// bytes) in buckets of `cfg`'s cap per data-parallel group, one after
+    /// another.
+    fn bucketed(
+        &self,
+        cfg: &TrainingConfig,
+        stage: &Stage,
+        (collective, algorithm): (Collective, Algorithm),
+        ratio: f64,
+    ) -> Result<f64, CommError> {
         let params = self.stage_params(stage);
         let cap = cfg.grad_reduce.bucket_bytes() as f64;
-        let (collective, algorithm) = cfg.grad_reduce.collective(cfg.zero);
         let mut seconds = 0.0;
         for (expert, span) in [(false, self.data), (true, self.expert_data)] {
             let (count, bytes) = params.buckets(expert, cap);
@@ -229,7 +239,7 @@ impl Traffic {
                 exposed += (cfg.micro_batches() - 1) as f64 * (reduce - beside).max(0.0);
             }
             if cfg.zero >= 1 && self.data.ranks() > 1 {
-                exposed += self.stage_params(stage).gathers();
+                exposed += self.refresh(cfg, stage)?;
             }
         }
         if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {

@@ -48,13 +48,20 @@ enum Slot {
         dtype: DType,
         members: Vec<(String, usize)>,
     },
-    /// The parameter's weight, gathered whole (padding dropped): the
-    /// stored weight (ZeRO-1/2's refresh) or the step's gathered copy (ZeRO-3).
-    Weight {
+    /// A bucket's weights gathered whole from `parts` members' shards of
+    /// each, of these shapes and shard lengths (padding dropped), stored
+    /// as the weights (ZeRO-1/2's refresh).
+    Refreshed {
+        dtype: DType,
+        parts: usize,
+        members: Vec<(String, Vec<usize>, usize)>,
+    },
+    /// The parameter's weight gathered whole (padding dropped) into the
+    /// step's copy (ZeRO-3).
+    Gathered {
         param: String,
         dtype: DType,
         shape: Vec<usize>,
-        gathered: bool,
     },
 }
 
@@ -141,19 +148,24 @@ impl<B: Backend> RankRun<'_, B> {
                 }
                 Ok(())
             }
-            Slot::Weight {
-                param,
+            Slot::Refreshed {
                 dtype,
-                shape,
-                gathered,
+                parts,
+                members,
             } => {
-                let full = unpad(got, dtype, shape)?;
-                let held = self.dev.upload(full)?;
-                if gathered {
-                    self.bufs.insert(Buf::step(&param), held);
-                } else {
+                let lens: Vec<usize> = members.iter().map(|&(_, _, len)| len).collect();
+                for ((param, shape, _), whole) in members
+                    .into_iter()
+                    .zip(buckets::ungather(got, dtype, parts, &lens)?)
+                {
+                    let held = self.dev.upload(unpad(whole, dtype, shape)?)?;
                     self.weights.insert(param, held);
                 }
+                Ok(())
+            }
+            Slot::Gathered { param, dtype, shape } => {
+                let held = self.dev.upload(unpad(got, dtype, shape)?)?;
+                self.bufs.insert(Buf::step(&param), held);
                 Ok(())
             }
         }
@@ -308,38 +320,48 @@ impl<B: Backend> RankRun<'_, B> {
         Ok(())
     }
 
-    /// Rebuilds the whole `param` from every member's updated part (ZeRO-1/2).
-    pub(super) fn all_gather_param(
+    /// Rebuilds every weight of a bucket from each member's updated part
+    /// (ZeRO-1/2): on the backend's own collectives, weight by weight, where
+    /// it has them, else as one collective on the communication stream.
+    pub(super) fn all_gather_params(
         &mut self,
         instr: &Instr,
-        param: &str,
+        params: &[String],
         group: &[usize],
         at: At<'_>,
     ) -> Result<(), Failure> {
         let order = self.order();
-        let w = self.weights.get_mut(param).ok_or_else(|| missing(param))?;
-        if on_device(&mut self.dev, |d| d.all_gather_parts(w, group, order))?.unwrap_or(false) {
-            self.on_device.insert(param.to_string());
-            return Ok(());
+        let mut on_host = Vec::new();
+        for param in params {
+            let w = self.weights.get_mut(param).ok_or_else(|| missing(param))?;
+            if on_device(&mut self.dev, |d| d.all_gather_parts(w, group, order))?.unwrap_or(false) {
+                self.on_device.insert(param.clone());
+            } else {
+                on_host.push(param.clone());
+            }
         }
-        let w = self.weight_host(param)?;
+        let Some(first) = on_host.first().cloned() else {
+            return Ok(());
+        };
         let shard = Shard {
             index: group.iter().position(|&r| r == self.program.rank).unwrap_or(0),
             parts: group.len(),
         };
-        let job = all_gather(
-            group,
-            to_buffer(&shard_of(&w, shard)),
-            at.tag(&format!("ag/{param}")),
-            at,
-        );
-        let into = Slot::Weight {
-            param: param.to_string(),
-            dtype: w.dtype,
-            shape: w.shape.clone(),
-            gathered: false,
+        let (mut parts, mut members) = (Vec::new(), Vec::new());
+        for param in &on_host {
+            let w = self.weight_host(param)?;
+            let part = shard_of(&w, shard);
+            members.push((param.clone(), w.shape.clone(), part.numel()));
+            parts.push(part);
+        }
+        let dtype = parts.first().map_or(DType::F32, |p| p.dtype);
+        let job = all_gather(group, buckets::concat(parts)?, at.tag(&format!("ag/{first}")), at);
+        let into = Slot::Refreshed {
+            dtype,
+            parts: group.len(),
+            members,
         };
-        self.overlap(vec![param.to_string()], job, into, instr, at.step);
+        self.overlap(on_host, job, into, instr, at.step);
         Ok(())
     }
 
@@ -368,11 +390,10 @@ impl<B: Backend> RankRun<'_, B> {
         }
         let w = self.weight_host(param)?;
         let job = all_gather(group, to_buffer(&w), tag, at);
-        let into = Slot::Weight {
+        let into = Slot::Gathered {
             param: param.to_string(),
             dtype,
             shape,
-            gathered: true,
         };
         self.overlap(vec![param.to_string()], job, into, instr, at.step);
         Ok(())

@@ -79,7 +79,7 @@ impl<B: Backend> RankRun<'_, B> {
                 micro_batch,
             } => self.reduce_grads(instr, params, group, GradSum::ReduceScatter(*micro_batch), at)?,
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, at.step, grads_out)?,
-            Instr::AllGatherParam { param, group } => self.all_gather_param(instr, param, group, at)?,
+            Instr::AllGatherParams { params, group } => self.all_gather_params(instr, params, group, at)?,
             Instr::GatherParam { param, group } => self.gather_param(instr, param, group, at)?,
             Instr::ReportLoss { buf } => {
                 let v = self.host(&self.get(buf)?)?;

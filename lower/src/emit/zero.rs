@@ -1,11 +1,13 @@
 //! The data-parallel end of a rank's step: gradient reductions (in
 //! buckets, most in the backward pass: see `buckets`), optimizer steps
-//! and parameter traffic as the ZeRO stage asks, and the
+//! and parameter traffic as the ZeRO stage asks (ZeRO-1/2's refresh of the
+//! weights in buckets too), and the
 //! sums and copies of weights shared between pipeline stages.
 
 use super::Emitter;
 use crate::program::{Instr, ParamSlot, Shard};
 use crate::LowerError;
+use autopar_cost_models::comm::BucketFill;
 use std::collections::{BTreeMap, BTreeSet};
 
 impl Emitter<'_, '_> {
@@ -68,29 +70,39 @@ impl Emitter<'_, '_> {
         }
     }
 
-    /// The optimizer step and gather of one parameter the ZeRO stage asks
-    /// for, after its gradient's reduction: ZeRO-0 steps the whole
-    /// parameter; ZeRO-1 and 2 step their shard and all-gather the
-    /// weights; ZeRO-3 keeps only the shard.
+    /// The optimizer step of one parameter, after its gradient's
+    /// reduction: of the whole parameter (ZeRO-0, or no data-parallel
+    /// group), else of this rank's shard.
     fn update(&mut self, param: &str, group: &[usize], shard: Option<Shard>) {
-        let s = self.l.s;
-        let p = param.to_string();
-        if group.len() == 1 {
-            self.out.push(Instr::OptimizerStep {
-                param: p,
-                shard: None,
-            });
-            return;
-        }
         self.out.push(Instr::OptimizerStep {
-            param: p.clone(),
-            shard,
+            param: param.to_string(),
+            shard: shard.filter(|_| group.len() > 1),
         });
-        if s.zero == 1 || s.zero == 2 {
-            self.out.push(Instr::AllGatherParam {
-                param: p,
-                group: group.to_vec(),
-            });
+    }
+
+    /// ZeRO-1/2: `param` is stepped; its weights join the open refresh
+    /// bucket of its group (dense or expert), all-gathered as one collective
+    /// once it holds the gradient buckets' cap ([`BucketFill`]: the rule the
+    /// estimate counts collectives with) or when every weight is stepped.
+    fn refresh(&mut self, open: &mut BTreeMap<bool, (BucketFill, Vec<String>)>, param: &str) {
+        let expert = self.l.t.expert_slices.contains_key(param);
+        let cap = self.l.s.bucket_bytes as f64;
+        let bytes = self.l.grad_bytes.get(param).copied().unwrap_or(0.0);
+        let (fill, params) = open
+            .entry(expert)
+            .or_insert_with(|| (BucketFill::new(cap), Vec::new()));
+        params.push(param.to_string());
+        if fill.add(bytes) {
+            let params = std::mem::take(params);
+            self.gather_refreshed(params);
+        }
+    }
+
+    /// All-gathers the refreshed weights `params` (one group's) as one collective.
+    fn gather_refreshed(&mut self, params: Vec<String>) {
+        if let Some(first) = params.first() {
+            let group = self.dp_group(first);
+            self.out.push(Instr::AllGatherParams { params, group });
         }
     }
 
@@ -163,15 +175,25 @@ impl Emitter<'_, '_> {
             updates.push((param, group, shard, holders));
         }
         self.issue_all();
+        // Copies of shared weights are sent once every weight is whole again.
+        let mut sends = Vec::new();
+        let mut open = BTreeMap::new();
         for (param, group, shard, holders) in updates {
             self.update(param, &group, shard);
+            if (s.zero == 1 || s.zero == 2) && group.len() > 1 {
+                self.refresh(&mut open, param);
+            }
             for &to in holders.iter().filter(|&&r| r != self.rank) {
-                self.out.push(Instr::SendParam {
+                sends.push(Instr::SendParam {
                     param: param.clone(),
                     to,
                 });
             }
         }
+        for (_, params) in open.into_values() {
+            self.gather_refreshed(params);
+        }
+        self.out.extend(sends);
         self.out.extend(receives);
         Ok(slots)
     }
