@@ -2,6 +2,7 @@
 //! the programs gather earlier, the CPU backend's communication stream runs
 //! the gathers beside the computation, and training is unchanged bit for bit.
 
+use autopar_cost_models::Recompute;
 use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
@@ -73,4 +74,44 @@ fn zero_3_gathers_layers_ahead_and_trains_alike() {
     eprintln!("most computations between a gather and its first reader, prefetch 0, 1, 2: {leads:?}");
     // A layer ahead gathers weights several nodes before they are read.
     assert!(leads[1] > leads[0] && leads[2] >= leads[1], "{leads:?}");
+}
+
+/// Most gathered weights alive at once in `p`, in program order.
+fn most_gathered(p: &Program) -> usize {
+    let (mut live, mut most) = (std::collections::HashSet::new(), 0);
+    for instr in &p.instructions {
+        match instr {
+            Instr::GatherParam { param, .. } => {
+                live.insert(param.clone());
+            }
+            Instr::Free { buf } if buf.micro_batch.is_none() => {
+                live.remove(&buf.tensor);
+            }
+            _ => {}
+        }
+        most = most.max(live.len());
+    }
+    most
+}
+
+/// Under full recomputation a backward task runs each layer's forward
+/// nodes again just before that layer's backward nodes, and gathers the
+/// weights in that order: no more are alive at once than without
+/// recomputation (gathering in the forward order would hold every layer's).
+#[test]
+fn recomputation_gathers_layer_by_layer() {
+    let mut g = autopar_import::zoo::build("gpt:layers=6,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    autopar_exec::train::initialize(&mut g, 7).unwrap();
+    let most = |recompute| {
+        let mut s = Strategy::new(2, 1, 6, 1, 2);
+        s.zero = 3;
+        s.prefetch = 1;
+        s.recompute = vec![recompute];
+        let t = training_graph(&g, s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        programs.iter().map(most_gathered).max().unwrap()
+    };
+    let (plain, full) = (most(Recompute::None), most(Recompute::Full));
+    eprintln!("most gathered weights alive: {plain} without recomputation, {full} with");
+    assert!(full <= plain, "{full} > {plain}");
 }

@@ -371,38 +371,47 @@ impl Emitter<'_, '_> {
     fn task(&mut self, task: Task) -> Result<(), LowerError> {
         let l = self.l;
         let vs = l.task_stage(task, self.coord);
-        let mb = task.micro_batch;
         self.tasks += 1;
+        let runs = self.task_runs(vs, task.phase);
         if self.zero3() {
-            let again = match task.phase {
-                Phase::Backward => Some(l.recomputed(vs)),
-                Phase::Forward => None,
-            };
-            let nodes = again.into_iter().flatten();
-            self.segments = l.segments(nodes.chain(l.stage_nodes(vs, task.phase).iter().copied()));
+            // Weights are gathered ahead in the order the task runs its nodes.
+            self.segments = l.segments(runs.iter().map(|&(node, _)| node));
         }
-        // A layer's forward nodes are run again just before its backward
-        // pass reaches it (per-layer checkpointing, as Megatron-LM does), so
-        // one layer's recomputed activations are live at a time; those
-        // outside the layers first.
-        let mut redo: Vec<(Option<usize>, NodeIndex)> = match task.phase {
+        for (node, recompute) in runs {
+            self.compute(node, task.micro_batch, recompute)?;
+        }
+        Ok(())
+    }
+
+    /// The nodes a task of `vs`'s `phase` runs, in order, each with whether
+    /// it is a forward node run again. A layer's forward nodes are run again
+    /// just before its backward pass reaches it (per-layer checkpointing, as
+    /// Megatron-LM does), so one layer's recomputed activations are live at
+    /// a time; those outside the layers first.
+    fn task_runs(&self, vs: usize, phase: Phase) -> Vec<(NodeIndex, bool)> {
+        let l = self.l;
+        let mut redo: Vec<(Option<usize>, NodeIndex)> = match phase {
             Phase::Backward => l.recomputed(vs).map(|n| (l.layer(n), n)).collect(),
             Phase::Forward => Vec::new(),
         };
-        for (_, node) in redo.iter().filter(|(layer, _)| layer.is_none()) {
-            self.compute(*node, mb, true)?;
-        }
+        let mut runs: Vec<(NodeIndex, bool)> = redo
+            .iter()
+            .filter(|(layer, _)| layer.is_none())
+            .map(|&(_, n)| (n, true))
+            .collect();
         redo.retain(|(layer, _)| layer.is_some());
-        for &node in l.stage_nodes(vs, task.phase) {
+        for &node in l.stage_nodes(vs, phase) {
             if let Some(layer) = l.layer(node).filter(|_| !redo.is_empty()) {
-                for (_, n) in redo.iter().filter(|(at, _)| *at == Some(layer)) {
-                    self.compute(*n, mb, true)?;
-                }
+                runs.extend(
+                    redo.iter()
+                        .filter(|(at, _)| *at == Some(layer))
+                        .map(|&(_, n)| (n, true)),
+                );
                 redo.retain(|(at, _)| *at != Some(layer));
             }
-            self.compute(node, mb, false)?;
+            runs.push((node, false));
         }
-        Ok(())
+        runs
     }
 
     /// Node `node` on micro-batch `mb`, after what its inputs need (ZeRO-3
