@@ -7,8 +7,9 @@ mod common;
 use autopar_exec::train::{initialize, Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
+use autopar_ir::CommKind;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Instr, Strategy};
 use common::{fixture, planned, Ask, MICRO_BATCH};
 
 fn zoo(spec: &str) -> Graph {
@@ -145,6 +146,27 @@ fn context_and_tensor_parallelism_combine() {
         let r = run(&g, &s, 16, vocab).unwrap_or_else(|e| panic!("{name}: {e}"));
         let e = gap(&one, &r);
         assert!(e <= 1e-9, "{name}: tp 2 × cp 2 off by {e:.2e}");
+        // The only sequence the context-parallel ranks gather is attention's
+        // keys and values: the vocabulary-parallel loss runs on each rank's
+        // tokens (its maxima and sums reduce along the vocabulary).
+        let t = for_strategy(&g, &s, 16).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        let gathered: Vec<&str> = programs[0]
+            .instructions
+            .iter()
+            .filter_map(|i| match i {
+                Instr::Collective {
+                    node,
+                    kind: CommKind::AllGather,
+                    ..
+                } if node.starts_with("cp/") => Some(node.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            gathered.is_empty(),
+            "{name}: gathers the sequence at {gathered:?}"
+        );
     }
 }
 

@@ -51,6 +51,34 @@ impl Rewriter<'_> {
                 self.emit(idx, n.op.clone(), ins.to_vec(), Some(tokens))?;
             }
             Op::Attention { scale, causal } => return self.context_attention(idx, ins, *scale, *causal),
+            // Reductions along other dims than the tokens' (a vocabulary-
+            // parallel loss's maxima and sums): each rank its tokens.
+            Op::Reduce {
+                axes: Some(axes),
+                keepdims,
+                ..
+            } if ins.len() == 1 => {
+                let Layout::Split { axis, blocks } = first else {
+                    return Ok(None);
+                };
+                let rank = self
+                    .source_dims(self.src.node(idx).inputs[0].expect("one input"))
+                    .len() as i64;
+                let reduced: Vec<usize> = axes.iter().map(|&a| a.rem_euclid(rank.max(1)) as usize).collect();
+                if reduced.contains(&axis) {
+                    return Ok(None);
+                }
+                let axis = match keepdims {
+                    true => axis,
+                    false => axis - reduced.iter().filter(|&&a| a < axis).count(),
+                };
+                self.emit(
+                    idx,
+                    n.op.clone(),
+                    ins.to_vec(),
+                    Some(Layout::Split { axis, blocks }),
+                )?;
+            }
             // Sums over the sequence (the loss): each rank's share, then all-reduced.
             Op::Reduce {
                 axes: None,
