@@ -6,7 +6,7 @@
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, DType, Graph, Op};
+use autopar_ir::{CommGroup, CommKind, DType, Graph, Op};
 use autopar_lower::program::{operands, Operand, Payload, Transfer};
 use autopar_lower::{Buf, Instr, Program};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -123,6 +123,9 @@ pub struct Compiled {
     slots: Vec<u32>,
     /// Bytes of each buffer slot (0 for those not counted as activations).
     pub slot_bytes: Vec<f64>,
+    /// Per slot: the slot whose memory it shares (a tensor-parallel copy's
+    /// output is its input, as the backends hold it), else `u32::MAX`.
+    pub alias_of: Vec<u32>,
     /// Weights, gradients and optimizer state held all step.
     pub static_bytes: f64,
     /// Each step's description, when asked for (traces).
@@ -314,6 +317,7 @@ impl Builder<'_, '_> {
                 .slot_bytes
                 .extend((0..self.stride).map(|i| if i <= m { bytes } else { 0.0 }));
             self.written.extend((0..self.stride).map(|_| false));
+            self.out.alias_of.extend((0..self.stride).map(|_| u32::MAX));
         }
         self.base[t] + offset
     }
@@ -542,6 +546,16 @@ impl Builder<'_, '_> {
                     Some(_) => (Lane::Collective, self.meet(group)),
                     None => (Lane::None, Sync::Local),
                 };
+                if let (
+                    Instr::Collective {
+                        kind: CommKind::Copy, ..
+                    },
+                    [from],
+                    [to],
+                ) = (instr, reads, writes)
+                {
+                    self.out.alias_of[*to as usize] = *from;
+                }
                 self.push(lane, activity, seconds, sync, reads, writes);
             }
             _ => {

@@ -74,6 +74,10 @@ struct RankState {
     /// stream-ordered caching allocator sees them), and their peak.
     live: f64,
     peak: f64,
+    /// Per slot: live aliases sharing its memory, and whether its own
+    /// `Free` came while they still held it (it is given back with the last).
+    holders: Vec<u32>,
+    freed: Vec<bool>,
     /// `(time, change)` of the live bytes, kept for traces only.
     events: Vec<(f64, f64)>,
     t: Timeline,
@@ -149,6 +153,8 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
             met: HashMap::default(),
             live: 0.0,
             peak: 0.0,
+            holders: vec![0; p.slot_bytes.len()],
+            freed: vec![false; p.slot_bytes.len()],
             events: Vec::new(),
             t: Timeline::default(),
         })
@@ -248,32 +254,58 @@ fn advance(st: &mut RankState, p: &Compiled, me: usize, rendezvous: &mut Rendezv
             (Lane::None, Some(c)) if !matches!(step.sync, Sync::Recv { .. }) => c,
             _ => step.activity,
         };
-        let bytes = p.slot_bytes[s as usize];
-        if bytes > 0.0 {
-            st.live += bytes;
-            st.peak = st.peak.max(st.live);
-            if keep_curve {
-                st.events.push((start, bytes));
+        match p.alias_of[s as usize] {
+            u32::MAX => {
+                st.freed[s as usize] = false;
+                let bytes = p.slot_bytes[s as usize];
+                if bytes > 0.0 {
+                    st.live += bytes;
+                    st.peak = st.peak.max(st.live);
+                    if keep_curve {
+                        st.events.push((start, bytes));
+                    }
+                }
             }
+            of => st.holders[of as usize] += 1,
         }
     }
     match step.sync {
         Sync::Send { to, key } => {
             rendezvous.messages.insert((me as u32, to, key), end);
         }
-        Sync::Free { slot } => {
-            let bytes = p.slot_bytes[slot as usize];
-            if bytes > 0.0 {
-                st.live -= bytes;
-                if keep_curve {
-                    st.events.push((st.last_use[slot as usize], -bytes));
-                }
-            }
-        }
+        Sync::Free { slot } => release(st, p, slot, keep_curve),
         Sync::Local | Sync::Recv { .. } | Sync::Meet { .. } => {}
     }
     st.pc += 1;
     true
+}
+
+/// Gives back `slot`'s memory at its `Free`: an alias's once it and the
+/// slot it shares are both freed, a slot's own once no alias holds it.
+fn release(st: &mut RankState, p: &Compiled, slot: u32, keep_curve: bool) {
+    let (slot, at) = match p.alias_of[slot as usize] {
+        u32::MAX if st.holders[slot as usize] > 0 => {
+            st.freed[slot as usize] = true;
+            return;
+        }
+        u32::MAX => (slot as usize, st.last_use[slot as usize]),
+        of => {
+            let of = of as usize;
+            st.holders[of] = st.holders[of].saturating_sub(1);
+            if st.holders[of] > 0 || !st.freed[of] {
+                return;
+            }
+            st.freed[of] = false;
+            (of, st.last_use[of].max(st.last_use[slot as usize]))
+        }
+    };
+    let bytes = p.slot_bytes[slot];
+    if bytes > 0.0 {
+        st.live -= bytes;
+        if keep_curve {
+            st.events.push((at, -bytes));
+        }
+    }
 }
 
 /// A step's time on its lane: the compute lane's idle stretch before it

@@ -256,3 +256,59 @@ fn data_parallel_traffic_runs_on_the_stream_its_instruction_declares() {
         assert!(beside > 0, "ZeRO-{zero}: nothing ran beside the computation");
     }
 }
+
+/// A tensor-parallel copy's output is its input, as the backends hold it:
+/// the replay counts their memory once and gives it back once both are
+/// freed, so every buffer is given back exactly once by the step's end.
+#[test]
+fn a_tensor_parallel_copy_shares_its_input_s_memory() {
+    use autopar_sim::compile::{Compiler, GraphIndex};
+    let s = autopar_lower::Strategy::new(1, 1, 2, 1, 2).with_tp(2, false);
+    let g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
+    let t = autopar_lower::for_strategy(&g, &s, 8).unwrap();
+    let programs = autopar_lower::lower(&t, &s).unwrap();
+    let copies = programs[0]
+        .instructions
+        .iter()
+        .filter(|i| {
+            matches!(
+                i,
+                autopar_lower::Instr::Collective {
+                    kind: autopar_ir::CommKind::Copy,
+                    ..
+                }
+            )
+        })
+        .count();
+    let cluster = autopar_cost_models::Cluster::preset("dgx-a100-80g")
+        .unwrap()
+        .with_gpus(2)
+        .unwrap();
+    let cal = autopar_cost_models::Calibration::default();
+    let pricing = autopar_sim::Pricing::new(&t, &cluster, &cal, &Default::default()).unwrap();
+    let index = GraphIndex::new(&t, 0, &pricing);
+    let reps = autopar_sim::ranks::Representatives::all(s.world());
+    let compiler = Compiler {
+        index: &index,
+        pricing: &pricing,
+        reps: &reps,
+        labels: true,
+        micro_batches: s.micro_batches,
+    };
+    let compiled: Vec<_> = programs.iter().map(|p| compiler.compile(p)).collect();
+    let aliases = compiled[0].alias_of.iter().filter(|&&a| a != u32::MAX).count();
+    assert!(
+        copies > 0 && aliases == copies,
+        "{aliases} aliased slots for {copies} copies"
+    );
+    let timelines = autopar_sim::engine::replay(&compiled).unwrap();
+    for (tl, p) in timelines.iter().zip(&compiled) {
+        let end = tl.memory.last().map_or(0.0, |&(_, bytes)| bytes);
+        assert!(
+            (end - p.static_bytes).abs() < 1e-6,
+            "rank {}: {end} left against {}",
+            p.rank,
+            p.static_bytes
+        );
+    }
+}

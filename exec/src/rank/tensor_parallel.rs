@@ -32,9 +32,11 @@ impl<B: Backend> RankRun<'_, B> {
         let out_name = g.tensor(output).name.clone();
         let input = input.ok_or_else(|| RankError::NoInput(node.to_string()))?;
         let held = self.input(input, mb)?;
+        // A copy into the tensor-parallel region is the identity forward
+        // (its backward is the all-reduce): the output is the input, shared
+        // (backends copy a shared tensor before writing into it).
         if kind == CommKind::Copy {
-            let y = self.dev.duplicate(&held)?;
-            self.put(Buf::of(&out_name, mb), y);
+            self.put(Buf::of(&out_name, mb), held);
             return Ok(());
         }
         let done = match kind {
