@@ -249,6 +249,12 @@ fn sweep(quick: bool, worst: &mut f64, worst_memory: &mut f64, worst_extended: &
                     count += 1;
                     *worst = worst.max(p.gap().abs());
                     *worst_extended = worst_extended.max(p.extended_gap());
+                    if p.extended_gap() > 1e-9 {
+                        println!(
+                            "    extended replays {:.6} s against the full replay's {:.6} s",
+                            p.extended, p.simulated
+                        );
+                    }
                     let gib = |b: f64| b / (1u64 << 30) as f64;
                     let (est, sim) = p.memory;
                     *worst_memory = worst_memory.max((est / sim - 1.0).abs());
