@@ -156,8 +156,10 @@ pub fn simulate_model_plan(
 /// the step is the latest lane end extended to the plan's count. Lanes are
 /// extended one by one, so one that ends early but grows faster
 /// (data-parallel traffic falling behind the computation) still ends last
-/// where it would. `tests/periodic.rs` and the consistency bench pin this
-/// to the full replay.
+/// where it would. `tests/periodic.rs` pins this to the full replay; the
+/// consistency bench measures it on every plan it replays (exact to 1e-12
+/// on 119 of 122; on three Llama 405B plans with cp 16, a lane that falls
+/// behind past the fill leaves it 0.023 % short).
 pub fn simulate_model_plan_step(p: &Plan, model: &Graph, calibration: &Calibration) -> Result<f64, SimError> {
     let (strategy, t) = lower_model_plan(p, model)?;
     let cluster = plan_cluster(p)?;
