@@ -7,7 +7,7 @@ use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
-use autopar_lower::{lower, training_graph, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, training_graph, Instr, Program, Strategy, TrainingGraph};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -114,4 +114,79 @@ fn recomputation_gathers_layer_by_layer() {
     let (plain, full) = (most(Recompute::None), most(Recompute::Full));
     eprintln!("most gathered weights alive: {plain} without recomputation, {full} with");
     assert!(full <= plain, "{full} > {plain}");
+}
+
+/// A tensor-parallel copy of a weight (a plan that keeps a weight whole
+/// beside activations split along the sequence) is run again by the
+/// backward pass, as recomputation runs nodes again: the forward's copy is
+/// freed before the backward pass defines its own, so no layer's weight
+/// stays alive from its forward to its backward pass (under ZeRO-3, no
+/// gathered weight). Training is unchanged.
+#[test]
+fn weight_copies_are_made_again_for_the_backward_pass() {
+    let g = common::zoo_gpt();
+    // The layer's feed-forward products on tokens split along the
+    // sequence, their weights whole.
+    let pins = [("h.0.mlp.fc", "dim1"), ("h.0.mlp.proj", "dim1")];
+    let ops = common::planned(&g, 2, false, SEQ, common::Ask::Pinned(&pins));
+    for zero in [0, 3] {
+        let mut s = Strategy::new(1, 1, LAYERS, 1, 2)
+            .with_tp(2, false)
+            .with_sharding(ops.clone());
+        s.zero = zero;
+        let t = for_strategy(&g, &s, SEQ).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        let graph = &t.graph;
+        let nodes: HashMap<&str, _> = graph
+            .node_indices()
+            .map(|i| (graph.node(i).name.as_str(), i))
+            .collect();
+        let mut checked = 0;
+        for p in &programs {
+            let mut defined: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+            let mut freed: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+            for (at, instr) in p.instructions.iter().enumerate() {
+                match instr {
+                    Instr::Collective {
+                        node, micro_batch, ..
+                    } => {
+                        let n = graph.node(nodes[node.as_str()]);
+                        let weight = n
+                            .inputs
+                            .iter()
+                            .flatten()
+                            .all(|&x| graph.tensor(x).role == autopar_ir::Role::Parameter);
+                        if weight
+                            && matches!(
+                                n.op,
+                                autopar_ir::Op::Comm {
+                                    kind: autopar_ir::CommKind::Copy,
+                                    ..
+                                }
+                            )
+                        {
+                            let out = graph.tensor(n.outputs[0]).name.clone();
+                            defined.entry((out, *micro_batch)).or_default().push(at);
+                        }
+                    }
+                    Instr::Free { buf } => {
+                        if let Some(mb) = buf.micro_batch {
+                            freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            for (key, defs) in &defined {
+                let frees = &freed[key];
+                assert_eq!(defs.len(), 2, "zero {zero} {key:?}: defined at {defs:?}");
+                assert!(
+                    frees[0] < defs[1],
+                    "zero {zero} {key:?}: kept from {defs:?} to {frees:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 0, "zero {zero}: the plan copies no weight");
+    }
 }

@@ -124,7 +124,8 @@ pub struct Compiled {
     /// Bytes of each buffer slot (0 for those not counted as activations).
     pub slot_bytes: Vec<f64>,
     /// Per slot: the slot whose memory it shares (a tensor-parallel copy's
-    /// output is its input, as the backends hold it), else `u32::MAX`.
+    /// output is its input, as the backends hold it), [`RESIDENT`] for a
+    /// copy of a weight held all step, else `u32::MAX`.
     pub alias_of: Vec<u32>,
     /// Weights, gradients and optimizer state held all step.
     pub static_bytes: f64,
@@ -153,6 +154,9 @@ enum Read {
     /// Its gradient of this micro-batch (ZeRO-2/3's reduce-scatters).
     Gradient(u32),
 }
+
+/// [`Compiled::alias_of`] of a copy of a weight held all step: no memory of its own.
+pub const RESIDENT: u32 = u32::MAX - 1;
 
 /// Buffers that are not a micro-batch's: what each of a parameter's per-step buffers holds.
 const GATHERED: u32 = u32::MAX;

@@ -9,7 +9,7 @@
 //! its instructions in program order: a collective starts no earlier than
 //! the computation before it in the program has run.
 
-use super::compile::{Activity, Compiled, Lane, MessageKey, Step, Sync};
+use super::compile::{Activity, Compiled, Lane, MessageKey, Step, Sync, RESIDENT};
 use rayon::prelude::*;
 use rustc_hash::FxHashMap as HashMap;
 use std::collections::BTreeMap;
@@ -266,6 +266,7 @@ fn advance(st: &mut RankState, p: &Compiled, me: usize, rendezvous: &mut Rendezv
                     }
                 }
             }
+            RESIDENT => {}
             of => st.holders[of as usize] += 1,
         }
     }
@@ -289,6 +290,7 @@ fn release(st: &mut RankState, p: &Compiled, slot: u32, keep_curve: bool) {
             return;
         }
         u32::MAX => (slot as usize, st.last_use[slot as usize]),
+        RESIDENT => return,
         of => {
             let of = of as usize;
             st.holders[of] = st.holders[of].saturating_sub(1);
