@@ -6,7 +6,7 @@
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, CommKind, DType, Graph, Op};
+use autopar_ir::{CommGroup, CommKind, DType, Graph, Op, UnaryOp};
 use autopar_lower::program::{operands, Operand, Payload, Transfer};
 use autopar_lower::{Buf, Instr, Program};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -124,8 +124,8 @@ pub struct Compiled {
     /// Bytes of each buffer slot (0 for those not counted as activations).
     pub slot_bytes: Vec<f64>,
     /// Per slot: the slot whose memory it shares (a tensor-parallel copy's
-    /// output is its input, as the backends hold it), [`RESIDENT`] for a
-    /// copy of a weight held all step, else `u32::MAX`.
+    /// or an identity's output is its input, as the backends hold it),
+    /// [`RESIDENT`] for a copy of a weight held all step, else `u32::MAX`.
     pub alias_of: Vec<u32>,
     /// Weights, gradients and optimizer state held all step.
     pub static_bytes: f64,
@@ -184,6 +184,8 @@ struct NodeFacts {
     forward: bool,
     /// The group a communication node runs over.
     comm: Option<CommGroup>,
+    /// An identity, whose output the backends hand on as its input.
+    identity: bool,
     /// Seconds of one micro-batch (computations).
     seconds: f64,
 }
@@ -227,6 +229,12 @@ impl<'g> GraphIndex<'g> {
                     outputs: n.outputs.iter().map(|o| index_of[o]).collect(),
                     forward: forward.contains(n.name.as_str()),
                     comm,
+                    identity: matches!(
+                        n.op,
+                        Op::Unary {
+                            func: UnaryOp::Identity
+                        }
+                    ),
                     seconds: pricing.node(&n.name),
                 },
             );
@@ -563,6 +571,11 @@ impl Builder<'_, '_> {
                 self.push(lane, activity, seconds, sync, reads, writes);
             }
             _ => {
+                match (f.identity, reads, writes) {
+                    (true, [from], [to]) => self.out.alias_of[*to as usize] = *from,
+                    (true, [], [to]) if !f.params.is_empty() => self.out.alias_of[*to as usize] = RESIDENT,
+                    _ => {}
+                }
                 let activity = match (f.forward, redo) {
                     (true, false) => Activity::Forward,
                     (true, true) => Activity::Recompute,

@@ -257,9 +257,10 @@ fn data_parallel_traffic_runs_on_the_stream_its_instruction_declares() {
     }
 }
 
-/// A tensor-parallel copy's output is its input, as the backends hold it:
-/// the replay counts their memory once and gives it back once both are
-/// freed, so every buffer is given back exactly once by the step's end.
+/// A tensor-parallel copy's and an identity's output is its input, as the
+/// backends hold it: the replay counts their memory once and gives it back
+/// once both are freed, so every buffer is given back exactly once by the
+/// step's end.
 #[test]
 fn a_tensor_parallel_copy_shares_its_input_s_memory() {
     use autopar_sim::compile::{Compiler, GraphIndex};
@@ -267,17 +268,27 @@ fn a_tensor_parallel_copy_shares_its_input_s_memory() {
     let g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
     let t = autopar_lower::for_strategy(&g, &s, 8).unwrap();
     let programs = autopar_lower::lower(&t, &s).unwrap();
+    let op = |node: &str| {
+        let g = &t.graph;
+        let i = g.node_indices().find(|&i| g.node(i).name == node).unwrap();
+        g.node(i).op.clone()
+    };
+    // Copies, and identities of activations (each weight's gradient is named by one).
     let copies = programs[0]
         .instructions
         .iter()
-        .filter(|i| {
-            matches!(
-                i,
-                autopar_lower::Instr::Collective {
-                    kind: autopar_ir::CommKind::Copy,
-                    ..
+        .filter(|i| match i {
+            autopar_lower::Instr::Collective {
+                kind: autopar_ir::CommKind::Copy,
+                ..
+            } => true,
+            autopar_lower::Instr::Compute { node, .. } => matches!(
+                op(node),
+                autopar_ir::Op::Unary {
+                    func: autopar_ir::UnaryOp::Identity
                 }
-            )
+            ),
+            _ => false,
         })
         .count();
     let cluster = autopar_cost_models::Cluster::preset("dgx-a100-80g")
