@@ -6,7 +6,7 @@
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommGroup, CommKind, DType, Graph, Op, UnaryOp};
+use autopar_ir::{CommGroup, DType, Graph, Op};
 use autopar_lower::program::{operands, Operand, Payload, Transfer};
 use autopar_lower::{Buf, Instr, Program};
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
@@ -123,9 +123,9 @@ pub struct Compiled {
     slots: Vec<u32>,
     /// Bytes of each buffer slot (0 for those not counted as activations).
     pub slot_bytes: Vec<f64>,
-    /// Per slot: the slot whose memory it shares (a tensor-parallel copy's
-    /// or an identity's output is its input, as the backends hold it),
-    /// [`RESIDENT`] for a copy of a weight held all step, else `u32::MAX`.
+    /// Per slot: the slot whose memory it shares (its node's output is its
+    /// input, [`Op::passes_input`]), [`RESIDENT`] where that input is a
+    /// weight held all step, else `u32::MAX`.
     pub alias_of: Vec<u32>,
     /// Weights, gradients and optimizer state held all step.
     pub static_bytes: f64,
@@ -155,7 +155,7 @@ enum Read {
     Gradient(u32),
 }
 
-/// [`Compiled::alias_of`] of a copy of a weight held all step: no memory of its own.
+/// [`Compiled::alias_of`] of a node passing on a weight held all step: no memory of its own.
 pub const RESIDENT: u32 = u32::MAX - 1;
 
 /// Buffers that are not a micro-batch's: what each of a parameter's per-step buffers holds.
@@ -184,8 +184,8 @@ struct NodeFacts {
     forward: bool,
     /// The group a communication node runs over.
     comm: Option<CommGroup>,
-    /// An identity, whose output the backends hand on as its input.
-    identity: bool,
+    /// Its output is its input ([`Op::passes_input`]): they share memory.
+    passes_input: bool,
     /// Seconds of one micro-batch (computations).
     seconds: f64,
 }
@@ -229,12 +229,7 @@ impl<'g> GraphIndex<'g> {
                     outputs: n.outputs.iter().map(|o| index_of[o]).collect(),
                     forward: forward.contains(n.name.as_str()),
                     comm,
-                    identity: matches!(
-                        n.op,
-                        Op::Unary {
-                            func: UnaryOp::Identity
-                        }
-                    ),
+                    passes_input: n.op.passes_input(),
                     seconds: pricing.node(&n.name),
                 },
             );
@@ -534,6 +529,12 @@ impl Builder<'_, '_> {
         }
         let (reads, writes) = slots.split_at(n_reads);
         let redo = writes.iter().any(|&w| self.written[w as usize]);
+        match (f.passes_input, reads, writes) {
+            (true, [from], [to]) => self.out.alias_of[*to as usize] = *from,
+            // Of a weight every rank holds all step.
+            (true, [], [to]) if !f.params.is_empty() => self.out.alias_of[*to as usize] = RESIDENT,
+            _ => {}
+        }
         for &w in writes {
             self.written[w as usize] = true;
         }
@@ -558,24 +559,9 @@ impl Builder<'_, '_> {
                     Some(_) => (Lane::Collective, self.meet(group)),
                     None => (Lane::None, Sync::Local),
                 };
-                if let (
-                    Instr::Collective {
-                        kind: CommKind::Copy, ..
-                    },
-                    [from],
-                    [to],
-                ) = (instr, reads, writes)
-                {
-                    self.out.alias_of[*to as usize] = *from;
-                }
                 self.push(lane, activity, seconds, sync, reads, writes);
             }
             _ => {
-                match (f.identity, reads, writes) {
-                    (true, [from], [to]) => self.out.alias_of[*to as usize] = *from,
-                    (true, [], [to]) if !f.params.is_empty() => self.out.alias_of[*to as usize] = RESIDENT,
-                    _ => {}
-                }
                 let activity = match (f.forward, redo) {
                     (true, false) => Activity::Forward,
                     (true, true) => Activity::Recompute,

@@ -171,15 +171,9 @@ impl<'a> Pricing<'a> {
         for i in g.node_indices() {
             let n = g.node(i);
             let layout_only = !per_node && weight_layout(t, i, &by_name, &gradients);
-            // Communication is priced as such; an identity's output is its
-            // input on every backend.
-            let identity = matches!(
-                n.op,
-                Op::Unary {
-                    func: UnaryOp::Identity
-                }
-            );
-            let seconds = if matches!(n.op, Op::Comm { .. }) || layout_only || identity {
+            // Communication is priced as such; a node passing its input on
+            // costs nothing on every backend.
+            let seconds = if matches!(n.op, Op::Comm { .. }) || layout_only || n.op.passes_input() {
                 0.0
             } else if per_node {
                 node_time(calibration, &cluster.device, g, i, opts.precision)

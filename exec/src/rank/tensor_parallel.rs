@@ -32,10 +32,9 @@ impl<B: Backend> RankRun<'_, B> {
         let out_name = g.tensor(output).name.clone();
         let input = input.ok_or_else(|| RankError::NoInput(node.to_string()))?;
         let held = self.input(input, mb)?;
-        // A copy into the tensor-parallel region is the identity forward
-        // (its backward is the all-reduce): the output is the input, shared
-        // (backends copy a shared tensor before writing into it).
-        if kind == CommKind::Copy {
+        // A copy into the tensor-parallel region is its input, shared
+        // ([`Op::passes_input`]).
+        if g.node(idx).op.passes_input() {
             self.put(Buf::of(&out_name, mb), held);
             return Ok(());
         }

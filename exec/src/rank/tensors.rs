@@ -4,7 +4,7 @@
 use super::{missing, Failure, RankError, RankRun};
 use crate::backend::Backend;
 use autopar_ir::interp::{run_dtype, widen};
-use autopar_ir::{DType, Graph, Op, Role, TensorId, UnaryOp, Value};
+use autopar_ir::{DType, Graph, Role, TensorId, Value};
 use autopar_lower::{Buf, Feed};
 use std::sync::Arc;
 
@@ -84,17 +84,9 @@ impl<B: Backend> RankRun<'_, B> {
             };
             args.push(Some(self.input(x, mb)?));
         }
-        // An identity's output is its input, shared: values are never
-        // written in place (backends copy a shared tensor first). Every
-        // weight's gradient is named by one.
-        if let (
-            Op::Unary {
-                func: UnaryOp::Identity,
-            },
-            [Some(_)],
-            [out],
-        ) = (&n.op, args.as_slice(), n.outputs.as_slice())
-        {
+        // An identity's output is its input, shared ([`Op::passes_input`]).
+        // Every weight's gradient is named by one.
+        if let (true, [Some(_)], [out]) = (n.op.passes_input(), args.as_slice(), n.outputs.as_slice()) {
             let name = g.tensor(*out).name.clone();
             let x = args.pop().flatten().expect("matched above");
             self.put(Buf::of(&name, mb), x);

@@ -390,6 +390,24 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 }
 
 impl Op {
+    /// Whether the op's output is its input: an identity, or a copy into a
+    /// tensor-parallel region (the identity forward of an all-reduce).
+    /// Backends hand the input on as the output (values are never written
+    /// in place: a shared tensor is copied first), the simulator lets them
+    /// share memory and prices them at nothing, and lowering runs a weight's
+    /// again in the backward pass rather than keep the forward's.
+    pub fn passes_input(&self) -> bool {
+        matches!(
+            self,
+            Op::Unary {
+                func: UnaryOp::Identity
+            } | Op::Comm {
+                kind: CommKind::Copy,
+                ..
+            }
+        )
+    }
+
     /// `Cast` to `to` with ONNX's default attributes (saturating, round up).
     pub fn cast(to: DType) -> Op {
         Op::Cast {

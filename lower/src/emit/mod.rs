@@ -15,7 +15,7 @@ use super::strategy::Strategy;
 use super::training::{Feed, TrainingGraph};
 use super::LowerError;
 use autopar_cost_models::Recompute;
-use autopar_ir::{CommGroup, CommKind, NodeIndex, Op, OpClass, Role, TensorId};
+use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 mod buckets;
@@ -165,11 +165,11 @@ impl<'a> Layout<'a> {
     }
 
     /// Forward nodes of `vs` that its backward phase runs again: those its
-    /// recomputation policy names, and always the tensor-parallel copies of
-    /// weights. A copy is its input, so running it again costs nothing, and
-    /// a backward pass that read the forward's copy would keep every
-    /// layer's weight alive from its forward to its backward pass (under
-    /// ZeRO-3, every layer's gathered weights).
+    /// recomputation policy names, and always the nodes passing a weight on
+    /// ([`Op::passes_input`]: tensor-parallel copies of weights). Running
+    /// one again costs nothing, and a backward pass that read the forward's
+    /// would keep every layer's weight alive from its forward to its
+    /// backward pass (under ZeRO-3, every layer's gathered weights).
     fn recomputed(&self, vs: usize) -> impl Iterator<Item = NodeIndex> + '_ {
         let policy = self.s.recompute[vs % self.s.pp];
         let g = &self.t.graph;
@@ -178,17 +178,11 @@ impl<'a> Layout<'a> {
             .copied()
             .filter(move |&i| {
                 let n = g.node(i);
-                let weight_copy = matches!(
-                    n.op,
-                    Op::Comm {
-                        kind: CommKind::Copy,
-                        ..
-                    }
-                ) && n
-                    .inputs
-                    .iter()
-                    .flatten()
-                    .all(|&x| g.tensor(x).role == Role::Parameter);
+                let weight_copy = n.op.passes_input()
+                    && n.inputs
+                        .iter()
+                        .flatten()
+                        .all(|&x| g.tensor(x).role == Role::Parameter);
                 weight_copy
                     || match policy {
                         Recompute::None => false,
