@@ -253,9 +253,9 @@ impl BucketFill {
 /// The collectives that reduce gradients of `sizes` bytes (in the order
 /// the backward pass completes them) in buckets of `cap` bytes
 /// ([`BucketFill`]).
-pub fn buckets(sizes: &[f64], cap: f64) -> usize {
+pub fn buckets<'a>(sizes: impl IntoIterator<Item = &'a f64>, cap: f64) -> usize {
     let mut fill = BucketFill::new(cap);
-    let full = sizes.iter().filter(|&&bytes| fill.add(bytes)).count();
+    let full = sizes.into_iter().filter(|&&bytes| fill.add(bytes)).count();
     full + usize::from(fill.is_open())
 }
 

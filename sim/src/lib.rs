@@ -118,7 +118,7 @@ fn plan_pricing<'a>(
     Ok(pricing.sharing_cores(s.world(), cores, slowdown))
 }
 
-/// Plan `p` of `model` lowered as `autopar run` would, and its training graph.
+/// Plan `p`'s strategy and training graph over `model`, built as `autopar run` builds them.
 fn lower_model_plan(p: &Plan, model: &Graph) -> Result<(Strategy, TrainingGraph), SimError> {
     let strategy = Strategy::from_plan(p)?;
     let seq = model

@@ -82,17 +82,13 @@ impl StageParams<'_> {
     /// Collectives and bytes of one bucketed reduction of every dense (or
     /// expert) gradient ([`BucketFill`], the rule lowering buckets by).
     fn buckets(&self, expert: bool, cap: f64) -> (usize, f64) {
-        let (mut fill, mut full, mut bytes) = (BucketFill::new(cap), 0, 0.0);
-        for &(u, times) in &self.units {
-            let list = if expert { &u.expert } else { &u.dense };
-            for _ in 0..times {
-                for &b in list {
-                    bytes += b;
-                    full += usize::from(fill.add(b));
-                }
-            }
-        }
-        (full + usize::from(fill.is_open()), bytes)
+        let sizes = || {
+            self.units.iter().flat_map(move |&(u, times)| {
+                let list = if expert { &u.expert } else { &u.dense };
+                (0..times).flat_map(move |_| list.iter())
+            })
+        };
+        (comm::buckets(sizes(), cap), sizes().sum())
     }
 }
 
