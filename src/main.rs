@@ -209,7 +209,6 @@ struct PlanArgs {
     /// Calibration JSON overriding the default efficiencies.
     #[arg(long)]
     calibration: Option<PathBuf>,
-    /// The plan file to write.
     /// Price tensor-parallel collectives as overlapped with the GEMMs
     /// (Megatron-Core's --tp-comm-overlap). No backend here runs it, so such
     /// a plan is for comparing with Megatron-Core, not for `autopar run`.
@@ -220,6 +219,7 @@ struct PlanArgs {
     /// estimate alone.
     #[arg(long, value_name = "K", default_value_t = plan::DEFAULT_VERIFY)]
     verify: usize,
+    /// The plan file to write.
     #[arg(short, long)]
     output: PathBuf,
     /// Print the plan as JSON instead of the table.

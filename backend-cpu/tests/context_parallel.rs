@@ -10,7 +10,7 @@ use autopar_ir::interp::Precision;
 use autopar_ir::CommKind;
 use autopar_ir::Graph;
 use autopar_lower::{for_strategy, lower, Instr, Strategy};
-use common::{fixture, planned, Ask, MICRO_BATCH};
+use common::{fixture, lowered_bytes, planned, priced_bytes, workload_options, Ask, MICRO_BATCH};
 
 fn zoo(spec: &str) -> Graph {
     let mut g = autopar_import::zoo::build(spec).unwrap();
@@ -191,5 +191,39 @@ fn a_planned_sharding_combines_with_context_parallelism() {
         .with_sharding(ops);
     let r = run(&g, &s, 16, 64).unwrap();
     let e = gap(&one, &r);
+    assert!(e <= 1e-9, "off by {e:.2e}");
+}
+
+/// Under context parallelism a weight read whole by work split along the
+/// tokens (the attention's projections pinned to `dim1`) has its gradient
+/// all-reduced whole on the tensor-parallel group, while activations move
+/// the rank's share of the tokens: the tensor-parallel bytes one rank sends
+/// per micro-batch are what the cost model prices, and the run still
+/// trains like one rank.
+#[test]
+fn priced_tensor_parallel_bytes_under_context_parallelism_are_what_runs() {
+    let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
+    let pins = [("h.0.attn.qkv", "dim1"), ("h.0.attn.proj", "dim1")];
+    let ops = planned(&g, 2, false, 16, Ask::Pinned(&pins));
+    let names: std::collections::BTreeMap<String, String> =
+        ops.iter().map(|o| (o.node.clone(), o.strategy.clone())).collect();
+    let mut opts = workload_options(16, 2, false);
+    opts.sharding.cp = 2;
+    let w = autopar_cost_models::Workload::build_planned(&g, &opts, &names).unwrap();
+    let priced = priced_bytes(&w, 2);
+    let layers = g.blocks.len();
+    let s = Strategy::new(1, 1, layers, MICRO_BATCH, 2)
+        .with_tp(2, false)
+        .with_cp(2)
+        .with_sharding(ops);
+    let t = for_strategy(&g, &s, 16).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let sent: f64 = lowered_bytes(&t, &programs[0], 2).values().sum();
+    assert!(
+        (sent - priced).abs() <= 1e-9 * priced,
+        "programs send {sent} bytes per rank on the tensor-parallel group, the cost model prices {priced}"
+    );
+    let one = run(&g, &Strategy::new(1, 1, layers, MICRO_BATCH, 2), 16, 64).unwrap();
+    let e = gap(&one, &run(&g, &s, 16, 64).unwrap());
     assert!(e <= 1e-9, "off by {e:.2e}");
 }

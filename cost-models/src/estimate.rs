@@ -2,8 +2,8 @@
 //!
 //! Per micro-batch, each pipeline stage runs its layers' forward and
 //! backward kernels (plus what recomputation redoes), the tensor-parallel
-//! collectives on the critical path, context-parallel key/value exchange
-//! beyond the attention it overlaps, expert all-to-alls, and the
+//! collectives on the critical path, context-parallel key/value gathers
+//! (the attention waits for them), expert all-to-alls, and the
 //! point-to-point transfers to its neighbours. The slowest stage paces the
 //! pipeline; filling and draining it is the bubble. After the last
 //! micro-batch, gradients are reduced across data-parallel replicas (exposed,
@@ -29,7 +29,7 @@ pub struct TimeBreakdown {
     pub compute_s: f64,
     /// Tensor-parallel collectives (exposed: on the critical path).
     pub tp_comm_s: f64,
-    /// Context-parallel key/value exchange not hidden under attention.
+    /// Context-parallel key/value gathers and their gradients' reduce-scatters.
     pub cp_comm_s: f64,
     /// Expert-parallel all-to-all.
     pub ep_comm_s: f64,
@@ -662,7 +662,7 @@ impl Net<'_> {
 
 /// One micro-batch of `unit` on one rank under recomputation `policy`.
 fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result<UnitTime, EstimateError> {
-    let (mut fwd, mut bwd, mut redo, mut attention) = (0.0, 0.0, 0.0, 0.0);
+    let (mut fwd, mut bwd, mut redo) = (0.0, 0.0, 0.0);
     let (mut flops, mut redo_flops, mut gemm) = (0.0, 0.0, 0.0);
     for op in &unit.ops {
         let f = rates.forward(op);
@@ -673,9 +673,6 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
             gemm += f + rates.backward(op);
         }
         flops += op.forward_flops + op.backward_flops;
-        if op.attention_core || matches!(op.kernel, crate::workload::Kernel::FusedAttention { .. }) {
-            attention += f;
-        }
         let redone = match policy {
             Recompute::None => false,
             Recompute::Selective => op.attention_core,
@@ -711,10 +708,11 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
             forward_comm += f;
         }
     }
-    // Key/value exchange streams under the attention it feeds (forward and backward).
-    let cp_forward = (cp_fwd - attention).max(0.0);
-    let cp = cp_forward + (cp_bwd - 2.0 * attention).max(0.0);
-    let forward = fwd + forward_comm + cp_forward;
+    // The attention waits for its gathered keys and values, and their
+    // gradients' reduce-scatter ends the attention's backward: lowering
+    // runs them beside no compute.
+    let cp = cp_fwd + cp_bwd;
+    let forward = fwd + forward_comm + cp_fwd;
     Ok(UnitTime {
         compute: fwd + bwd + redo,
         tp,

@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 calibration: &calibration,
                 memory_limit_bytes: None,
                 sequence_parallel: false,
+                context_parallel: 1,
             };
             let t = Instant::now();
             let s = solve(&p)?;

@@ -51,6 +51,7 @@ pub fn for_config(
             calibration,
             memory_limit_bytes: None,
             sequence_parallel: cfg.sp,
+            context_parallel: cfg.cp,
         };
         ops.extend(sharding::solve(&problem)?.ops);
     }

@@ -37,8 +37,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Context parallelism leaves each rank at least this many tokens of the
-/// sequence: below it the key/value exchange outweighs the attention it
-/// overlaps on any current GPU.
+/// sequence: below it gathering the keys and values costs more than the
+/// attention they feed on any current GPU.
 const MIN_CONTEXT_CHUNK: usize = 512;
 
 /// Micro-batches larger than this are not tried: beyond it GEMMs gain

@@ -70,6 +70,7 @@ impl Setup {
             calibration: &self.calibration,
             memory_limit_bytes: None,
             sequence_parallel: false,
+            context_parallel: 1,
         }
     }
 
@@ -204,6 +205,48 @@ fn a_llama_layer_is_sharded_like_megatron() {
             s.comm_s
         );
     }
+}
+
+/// Under context parallelism a rank holds `1/cp` of the tokens: the program
+/// prices activations at that share and weights whole, so a long sequence
+/// split 16 ways is sharded as its 16th would be on its own — Megatron's
+/// layout, not the projections on a data split with their weights
+/// replicated (whose gradients are all-reduced whole every micro-batch)
+/// that the full sequence's activations would make look cheaper.
+#[test]
+fn context_parallelism_prices_the_ranks_share_of_the_tokens() {
+    const LONG: &str =
+        "llama:layers=2,hidden=2048,heads=16,kv_heads=8,ffn=5632,vocab=1000,seq=8192,dtype=bf16";
+    let long = Setup::layer(LONG);
+    let whole = solve(&long.problem(2)).unwrap();
+    assert_ne!(
+        strategy(&whole, "q_proj"),
+        "column",
+        "the full sequence no longer makes a data split look cheaper; pick a longer one"
+    );
+    let mut split = long.problem(2);
+    split.context_parallel = 16;
+    let split = solve(&split).unwrap();
+    // LLAMA is the same layer at 8192 / 16 = 512 tokens.
+    let share = solve(&Setup::layer(LLAMA).problem(2)).unwrap();
+    for node in [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "down_proj",
+        "self_attn.core",
+    ] {
+        assert_eq!(strategy(&split, node), strategy(&share, node), "{node}");
+    }
+    assert_eq!(strategy(&split, "q_proj"), "column");
+    assert!(
+        (split.comm_s - share.comm_s).abs() < 1e-9 * share.comm_s,
+        "{} vs {}",
+        split.comm_s,
+        share.comm_s
+    );
 }
 
 /// With sequence parallelism the layer's input and output stay split along

@@ -75,6 +75,15 @@ pub fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap
         micro_batches.insert(*micro_batch);
         let Some(c) = of_comm(*kind) else { continue };
         let n = g.node(nodes[node.as_str()]);
+        if !matches!(
+            n.op,
+            autopar_ir::Op::Comm {
+                group: autopar_ir::CommGroup::Tensor,
+                ..
+            }
+        ) {
+            continue;
+        }
         let buffer = match kind {
             CommKind::ReduceScatter => n.inputs[0].unwrap(),
             _ => n.outputs[0],
@@ -147,6 +156,7 @@ pub fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSh
             calibration: &calibration,
             memory_limit_bytes: None,
             sequence_parallel: sp,
+            context_parallel: 1,
         };
         let solved = match ask {
             Ask::LeastMemory => {

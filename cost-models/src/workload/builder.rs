@@ -466,15 +466,16 @@ impl<'g> Builder<'g> {
                 let (hq, hk) = (self.dims[q.index()][1], self.dims[k.index()][1]);
                 self.heads.push((hq, hk));
                 if s.cp > 1 {
+                    // Keys and values gathered one by one, as lowering does.
                     let heads_div = if d.output.is_sharded() { s.tp } else { 1 } as f64;
-                    let bytes = (self.full_bytes(k) + self.full_bytes(v)) / heads_div;
-                    self.units[u].comms.push(CommWork {
-                        group: Group::Context,
-                        forward: Some(Collective::AllGather),
-                        backward: Some(Collective::ReduceScatter),
-                        bytes,
-                        overlaps_attention: true,
-                    });
+                    for t in [k, v] {
+                        self.units[u].comms.push(CommWork {
+                            group: Group::Context,
+                            forward: Some(Collective::AllGather),
+                            backward: Some(Collective::ReduceScatter),
+                            bytes: self.full_bytes(t) / heads_div,
+                        });
+                    }
                 }
             }
             Op::MoeExperts { .. } if s.ep > 1 => {
@@ -509,7 +510,6 @@ impl<'g> Builder<'g> {
                         forward: Some(forward),
                         backward,
                         bytes,
-                        overlaps_attention: false,
                     });
                 }
             }
@@ -623,7 +623,6 @@ fn tensor_comm(forward: Option<Collective>, backward: Option<Collective>, bytes:
         forward,
         backward,
         bytes,
-        overlaps_attention: false,
     }
 }
 

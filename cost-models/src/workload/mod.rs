@@ -70,9 +70,6 @@ pub struct CommWork {
     pub backward: Option<Collective>,
     /// Logical buffer size in bytes (see [`crate::comm`] for the convention).
     pub bytes: f64,
-    /// Runs concurrently with the attention it feeds (context parallelism's
-    /// key/value exchange), so only its excess over that compute is exposed.
-    pub overlaps_attention: bool,
 }
 
 /// A parameter's share on one rank.

@@ -61,6 +61,8 @@ struct Builder<'p> {
     dynamic: Vec<bool>,
     /// Activations cross the set's edge split along the sequence.
     sequence_parallel: bool,
+    /// Context-parallel degree: the share of the tokens a rank holds is `1/cp`.
+    cp: f64,
     model: Model,
     strategies: Vec<Vec<Strategy>>,
 }
@@ -106,6 +108,7 @@ pub fn build(p: &ShardingProblem, pins: &BTreeMap<String, String>) -> Result<Bui
         ),
         dynamic: layers::flow_flags(graph, &topo, |t| t.role == Role::Input, false),
         sequence_parallel: p.sequence_parallel,
+        cp: p.context_parallel.max(1) as f64,
         model: Model::default(),
         strategies: Vec::new(),
     };
@@ -149,11 +152,14 @@ impl Builder<'_> {
         Ok(rules::resolved_dims(self.graph, &self.bindings, node, t)?)
     }
 
+    /// `t`'s traffic on one rank: a tensor computed from the inputs holds
+    /// the rank's share of the tokens, a weight is whole.
     fn flow(&self, t: TensorId, dims: &[usize]) -> Flow {
         let tensor = self.graph.tensor(t);
         let numel: f64 = dims.iter().map(|&d| d as f64).product();
+        let share = if self.dynamic[t.index()] { self.cp } else { 1.0 };
         Flow {
-            bytes: numel * tensor.ty.dtype.size_bits() as f64 / 8.0,
+            bytes: numel * tensor.ty.dtype.size_bits() as f64 / 8.0 / share,
             grad: self.requires_grad[t.index()],
         }
     }
@@ -210,9 +216,11 @@ impl Builder<'_> {
                 .entry(s.divisor)
                 .or_insert_with(|| match prepares_weights {
                     true => 0.0,
-                    false => self
-                        .pricer
-                        .compute(&node.op, &in_types, &out_types, s.divisor, backward),
+                    false => {
+                        self.pricer
+                            .compute(&node.op, &in_types, &out_types, s.divisor, backward)
+                            / self.cp
+                    }
                 });
             if !time.is_finite() {
                 return Err(ShardingError::Pricing(format!(

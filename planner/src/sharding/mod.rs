@@ -56,6 +56,10 @@ pub struct ShardingProblem<'a> {
     /// replicated, so the program can keep norms and residuals on
     /// sequence slices between the tensor-parallel regions.
     pub sequence_parallel: bool,
+    /// Context-parallel degree: each rank holds `1/cp` of the tokens, so a
+    /// tensor computed from the inputs moves, and a node on them computes,
+    /// a `1/cp` share of its full size; weights move whole.
+    pub context_parallel: usize,
     /// The cluster (sized); the `tp` group is ranks `0..tp`.
     pub cluster: &'a autopar_cost_models::Cluster,
     pub calibration: &'a autopar_cost_models::Calibration,
@@ -363,6 +367,7 @@ mod tests {
             calibration: &e.calibration,
             memory_limit_bytes: None,
             sequence_parallel: false,
+            context_parallel: 1,
         }
     }
 

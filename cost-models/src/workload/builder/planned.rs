@@ -270,7 +270,7 @@ impl Builder<'_> {
             });
         };
         let Some(u) = unit else { return Ok(()) };
-        let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+        let bytes = self.full_bytes(t) / self.context_share(t);
         for (kind, _) in steps {
             let back = of_comm(kind.conjugate()).filter(|_| grad);
             if let Some(c) = of_comm(kind) {
@@ -303,10 +303,20 @@ impl Builder<'_> {
         }
         let grad = planned.grads[t.index()];
         if let (Some(u), true) = (unit, grad) {
-            let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+            let bytes = self.full_bytes(t) / self.context_share(t);
             self.units[u]
                 .comms
                 .push(tensor_comm(None, Some(Collective::AllReduce), bytes));
+        }
+    }
+
+    /// How many ways context parallelism divides `t` on a rank: an
+    /// activation holds the rank's share of the tokens, a weight (or a
+    /// tensor computed from weights alone) is whole on every rank.
+    fn context_share(&self, t: TensorId) -> f64 {
+        match self.layouts[t.index()] {
+            Layout::Weight => 1.0,
+            _ => self.opts.sharding.cp as f64,
         }
     }
 
