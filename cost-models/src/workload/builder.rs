@@ -307,6 +307,19 @@ impl<'g> Builder<'g> {
                 let held = self.reads[slot].unwrap_or_else(|| self.divisor(self.layouts[t.index()]));
                 self.reads[slot] = Some(held / s.cp as f64);
             }
+            // A causal attention's mask, made explicit for the rank's query
+            // rows over every key (`[queries, keys]`, a byte each), is an
+            // input of its adjoint and kept with the layer.
+            if let (Op::Attention { causal: true, .. }, Some(q), Some(k)) = (
+                &node.op,
+                node.inputs.first().copied().flatten(),
+                node.inputs.get(1).copied().flatten(),
+            ) {
+                let (dq, dk) = (&self.dims[q.index()], &self.dims[k.index()]);
+                if let (Some(&queries), Some(&keys)) = (dq.get(2), dk.get(2)) {
+                    self.units[u].saved_bytes += (queries * keys) as f64 / s.cp as f64;
+                }
+            }
         }
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);
@@ -375,7 +388,9 @@ impl<'g> Builder<'g> {
             let Some(t) = *t else { continue };
             for p in self.parameter_sources(t) {
                 let expert = is_experts && slot >= 3;
-                let mut div = if d.weight_sharded { s.tp } else { 1 } as f64;
+                // A tied weight is stored whole and sliced per read.
+                let sliced = d.weight_sharded && !self.tied(p);
+                let mut div = if sliced { s.tp } else { 1 } as f64;
                 if expert {
                     div *= s.ep as f64;
                 }
@@ -594,6 +609,21 @@ impl<'g> Builder<'g> {
             for (fwd, bwd, bytes) in comms {
                 self.units[u].comms.push(tensor_comm(fwd, bwd, bytes));
             }
+        }
+    }
+
+    /// Bytes on one rank of graph output `t` as the loss reads it: whole
+    /// (the rank's tokens) where a plan's sharding gathers it first, else
+    /// as laid out.
+    pub(super) fn loss_input_bytes(&self, t: TensorId) -> f64 {
+        let gathered = self
+            .planned
+            .as_ref()
+            .and_then(|p| p.loss_input(t, self.dims[t.index()].len()))
+            .is_some_and(|whole| whole.is_some());
+        match gathered {
+            true => self.full_bytes(t) / self.opts.sharding.cp as f64,
+            false => self.rank_bytes(t),
         }
     }
 

@@ -411,12 +411,13 @@ pub fn saved_extra_bytes(ctx: &Context) -> (f64, f64) {
     let e = elem_bytes(ctx.dtype);
     match ctx.op {
         Op::Attention { .. } => {
-            let Some((batch, sq, sk, _, dv)) = attention_geometry(ctx) else {
+            let Some((batch, sq, sk, _, _)) = attention_geometry(ctx) else {
                 return (0.0, 0.0);
             };
             match ctx.attention {
-                // Output and per-row log-sum-exp (f32).
-                AttentionKernel::Fused => (batch * sq * (dv * e + 4.0), 0.0),
+                // The fused adjoint (`AttentionGrad`) reads q, k, v and the
+                // output's gradient and recomputes the rest: nothing more.
+                AttentionKernel::Fused => (0.0, 0.0),
                 AttentionKernel::Unfused => {
                     let scores = batch * sq * sk;
                     // Probabilities; with dropout also its mask and the kept probabilities.

@@ -111,8 +111,10 @@ pub struct Workload {
     /// (before sequence-parallel splitting): what pipeline stages send and
     /// full recomputation checkpoints.
     pub boundary_bytes: f64,
-    /// Bytes on one rank of the graph outputs (logits), held with their
-    /// gradient while the loss is computed.
+    /// Bytes on one rank of the graph outputs (logits) as the loss reads
+    /// them (gathered whole where a plan's sharding leaves them split along
+    /// another dim than the vocabulary), held with their gradient while the
+    /// loss is computed.
     pub output_bytes: f64,
     /// Element type of the products (sets the peak FLOP/s).
     pub compute_dtype: DType,
@@ -204,7 +206,7 @@ impl Workload {
         b.add_loss_comms();
         b.add_loss_kernels();
         b.add_sequence_parallel_grad_comms();
-        let output_bytes = graph.outputs.iter().map(|&t| b.rank_bytes(t)).sum();
+        let output_bytes = graph.outputs.iter().map(|&t| b.loss_input_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;
         let layers = graph.blocks.len();

@@ -152,7 +152,11 @@ impl Builder<'_> {
             let want = s.reads(slot).0;
             let shares = s.grad_partial.get(slot).copied().unwrap_or(false);
             if self.layouts[t.index()] == Layout::Weight {
-                weight_sharded |= matches!(want, Rule::Shard(_)) && !self.parameter_sources(t).is_empty();
+                // Only a weight stored as each rank's slice is held sliced; a
+                // tied weight is stored whole and sliced per read.
+                weight_sharded |= matches!(want, Rule::Shard(_))
+                    && self.stored_sliced(t)
+                    && !self.parameter_sources(t).is_empty();
                 self.read_weight(idx, t, want, shares, unit)?;
                 continue;
             }
@@ -385,7 +389,7 @@ impl Builder<'_> {
 
     /// True when parameter `p` is read both before and after the layers
     /// (lowering trains it as two tied copies).
-    fn tied(&self, p: TensorId) -> bool {
+    pub(super) fn tied(&self, p: TensorId) -> bool {
         let places = &self.layered.places;
         let readers: Vec<Place> = self
             .graph
