@@ -227,3 +227,50 @@ fn priced_tensor_parallel_bytes_under_context_parallelism_are_what_runs() {
     let e = gap(&one, &run(&g, &s, 16, 64).unwrap());
     assert!(e <= 1e-9, "off by {e:.2e}");
 }
+
+/// The explicit causal mask of a rank's queries over every key is made
+/// from constants alone, so the backward pass makes it again rather than
+/// keeping each layer's from its forward pass: every mask is computed
+/// twice per micro-batch and freed in between.
+#[test]
+fn causal_masks_are_made_again_for_the_backward_pass() {
+    let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
+    let s = Strategy::new(1, 1, g.blocks.len(), MICRO_BATCH, 2).with_cp(2);
+    let t = for_strategy(&g, &s, 16).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let graph = &t.graph;
+    let masks: std::collections::HashMap<&str, String> = graph
+        .node_indices()
+        .map(|i| graph.node(i))
+        .filter(|n| n.name.starts_with("cp/causal"))
+        .map(|n| (n.name.as_str(), graph.tensor(n.outputs[0]).name.clone()))
+        .collect();
+    assert_eq!(masks.len(), g.blocks.len(), "one causal mask per layer");
+    let mut checked = 0;
+    for p in &programs {
+        let mut defined: std::collections::HashMap<(String, usize), Vec<usize>> = Default::default();
+        let mut freed: std::collections::HashMap<(String, usize), Vec<usize>> = Default::default();
+        for (at, instr) in p.instructions.iter().enumerate() {
+            match instr {
+                Instr::Compute { node, micro_batch } => {
+                    if let Some(out) = masks.get(node.as_str()) {
+                        defined.entry((out.clone(), *micro_batch)).or_default().push(at);
+                    }
+                }
+                Instr::Free { buf } => {
+                    if let Some(mb) = buf.micro_batch {
+                        freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (key, defs) in &defined {
+            assert_eq!(defs.len(), 2, "{key:?}: made at {defs:?}");
+            let frees = &freed[key];
+            assert!(frees[0] < defs[1], "{key:?}: kept from {defs:?} to {frees:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2 * g.blocks.len(), "{checked} masks checked");
+}

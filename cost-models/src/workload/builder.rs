@@ -307,19 +307,6 @@ impl<'g> Builder<'g> {
                 let held = self.reads[slot].unwrap_or_else(|| self.divisor(self.layouts[t.index()]));
                 self.reads[slot] = Some(held / s.cp as f64);
             }
-            // A causal attention's mask, made explicit for the rank's query
-            // rows over every key (`[queries, keys]`, a byte each), is an
-            // input of its adjoint and kept with the layer.
-            if let (Op::Attention { causal: true, .. }, Some(q), Some(k)) = (
-                &node.op,
-                node.inputs.first().copied().flatten(),
-                node.inputs.get(1).copied().flatten(),
-            ) {
-                let (dq, dk) = (&self.dims[q.index()], &self.dims[k.index()]);
-                if let (Some(&queries), Some(&keys)) = (dq.get(2), dk.get(2)) {
-                    self.units[u].saved_bytes += (queries * keys) as f64 / s.cp as f64;
-                }
-            }
         }
         self.save_activations(idx, u, &ctx);
         self.add_params(idx, u, d);

@@ -52,6 +52,9 @@ pub(super) struct Layout<'a> {
     /// By node index: the repeated layer it belongs to (a backward node,
     /// that of the forward node it came from).
     layer_of: Vec<Option<usize>>,
+    /// By node index: computed from constants alone, with no communication
+    /// (an explicit causal mask from positions, a rank's rows of a table).
+    constant_made: Vec<bool>,
 }
 
 impl<'a> Layout<'a> {
@@ -138,6 +141,7 @@ impl<'a> Layout<'a> {
             param_owner,
             grad_bytes,
             layer_of: layers_of(t),
+            constant_made: constant_made(g),
         }
     }
 
@@ -166,10 +170,12 @@ impl<'a> Layout<'a> {
 
     /// Forward nodes of `vs` that its backward phase runs again: those its
     /// recomputation policy names, and always the nodes passing a weight on
-    /// ([`Op::passes_input`]: tensor-parallel copies of weights). Running
-    /// one again costs nothing, and a backward pass that read the forward's
-    /// would keep every layer's weight alive from its forward to its
-    /// backward pass (under ZeRO-3, every layer's gathered weights).
+    /// ([`Op::passes_input`]: tensor-parallel copies of weights) and those
+    /// made from constants alone. Running one again costs nothing or next
+    /// to nothing, and a backward pass that read the forward's would keep
+    /// every layer's copy alive from its forward to its backward pass
+    /// (under ZeRO-3, every layer's gathered weights; under context
+    /// parallelism, every layer's explicit causal mask).
     fn recomputed(&self, vs: usize) -> impl Iterator<Item = NodeIndex> + '_ {
         let policy = self.s.recompute[vs % self.s.pp];
         let g = &self.t.graph;
@@ -184,6 +190,7 @@ impl<'a> Layout<'a> {
                         .flatten()
                         .all(|&x| g.tensor(x).role == Role::Parameter);
                 weight_copy
+                    || self.constant_made[i.index()]
                     || match policy {
                         Recompute::None => false,
                         Recompute::Full => true,
@@ -298,6 +305,29 @@ fn layers_of(t: &TrainingGraph) -> Vec<Option<usize>> {
         layers[i.index()] = by_name.get(forward).copied();
     }
     layers
+}
+
+/// By node index: whether the node's inputs are constants or outputs of
+/// such nodes, and it moves nothing between ranks (a context-parallel
+/// slice only takes the rank's part).
+fn constant_made(g: &autopar_ir::Graph) -> Vec<bool> {
+    let mut made = vec![false; g.node_indices().map(|i| i.index() + 1).max().unwrap_or(0)];
+    let Ok(order) = g.topo_order() else {
+        return made;
+    };
+    for i in order {
+        let n = g.node(i);
+        let local = match &n.op {
+            Op::Comm { kind, .. } => *kind == autopar_ir::CommKind::Slice,
+            _ => true,
+        };
+        let inputs_constant =
+            n.inputs.iter().flatten().all(|&x| {
+                g.tensor(x).role == Role::Constant || g.producer(x).is_some_and(|p| made[p.index()])
+            });
+        made[i.index()] = local && n.inputs.iter().flatten().next().is_some() && inputs_constant;
+    }
+    made
 }
 
 /// One rank's program while it is emitted.
