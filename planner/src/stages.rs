@@ -181,7 +181,7 @@ fn next_split(split: &mut [usize]) -> bool {
 /// A stage's time and memory as lines in its layer count, for one policy:
 /// exact at one and two layers, extrapolated beyond (the final split is
 /// checked exactly).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct Line {
     /// Seconds per micro-batch with one layer, and per extra layer.
     time_one: f64,
@@ -271,11 +271,27 @@ fn balanced(
         }
         lines.push(per_policy);
     }
-    let capacity = |t: f64, s: usize| lines[s].iter().map(|l| l.capacity(t)).max().unwrap_or(0);
-    let caps_at = |t: f64| -> Option<Vec<usize>> {
-        let caps: Vec<usize> = (0..pp).map(|s| capacity(t, s)).collect();
-        (caps.iter().all(|&c| c >= 1) && caps.iter().sum::<usize>() >= layers).then_some(caps)
+    let capacity = |t: f64, lines: &[Line]| lines.iter().map(|l| l.capacity(t)).max().unwrap_or(0);
+    // Stages with the same lines (the middle ones where memory does not
+    // bind) take the same capacity: the search asks each kind once.
+    let mut kinds: Vec<(&[Line], usize)> = Vec::new();
+    for l in &lines {
+        match kinds.iter_mut().find(|(k, _)| *k == l.as_slice()) {
+            Some((_, n)) => *n += 1,
+            None => kinds.push((l, 1)),
+        }
+    }
+    let fits_at = |t: f64| {
+        let mut sum = 0;
+        for &(k, n) in &kinds {
+            match capacity(t, k) {
+                0 => return false,
+                c => sum += c * n,
+            }
+        }
+        sum >= layers
     };
+    let caps_at = |t: f64| fits_at(t).then(|| lines.iter().map(|l| capacity(t, l)).collect::<Vec<usize>>());
     let hi_time = (0..pp)
         .flat_map(|s| lines[s].iter().map(|l| l.time(layers)))
         .fold(0.0, f64::max);
@@ -286,13 +302,13 @@ fn balanced(
     let (mut lo, mut hi) = (0.0, hi_time);
     for _ in 0..60 {
         let mid = 0.5 * (lo + hi);
-        match caps_at(mid) {
-            Some(c) => {
-                hi = mid;
-                caps = c;
-            }
-            None => lo = mid,
+        match fits_at(mid) {
+            true => hi = mid,
+            false => lo = mid,
         }
+    }
+    if let Some(c) = caps_at(hi) {
+        caps = c;
     }
     // Surplus layers leave the stages that would be slowest with them.
     let stage_time = |s: usize, n: usize| {
