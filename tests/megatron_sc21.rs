@@ -14,7 +14,7 @@ fn published_request(r: &PublishedRun) -> Request {
     let cfg = r.config();
     Request {
         model: r.model_spec(),
-        cluster: published::CLUSTER.into(),
+        cluster: r.setting.cluster.clone(),
         gpus: r.gpus,
         tp: cfg.tp,
         pp: cfg.pp,

@@ -19,7 +19,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             .unwrap()
             .build()
             .unwrap();
-        let cluster = Cluster::preset(published::CLUSTER)
+        let cluster = Cluster::preset(&r.setting.cluster)
             .unwrap()
             .with_gpus(r.gpus)
             .unwrap();

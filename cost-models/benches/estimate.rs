@@ -24,7 +24,7 @@ fn median<T>(runs: usize, mut f: impl FnMut() -> T) -> Duration {
 fn main() {
     let runs = published::megatron_sc21();
     let calibration = Calibration::default();
-    let preset = Cluster::preset(published::CLUSTER).expect("preset");
+    let preset = Cluster::preset(&runs[0].setting.cluster).expect("preset");
     let clusters: Vec<Cluster> = runs
         .iter()
         .map(|r| preset.clone().with_gpus(r.gpus).expect("gpus fit"))

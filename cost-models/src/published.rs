@@ -1,18 +1,34 @@
-//! Published training runs the cost model is checked against: Megatron-LM's
-//! weak-scaling GPT runs on Selene (Narayanan et al., SC'21, Table 1), with
-//! the paper's FLOP formula and the configuration the authors used.
+//! Published training runs the cost model is checked against, each table
+//! with the FLOP formula its authors counted by and how they trained:
+//! Megatron-LM's weak-scaling GPT runs on Selene (Narayanan et al., SC'21,
+//! Table 1; the development set) and Megatron-Core's on H100s (the
+//! Megatron-LM README's model table).
 
 use crate::config::{Recompute, Schedule, TrainingConfig};
 use crate::workload::{AttentionKernel, Sharding, WorkloadOptions};
 
-/// Sequence length and vocabulary of every run.
-pub const SEQ: usize = 2048;
-pub const VOCAB: usize = 51200;
+const SC21: &str = include_str!("../../fixtures/megatron_sc21_table1.json");
+const MCORE_H100: &str = include_str!("../../fixtures/megatron_core_h100.json");
 
-/// The cluster preset the runs map to.
-pub const CLUSTER: &str = "dgx-a100-80g";
-
-const TABLE: &str = include_str!("../../fixtures/megatron_sc21_table1.json");
+/// How every run of a table trained, and how its FLOPs are counted.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+pub struct Setting {
+    /// The cluster preset the runs map to.
+    pub cluster: String,
+    pub seq: usize,
+    pub vocab: usize,
+    /// The layers' FLOPs per `B·s·l·h²`: 96 counts the recomputed forward
+    /// pass (SC'21's hardware FLOPs), 72 does not (model FLOPs, MFU).
+    pub layer_flops: f64,
+    pub attention: AttentionKernel,
+    pub dropout: bool,
+    pub recompute: Recompute,
+    pub zero: u8,
+    pub sequence_parallel: bool,
+    /// Tensor-parallel communication overlapped with the GEMMs
+    /// (Megatron-Core's `--tp-comm-overlap`).
+    pub tp_comm_overlap: bool,
+}
 
 /// One published run.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -26,84 +42,131 @@ pub struct PublishedRun {
     pub gpus: usize,
     /// Global batch in sequences.
     pub batch: usize,
-    /// Achieved TFLOP/s per GPU (recomputation counted).
+    /// Achieved TFLOP/s per GPU, counted as the table's setting says.
     pub tflops_per_gpu: f64,
+    /// The table's setting (filled in from the table).
+    #[serde(skip_deserializing, default = "Setting::placeholder")]
+    pub setting: Setting,
 }
 
 #[derive(serde::Deserialize)]
 struct Table {
+    setting: Setting,
     rows: Vec<PublishedRun>,
 }
 
-/// The ten runs of SC'21 Table 1, smallest first.
+fn table(json: &str) -> Vec<PublishedRun> {
+    let Ok(t) = serde_json::from_str::<Table>(json) else {
+        return Vec::new();
+    };
+    t.rows
+        .into_iter()
+        .map(|r| PublishedRun {
+            setting: t.setting.clone(),
+            ..r
+        })
+        .collect()
+}
+
+/// The ten runs of SC'21 Table 1 (A100s), smallest first.
 pub fn megatron_sc21() -> Vec<PublishedRun> {
-    serde_json::from_str::<Table>(TABLE)
-        .map(|t| t.rows)
-        .unwrap_or_default()
+    table(SC21)
+}
+
+/// The nine runs of Megatron-Core's H100 model table, smallest first.
+pub fn megatron_core_h100() -> Vec<PublishedRun> {
+    table(MCORE_H100)
+}
+
+impl Setting {
+    fn placeholder() -> Setting {
+        Setting {
+            cluster: String::new(),
+            seq: 0,
+            vocab: 0,
+            layer_flops: 0.0,
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            recompute: Recompute::None,
+            zero: 0,
+            sequence_parallel: false,
+            tp_comm_overlap: false,
+        }
+    }
 }
 
 impl PublishedRun {
     /// The model as a zoo spec.
     pub fn model_spec(&self) -> String {
         format!(
-            "gpt:layers={},hidden={},heads={},vocab={VOCAB},seq={SEQ},dtype=bf16",
-            self.layers, self.hidden, self.heads
+            "gpt:layers={},hidden={},heads={},vocab={},seq={},dtype=bf16",
+            self.layers, self.hidden, self.heads, self.setting.vocab, self.setting.seq
         )
     }
 
-    /// The published step time: the paper's FLOPs per iteration,
-    /// `96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`, over the achieved rate of all GPUs.
+    /// The published step time: the table's FLOPs per iteration,
+    /// `F·B·s·l·h²·(1 + s/(6h)) + 6·B·s·h·V` with `F` its layer factor
+    /// (SC'21 writes it `96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`), over the
+    /// achieved rate of all GPUs.
     pub fn step_time_s(&self) -> f64 {
         let (b, s, l, h) = (
             self.batch as f64,
-            SEQ as f64,
+            self.setting.seq as f64,
             self.layers as f64,
             self.hidden as f64,
         );
-        let flops = 96.0 * b * s * l * h * h * (1.0 + s / (6.0 * h) + VOCAB as f64 / (16.0 * l * h));
+        let v = self.setting.vocab as f64;
+        let flops =
+            self.setting.layer_flops * b * s * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * b * s * h * v;
         flops / (self.tflops_per_gpu * 1e12 * self.gpus as f64)
     }
 
-    /// How the runs trained: dropout and attention computed unfused (2021,
-    /// before fused attention kernels), micro-batch 1.
+    /// How the runs trained, for pricing: micro-batch 1 (SC'21's PTD-P
+    /// experiments; not stated for Megatron-Core's), the table's kernels.
     pub fn workload_options(&self) -> WorkloadOptions {
+        let sp = self.setting.sequence_parallel && self.tp > 1;
         WorkloadOptions {
             micro_batch: Some(1),
             seq: None,
             sharding: Sharding {
                 tp: self.tp,
-                sp: false,
+                sp,
                 cp: 1,
                 ep: 1,
             },
-            attention: AttentionKernel::Unfused,
-            dropout: true,
+            attention: self.setting.attention,
+            dropout: self.setting.dropout,
         }
     }
 
-    /// The published configuration: full recomputation, the interleaved
-    /// schedule with the default chunk count where there is a pipeline, no
-    /// ZeRO, gradients reduced after the last micro-batch.
+    /// The published configuration: the table's recomputation, ZeRO stage
+    /// and overlaps, the interleaved schedule with the default chunk count
+    /// where there is a pipeline, gradients reduced after the last
+    /// micro-batch.
     pub fn config(&self) -> TrainingConfig {
         let interleaved = self.pp > 1;
+        let s = &self.setting;
         TrainingConfig {
             dp: self.gpus / (self.tp * self.pp),
             tp: self.tp,
             pp: self.pp,
+            sp: s.sequence_parallel && self.tp > 1,
+            zero: s.zero,
             virtual_stages: if interleaved {
                 TrainingConfig::default_virtual_stages(self.layers, self.pp)
             } else {
                 1
             },
-            recompute: Recompute::Full,
+            recompute: s.recompute,
             schedule: if interleaved {
                 Schedule::Interleaved
             } else {
                 Schedule::OneFOneB
             },
             global_batch: self.batch,
-            attention: AttentionKernel::Unfused,
-            dropout: true,
+            attention: s.attention,
+            dropout: s.dropout,
+            tp_comm_overlap: s.tp_comm_overlap,
             ..TrainingConfig::default()
         }
     }
@@ -127,5 +190,25 @@ mod tests {
         );
         assert_eq!(runs[9].config().virtual_stages, 2);
         assert_eq!(runs[0].config().dp, 32);
+    }
+
+    #[test]
+    fn the_h100_table_has_nine_runs_at_their_mfu() {
+        let runs = megatron_core_h100();
+        assert_eq!(runs.len(), 9);
+        assert!(runs.iter().all(|r| r.gpus == 48 * r.tp * r.pp));
+        // 1.7B on 48 GPUs at 408.8 TFLOP/s: 8.87e15 model FLOPs per step of 192
+        // sequences of 4,096 tokens, 0.452 s.
+        let first = &runs[0];
+        assert!(
+            (first.step_time_s() - 0.4519).abs() < 1e-3,
+            "{}",
+            first.step_time_s()
+        );
+        let cfg = runs[4].config();
+        assert_eq!(
+            (cfg.dp, cfg.zero, cfg.sp, cfg.tp_comm_overlap),
+            (48, 1, true, true)
+        );
     }
 }

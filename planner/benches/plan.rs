@@ -32,7 +32,7 @@ fn main() {
             .expect("spec")
             .build()
             .expect("builds");
-        let cluster = Cluster::preset(published::CLUSTER)
+        let cluster = Cluster::preset(&r.setting.cluster)
             .expect("preset")
             .with_gpus(r.gpus)
             .expect("gpus");

@@ -5,7 +5,7 @@
 //! Exits non-zero when a row differs from the analytic estimate by 10 % or
 //! more. Run: `cargo bench -p autopar-sim --bench simulate` (add `-- 3072` for one row).
 
-use autopar_cost_models::published::{megatron_sc21, CLUSTER, SEQ};
+use autopar_cost_models::published::megatron_sc21;
 use autopar_cost_models::{estimate, Calibration, Cluster, Recompute, Workload};
 use autopar_lower::{for_strategy, Strategy};
 use autopar_sim::{simulate, Pricing, PricingOptions, SimOptions};
@@ -31,8 +31,8 @@ fn main() {
         s.chunks = cfg.virtual_stages;
         s.schedule = cfg.schedule;
         s.recompute = vec![Recompute::Full; cfg.pp];
-        let t = for_strategy(&g, &s, SEQ).expect("training graph");
-        let cluster = Cluster::preset(CLUSTER)
+        let t = for_strategy(&g, &s, r.setting.seq).expect("training graph");
+        let cluster = Cluster::preset(&r.setting.cluster)
             .and_then(|c| c.with_gpus(r.gpus))
             .expect("cluster");
         let calibration = Calibration::default();

@@ -86,7 +86,7 @@ fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate()
         let mut s =
             Strategy::new(cfg.dp, cfg.pp, r.layers, 1, cfg.global_batch / cfg.dp).with_tp(cfg.tp, false);
         s.recompute = vec![Recompute::Full; cfg.pp];
-        let t = for_strategy(&g, &s, autopar_cost_models::published::SEQ).unwrap();
+        let t = for_strategy(&g, &s, r.setting.seq).unwrap();
         let cluster = Cluster::preset("dgx-a100-80g")
             .unwrap()
             .with_gpus(r.gpus)
