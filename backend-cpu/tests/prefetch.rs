@@ -190,3 +190,62 @@ fn weight_copies_are_made_again_for_the_backward_pass() {
         assert!(checked > 0, "zero {zero}: the plan copies no weight");
     }
 }
+
+/// Under sequence parallelism a product's input is gathered along the
+/// sequence, and gathered again by the backward pass rather than kept from
+/// the forward pass (Megatron-LM keeps the rank's slice too): every such
+/// gather runs twice per micro-batch, the forward's copy freed before the
+/// second. Training is unchanged (the parallel suites).
+#[test]
+fn sequence_parallel_inputs_are_gathered_again_for_the_backward_pass() {
+    let g = common::zoo_gpt();
+    let s = Strategy::new(1, 1, LAYERS, 1, 2).with_tp(2, true);
+    let t = for_strategy(&g, &s, SEQ).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let graph = &t.graph;
+    let gathers: HashMap<&str, String> = graph
+        .node_indices()
+        .map(|i| graph.node(i))
+        .filter(|n| {
+            matches!(
+                n.op,
+                autopar_ir::Op::Comm {
+                    kind: autopar_ir::CommKind::GatherForCompute,
+                    group: autopar_ir::CommGroup::Tensor,
+                    ..
+                }
+            ) && !n.name.starts_with("grad/")
+        })
+        .map(|n| (n.name.as_str(), graph.tensor(n.outputs[0]).name.clone()))
+        .collect();
+    let mut checked = 0;
+    for p in &programs {
+        let mut defined: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+        let mut freed: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+        for (at, instr) in p.instructions.iter().enumerate() {
+            match instr {
+                Instr::Collective {
+                    node, micro_batch, ..
+                } => {
+                    if let Some(out) = gathers.get(node.as_str()) {
+                        defined.entry((out.clone(), *micro_batch)).or_default().push(at);
+                    }
+                }
+                Instr::Free { buf } => {
+                    if let Some(mb) = buf.micro_batch {
+                        freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (key, defs) in &defined {
+            assert_eq!(defs.len(), 2, "{key:?}: gathered at {defs:?}");
+            let frees = &freed[key];
+            assert!(frees[0] < defs[1], "{key:?}: kept from {defs:?} to {frees:?}");
+            checked += 1;
+        }
+    }
+    // Per layer: the attention's and the feed-forward's inputs.
+    assert!(checked >= 2 * LAYERS, "{checked} gathers checked");
+}

@@ -692,10 +692,15 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
     let mut sent = 0.0;
     for c in &unit.comms {
         let (f, b) = net.comm_times(c)?;
-        let repeats = if policy == Recompute::Full { 2.0 } else { 1.0 };
+        // Full recomputation repeats the forward pass's collectives; else
+        // the backward pass repeats those it gathers again.
+        let repeats = if policy == Recompute::Full || c.regathered {
+            2.0
+        } else {
+            1.0
+        };
         sent += repeats * net.sent(c, c.forward)? + net.sent(c, c.backward)?;
-        // Full recomputation repeats the forward pass's collectives.
-        let f_total = if policy == Recompute::Full { 2.0 * f } else { f };
+        let f_total = repeats * f;
         match c.group {
             Group::Tensor => tp += f_total + b,
             Group::Context => {

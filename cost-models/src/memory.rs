@@ -188,12 +188,14 @@ pub fn stage_memory(
     }
     let mut activations = in_flight * per_micro_batch;
     if stage.layers > 0 {
-        // The layer being recomputed holds what it redoes during its backward.
-        activations += match stage.recompute {
-            Recompute::None => 0.0,
-            Recompute::Selective => w.layer.selective_bytes,
-            Recompute::Full => w.layer.saved_bytes,
-        };
+        // The layer being recomputed holds what it redoes during its
+        // backward pass, and the inputs it gathers again.
+        activations += w.layer.regathered_bytes
+            + match stage.recompute {
+                Recompute::None => 0.0,
+                Recompute::Selective => w.layer.selective_bytes,
+                Recompute::Full => w.layer.saved_bytes,
+            };
     }
     if stage.last {
         // The outputs (logits) and their gradient while the loss runs.

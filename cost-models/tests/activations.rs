@@ -51,15 +51,15 @@ fn tensor_parallel_splits_all_but_10sbh() {
     }
 }
 
-/// Sequence parallelism splits everything (Korthikanti's `34sbh/t`) but the
-/// inputs of the two column-parallel products: lowering keeps the copy it
-/// gathered along the sequence for the backward pass (`2sbh` each, where
-/// Megatron-LM keeps its `2sbh/t` slice and gathers again).
+/// Sequence parallelism splits everything: Korthikanti's `34sbh/t`. The
+/// inputs of the two column-parallel products are gathered along the
+/// sequence for the product and gathered again for its backward pass, so
+/// the rank keeps its slice, as Megatron-LM does.
 #[test]
-fn sequence_parallel_splits_everything_but_the_gathered_product_inputs() {
+fn sequence_parallel_splits_everything() {
     let t = 4.0;
     let w = workload(4, true, AttentionKernel::Unfused);
-    let want = S * B * H * ((34.0 - 4.0) / t + 4.0) + 5.0 * A * S * S * B / t;
+    let want = S * B * H * 34.0 / t + 5.0 * A * S * S * B / t;
     assert_close(layer_activations(&w, Recompute::None, true, 4), want);
 }
 
@@ -69,7 +69,7 @@ fn selective_recomputation_drops_the_attention_scores() {
     let w = workload(4, true, AttentionKernel::Unfused);
     assert_close(
         layer_activations(&w, Recompute::Selective, true, 4),
-        S * B * H * ((34.0 - 4.0) / t + 4.0),
+        S * B * H * 34.0 / t,
     );
     let w = workload(4, false, AttentionKernel::Unfused);
     assert_close(

@@ -106,7 +106,9 @@ pub fn priced_bytes(w: &Workload, tp: usize) -> f64 {
             .iter()
             .filter(|c| c.group == Group::Tensor)
             .flat_map(|c| {
-                [c.forward, c.backward]
+                // A regathered input's gather runs again in the backward pass.
+                let again = c.forward.filter(|_| c.regathered);
+                [c.forward, c.backward, again]
                     .into_iter()
                     .flatten()
                     .map(|k| (k, c.bytes))

@@ -200,18 +200,23 @@ impl<'g> Builder<'g> {
         self.reads = vec![None; node.inputs.len()];
         for &slot in &d.column_input {
             let Some(t) = node.inputs[slot] else { continue };
-            if sp {
-                // Gathered along the sequence first: kept whole for backward.
-                self.reads[slot] = Some(self.opts.sharding.cp as f64);
-            }
             if let Some(u) = unit.filter(|_| self.column_inputs.insert(t)) {
                 let bytes = self.full_bytes(t) / self.opts.sharding.cp as f64;
+                // Under sequence parallelism the product's input is gathered
+                // along the sequence, and gathered again for the backward
+                // pass: the rank keeps its slice.
                 let (fwd, bwd) = if sp {
                     (Some(Collective::AllGather), Collective::ReduceScatter)
                 } else {
                     (None, Collective::AllReduce)
                 };
-                self.units[u].comms.push(tensor_comm(fwd, Some(bwd), bytes));
+                self.units[u].comms.push(CommWork {
+                    regathered: sp,
+                    ..tensor_comm(fwd, Some(bwd), bytes)
+                });
+                if sp {
+                    self.units[u].regathered_bytes += bytes;
+                }
             }
         }
         for &t in &node.outputs {
@@ -476,6 +481,7 @@ impl<'g> Builder<'g> {
                             forward: Some(Collective::AllGather),
                             backward: Some(Collective::ReduceScatter),
                             bytes: self.full_bytes(t) / heads_div,
+                            regathered: false,
                         });
                     }
                 }
@@ -512,6 +518,7 @@ impl<'g> Builder<'g> {
                         forward: Some(forward),
                         backward,
                         bytes,
+                        regathered: false,
                     });
                 }
             }
@@ -640,6 +647,7 @@ fn tensor_comm(forward: Option<Collective>, backward: Option<Collective>, bytes:
         forward,
         backward,
         bytes,
+        regathered: false,
     }
 }
 

@@ -70,6 +70,10 @@ pub struct CommWork {
     pub backward: Option<Collective>,
     /// Logical buffer size in bytes (see [`crate::comm`] for the convention).
     pub bytes: f64,
+    /// The backward pass runs the forward collective again rather than
+    /// keeping its output (an activation gathered along the sequence for a
+    /// product, as lowering does); full recomputation reruns it anyway.
+    pub regathered: bool,
 }
 
 /// A parameter's share on one rank.
@@ -93,6 +97,9 @@ pub struct Unit {
     /// Of those, the bytes selective recomputation drops (attention's
     /// score-sized tensors).
     pub selective_bytes: f64,
+    /// Bytes of the inputs its backward pass gathers again
+    /// ([`CommWork::regathered`]): held while that backward pass runs.
+    pub regathered_bytes: f64,
     /// Forward and backward FLOPs of this part of the model, undivided
     /// (weight preparation excluded): what MFU counts.
     pub model_flops: (f64, f64),

@@ -408,6 +408,16 @@ impl Op {
         )
     }
 
+    /// Whether the op is a product of its inputs (`Linear`, `Gemm`,
+    /// `MatMul`), whose backward pass reads its activation inputs again: an
+    /// input lowering gathers over tensor parallelism for one is gathered
+    /// again for the backward pass, the rank keeping its part (as
+    /// Megatron-LM's sequence parallelism does), and the cost model prices
+    /// the second gather.
+    pub fn is_product(&self) -> bool {
+        matches!(self, Op::Linear | Op::Gemm { .. } | Op::MatMul)
+    }
+
     /// `Cast` to `to` with ONNX's default attributes (saturating, round up).
     pub fn cast(to: DType) -> Op {
         Op::Cast {

@@ -55,6 +55,9 @@ pub(super) struct Layout<'a> {
     /// By node index: computed from constants alone, with no communication
     /// (an explicit causal mask from positions, a rank's rows of a table).
     constant_made: Vec<bool>,
+    /// By node index: a tensor-parallel all-gather of an activation for a
+    /// product whose gathered copy the backward pass reads.
+    regathered: Vec<bool>,
 }
 
 impl<'a> Layout<'a> {
@@ -142,6 +145,7 @@ impl<'a> Layout<'a> {
             grad_bytes,
             layer_of: layers_of(t),
             constant_made: constant_made(g),
+            regathered: regathered(g, part),
         }
     }
 
@@ -170,12 +174,14 @@ impl<'a> Layout<'a> {
 
     /// Forward nodes of `vs` that its backward phase runs again: those its
     /// recomputation policy names, and always the nodes passing a weight on
-    /// ([`Op::passes_input`]: tensor-parallel copies of weights) and those
-    /// made from constants alone. Running one again costs nothing or next
-    /// to nothing, and a backward pass that read the forward's would keep
-    /// every layer's copy alive from its forward to its backward pass
-    /// (under ZeRO-3, every layer's gathered weights; under context
-    /// parallelism, every layer's explicit causal mask).
+    /// ([`Op::passes_input`]: tensor-parallel copies of weights), those
+    /// made from constants alone, and the tensor-parallel all-gathers of
+    /// activations the backward pass reads. A backward pass that read the
+    /// forward's would keep every layer's copy alive from its forward to
+    /// its backward pass (under ZeRO-3, every layer's gathered weights;
+    /// under context parallelism, every layer's explicit causal mask; under
+    /// sequence parallelism, every product's input whole where Megatron-LM
+    /// keeps the rank's slice and gathers it again).
     fn recomputed(&self, vs: usize) -> impl Iterator<Item = NodeIndex> + '_ {
         let policy = self.s.recompute[vs % self.s.pp];
         let g = &self.t.graph;
@@ -191,6 +197,7 @@ impl<'a> Layout<'a> {
                         .all(|&x| g.tensor(x).role == Role::Parameter);
                 weight_copy
                     || self.constant_made[i.index()]
+                    || self.regathered[i.index()]
                     || match policy {
                         Recompute::None => false,
                         Recompute::Full => true,
@@ -311,23 +318,81 @@ fn layers_of(t: &TrainingGraph) -> Vec<Option<usize>> {
 /// such nodes, and it moves nothing between ranks (a context-parallel
 /// slice only takes the rank's part).
 fn constant_made(g: &autopar_ir::Graph) -> Vec<bool> {
-    let mut made = vec![false; g.node_indices().map(|i| i.index() + 1).max().unwrap_or(0)];
-    let Ok(order) = g.topo_order() else {
-        return made;
+    let local = |op: &Op| match op {
+        Op::Comm { kind, .. } => *kind == autopar_ir::CommKind::Slice,
+        _ => true,
     };
-    for i in order {
-        let n = g.node(i);
-        let local = match &n.op {
-            Op::Comm { kind, .. } => *kind == autopar_ir::CommKind::Slice,
-            _ => true,
-        };
-        let inputs_constant =
-            n.inputs.iter().flatten().all(|&x| {
-                g.tensor(x).role == Role::Constant || g.producer(x).is_some_and(|p| made[p.index()])
-            });
-        made[i.index()] = local && n.inputs.iter().flatten().next().is_some() && inputs_constant;
+    let made = made_from(g, |r| r == Role::Constant, local);
+    let mut out = vec![false; g.node_indices().map(|i| i.index() + 1).max().unwrap_or(0)];
+    for i in g.node_indices() {
+        out[i.index()] = g.node(i).outputs.iter().all(|&x| made[x.index()]);
+    }
+    out
+}
+
+/// By tensor index: whether the tensor has a `leaf` role or is computed,
+/// by nodes whose op `counts`, from such tensors alone.
+fn made_from(g: &autopar_ir::Graph, leaf: impl Fn(Role) -> bool, counts: impl Fn(&Op) -> bool) -> Vec<bool> {
+    let mut made: Vec<bool> = g.tensors().map(|(_, t)| leaf(t.role)).collect();
+    if let Ok(order) = g.topo_order() {
+        for i in order {
+            let n = g.node(i);
+            if counts(&n.op) && n.inputs.iter().flatten().all(|&x| made[x.index()]) {
+                for &x in &n.outputs {
+                    made[x.index()] = true;
+                }
+            }
+        }
     }
     made
+}
+
+/// By node index: whether the node is a forward tensor-parallel all-gather
+/// of an activation for a product ([`Op::is_product`]) whose output a
+/// backward node reads, or a node passing such a gather's output on
+/// ([`Op::passes_input`]: a copy into a tensor-parallel region) to one.
+fn regathered(g: &autopar_ir::Graph, part: &Partition) -> Vec<bool> {
+    let mut out = vec![false; g.node_indices().map(|i| i.index() + 1).max().unwrap_or(0)];
+    let phase = |c: &NodeIndex| part.place.get(c).map(|p| p.1);
+    let from_weights = made_from(g, |r| matches!(r, Role::Parameter | Role::Constant), |_| true);
+    for i in g.node_indices() {
+        let n = g.node(i);
+        let gather = matches!(
+            n.op,
+            Op::Comm {
+                kind: autopar_ir::CommKind::AllGather | autopar_ir::CommKind::GatherForCompute,
+                group: CommGroup::Tensor,
+                ..
+            }
+        );
+        let activation = n.inputs.iter().flatten().all(|&x| !from_weights[x.index()]);
+        if !gather || !activation || phase(&i) != Some(Phase::Forward) {
+            continue;
+        }
+        // The gather and the forward nodes handing its output on.
+        let mut chain = vec![i];
+        let (mut for_product, mut backward_reads) = (false, false);
+        let mut k = 0;
+        while k < chain.len() {
+            for &x in &g.node(chain[k]).outputs {
+                for c in g.consumers(x) {
+                    match phase(&c) {
+                        Some(Phase::Backward) => backward_reads = true,
+                        Some(Phase::Forward) if g.node(c).op.passes_input() => chain.push(c),
+                        Some(Phase::Forward) => for_product |= g.node(c).op.is_product(),
+                        None => {}
+                    }
+                }
+            }
+            k += 1;
+        }
+        if for_product && backward_reads {
+            for c in chain {
+                out[c.index()] = true;
+            }
+        }
+    }
+    out
 }
 
 /// One rank's program while it is emitted.

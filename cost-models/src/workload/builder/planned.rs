@@ -13,6 +13,7 @@
 use super::{tensor_comm, Builder};
 use crate::comm::{of_comm, Collective};
 use crate::workload::layout::{Decision, Layout};
+use crate::workload::CommWork;
 use crate::workload::{Layered, Place, WorkloadError};
 use autopar_ir::layers;
 use autopar_ir::op::sharding::{self, Layout as Rule, Strategy};
@@ -146,6 +147,9 @@ impl Builder<'_> {
         let unit = self.unit_of(idx);
         let mut weight_sharded = false;
         let mut weights_only = true;
+        // Inputs gathered for this node and gathered again for its backward
+        // pass: the rank keeps its part.
+        let mut kept_split = Vec::new();
         for (slot, t) in node.inputs.iter().enumerate() {
             let Some(t) = *t else { continue };
             self.adopt_repeat_layout(t);
@@ -164,6 +168,9 @@ impl Builder<'_> {
             let here = self.crossing(idx, t)?;
             let at = self.reader_unit(t, unit);
             self.move_into(t, here, want, at)?;
+            if self.regathered(t, here, want) {
+                kept_split.push(slot);
+            }
             if shares && want == Rule::Replicate {
                 self.copy_in(t, want, at);
             }
@@ -192,7 +199,10 @@ impl Builder<'_> {
             weight_sharded,
         };
         self.reads = (0..node.inputs.len())
-            .map(|slot| Some(self.divisor(coarse(s.reads(slot).0))))
+            .map(|slot| match kept_split.contains(&slot) {
+                true => Some(self.divisor(Layout::Split)),
+                false => Some(self.divisor(coarse(s.reads(slot).0))),
+            })
             .collect();
         let priced = self.price(idx, u, &d, Some(s.divisor));
         self.reads.clear();
@@ -275,10 +285,17 @@ impl Builder<'_> {
         };
         let Some(u) = unit else { return Ok(()) };
         let bytes = self.full_bytes(t) / self.context_share(t);
+        let regathered = self.regathered(t, from, to);
+        if regathered {
+            self.units[u].regathered_bytes += bytes;
+        }
         for (kind, _) in steps {
             let back = of_comm(kind.conjugate()).filter(|_| grad);
             if let Some(c) = of_comm(kind) {
-                self.units[u].comms.push(tensor_comm(Some(c), None, bytes));
+                self.units[u].comms.push(CommWork {
+                    regathered: regathered && c == AllGather,
+                    ..tensor_comm(Some(c), None, bytes)
+                });
             }
             if let Some(c) = back {
                 self.units[u].comms.push(tensor_comm(None, Some(c), bytes));
@@ -295,6 +312,32 @@ impl Builder<'_> {
             self.units[u].comms.push(tensor_comm(None, Some(c), bytes));
         }
         Ok(())
+    }
+
+    /// True when moving activation `t` from `from` into `to` gathers it for
+    /// a product (which keeps its input for the weight's gradient): lowering
+    /// gathers it again for the backward pass, and the rank keeps its part
+    /// ([`Op::is_product`]).
+    fn regathered(&self, t: TensorId, from: Rule, to: Rule) -> bool {
+        let gathers = sharding::moves(from, to).is_some_and(|steps| {
+            steps
+                .iter()
+                .any(|(kind, _)| of_comm(*kind) == Some(Collective::AllGather))
+        });
+        let graph = self.graph;
+        let planned = self.planned.as_ref().expect("planned");
+        gathers
+            && self.layouts[t.index()] != Layout::Weight
+            && graph.consumers(t).iter().any(|&c| {
+                let n = graph.node(c);
+                let reads_gathered = |s: &Strategy| {
+                    n.inputs
+                        .iter()
+                        .enumerate()
+                        .any(|(slot, &x)| x == Some(t) && s.reads(slot).0 == to)
+                };
+                n.op.is_product() && planned.strategy(c).is_some_and(reads_gathered)
+            })
     }
 
     /// Prices copying `t` (read as `as_read`) into divided work: its
