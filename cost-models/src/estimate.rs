@@ -690,16 +690,19 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
     // Collectives of the forward pass on the compute stream (tensor and expert).
     let mut forward_comm = 0.0;
     let mut sent = 0.0;
+    // Inputs the backward pass gathers again: issued as the layer's backward
+    // pass starts, read by the weights' gradients later in it.
+    let mut regather = 0.0;
     for c in &unit.comms {
         let (f, b) = net.comm_times(c)?;
-        // Full recomputation repeats the forward pass's collectives; else
-        // the backward pass repeats those it gathers again.
-        let repeats = if policy == Recompute::Full || c.regathered {
-            2.0
-        } else {
-            1.0
-        };
-        sent += repeats * net.sent(c, c.forward)? + net.sent(c, c.backward)?;
+        // Full recomputation repeats the forward pass's collectives.
+        let full = policy == Recompute::Full;
+        let again = c.regathered && !full;
+        let repeats = if full { 2.0 } else { 1.0 };
+        sent += (repeats + f64::from(u8::from(again))) * net.sent(c, c.forward)? + net.sent(c, c.backward)?;
+        if again {
+            regather += f;
+        }
         let f_total = repeats * f;
         match c.group {
             Group::Tensor => tp += f_total + b,
@@ -717,6 +720,8 @@ fn unit_time(unit: &Unit, rates: &Rates, net: &Net, policy: Recompute) -> Result
     // gradients' reduce-scatter ends the attention's backward: lowering
     // runs them beside no compute.
     let cp = cp_fwd + cp_bwd;
+    // The second gathers run beside the backward pass's computation.
+    tp += (regather - bwd).max(0.0);
     let forward = fwd + forward_comm + cp_fwd;
     Ok(UnitTime {
         compute: fwd + bwd + redo,
