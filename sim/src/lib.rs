@@ -165,7 +165,7 @@ pub fn simulate_model_plan_step(p: &Plan, model: &Graph, calibration: &Calibrati
     let cluster = plan_cluster(p)?;
     let pricing = plan_pricing(p, &t, &strategy, &cluster, calibration, Precision::F32)?;
     let opts = SimOptions::default();
-    let Some(fill) = steady_fill(&strategy) else {
+    let Some((fill, period)) = steady_fill(&strategy) else {
         return Ok(replay(&t, &strategy, &pricing, &opts, None)?.step_time_s);
     };
     let lane_ends = |micro_batches: usize| -> Result<Vec<f64>, SimError> {
@@ -176,8 +176,8 @@ pub fn simulate_model_plan_step(p: &Plan, model: &Graph, calibration: &Calibrati
         let sim = replay(&t, &s, &pricing, &opts, None)?;
         Ok(sim.timelines.iter().flat_map(|tl| tl.lane_end_s).collect())
     };
-    let (first, second) = (lane_ends(fill)?, lane_ends(fill + 1)?);
-    let more = (strategy.micro_batches - fill - 1) as f64;
+    let (first, second) = (lane_ends(fill)?, lane_ends(fill + period)?);
+    let more = (strategy.micro_batches - fill - period) as f64 / period as f64;
     Ok(first
         .iter()
         .zip(&second)
@@ -185,22 +185,22 @@ pub fn simulate_model_plan_step(p: &Plan, model: &Graph, calibration: &Calibrati
         .fold(0.0, f64::max))
 }
 
-/// The smaller micro-batch count [`simulate_model_plan_step`] replays:
-/// past the pipeline's fill, where every stage's last forward task already
-/// follows a backward one (with `pp` micro-batches, the first stage's last
-/// forward still follows its warm-up directly, and its sends end a whole
-/// round trip early). `None` where replaying it and one more costs no less
-/// than the plan itself, and for the interleaved schedule: its chunks share
-/// each rank's transfer lane unevenly, and a lane that falls a little behind
-/// per group can take over many groups later (SC'21's 310B pick on 1,920
-/// GPUs grows 0.1 % faster per group past 40 micro-batches than between 16
-/// and 32), so it is replayed in full.
-fn steady_fill(s: &Strategy) -> Option<usize> {
-    let fill = match s.schedule {
-        Schedule::Interleaved => return None,
-        Schedule::OneFOneB | Schedule::Gpipe => s.pp + 1,
+/// The smaller micro-batch count [`simulate_model_plan_step`] replays, and
+/// the period it extends by: past the pipeline's fill, where every stage's
+/// last forward task already follows a backward one (with `pp` micro-batches,
+/// the first stage's last forward still follows its warm-up directly, and its
+/// sends end a whole round trip early), one micro-batch at a time. The
+/// interleaved schedule runs micro-batches in groups of `pp` per chunk, so it
+/// is replayed for two and three groups and extended a group at a time (on
+/// the consistency bench's interleaved plans and in `tests/periodic.rs` this
+/// matches the full replay to 1e-9). `None` where replaying the shorter runs
+/// costs no less than the plan itself.
+fn steady_fill(s: &Strategy) -> Option<(usize, usize)> {
+    let (fill, period) = match s.schedule {
+        Schedule::Interleaved => (2 * s.pp, s.pp),
+        Schedule::OneFOneB | Schedule::Gpipe => (s.pp + 1, 1),
     };
-    (2 * fill + 1 < s.micro_batches).then_some(fill)
+    (2 * fill + period < s.micro_batches).then_some((fill, period))
 }
 
 /// Candidate `c` of the search `found` made into its plan (per-op sharding

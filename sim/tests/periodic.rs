@@ -134,6 +134,20 @@ fn extended_replays_give_the_full_replays_step() {
             ),
         ),
         (
+            "interleaved pp 4 v 2 tp 2 sp, ZeRO-2",
+            GPT,
+            "dgx-h100",
+            32,
+            with(
+                Box::new(degrees(2, 2, 4, 1)),
+                Box::new(|c| {
+                    c.schedule = Schedule::Interleaved;
+                    c.virtual_stages = 2;
+                    c.zero = 2;
+                }),
+            ),
+        ),
+        (
             "no pipeline, ZeRO-2 traffic behind the computation",
             GPT_F16,
             "p3-v100",
