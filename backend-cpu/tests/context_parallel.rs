@@ -239,38 +239,16 @@ fn causal_masks_are_made_again_for_the_backward_pass() {
     let t = for_strategy(&g, &s, 16).unwrap();
     let programs = lower(&t, &s).unwrap();
     let graph = &t.graph;
-    let masks: std::collections::HashMap<&str, String> = graph
+    let masks: std::collections::HashMap<String, String> = graph
         .node_indices()
         .map(|i| graph.node(i))
         .filter(|n| n.name.starts_with("cp/causal"))
-        .map(|n| (n.name.as_str(), graph.tensor(n.outputs[0]).name.clone()))
+        .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
         .collect();
     assert_eq!(masks.len(), g.blocks.len(), "one causal mask per layer");
-    let mut checked = 0;
-    for p in &programs {
-        let mut defined: std::collections::HashMap<(String, usize), Vec<usize>> = Default::default();
-        let mut freed: std::collections::HashMap<(String, usize), Vec<usize>> = Default::default();
-        for (at, instr) in p.instructions.iter().enumerate() {
-            match instr {
-                Instr::Compute { node, micro_batch } => {
-                    if let Some(out) = masks.get(node.as_str()) {
-                        defined.entry((out.clone(), *micro_batch)).or_default().push(at);
-                    }
-                }
-                Instr::Free { buf } => {
-                    if let Some(mb) = buf.micro_batch {
-                        freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (key, defs) in &defined {
-            assert_eq!(defs.len(), 2, "{key:?}: made at {defs:?}");
-            let frees = &freed[key];
-            assert!(frees[0] < defs[1], "{key:?}: kept from {defs:?} to {frees:?}");
-            checked += 1;
-        }
-    }
+    let checked: usize = programs
+        .iter()
+        .map(|p| common::made_again_for_the_backward_pass(p, &masks, "mask"))
+        .sum();
     assert!(checked >= 2 * g.blocks.len(), "{checked} masks checked");
 }

@@ -137,56 +137,29 @@ fn weight_copies_are_made_again_for_the_backward_pass() {
         let t = for_strategy(&g, &s, SEQ).unwrap();
         let programs = lower(&t, &s).unwrap();
         let graph = &t.graph;
-        let nodes: HashMap<&str, _> = graph
+        let copies: HashMap<String, String> = graph
             .node_indices()
-            .map(|i| (graph.node(i).name.as_str(), i))
+            .map(|i| graph.node(i))
+            .filter(|n| {
+                matches!(
+                    n.op,
+                    autopar_ir::Op::Comm {
+                        kind: autopar_ir::CommKind::Copy,
+                        ..
+                    }
+                ) && n
+                    .inputs
+                    .iter()
+                    .flatten()
+                    .all(|&x| graph.tensor(x).role == autopar_ir::Role::Parameter)
+            })
+            .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
             .collect();
-        let mut checked = 0;
-        for p in &programs {
-            let mut defined: HashMap<(String, usize), Vec<usize>> = HashMap::new();
-            let mut freed: HashMap<(String, usize), Vec<usize>> = HashMap::new();
-            for (at, instr) in p.instructions.iter().enumerate() {
-                match instr {
-                    Instr::Collective {
-                        node, micro_batch, ..
-                    } => {
-                        let n = graph.node(nodes[node.as_str()]);
-                        let weight = n
-                            .inputs
-                            .iter()
-                            .flatten()
-                            .all(|&x| graph.tensor(x).role == autopar_ir::Role::Parameter);
-                        if weight
-                            && matches!(
-                                n.op,
-                                autopar_ir::Op::Comm {
-                                    kind: autopar_ir::CommKind::Copy,
-                                    ..
-                                }
-                            )
-                        {
-                            let out = graph.tensor(n.outputs[0]).name.clone();
-                            defined.entry((out, *micro_batch)).or_default().push(at);
-                        }
-                    }
-                    Instr::Free { buf } => {
-                        if let Some(mb) = buf.micro_batch {
-                            freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            for (key, defs) in &defined {
-                let frees = &freed[key];
-                assert_eq!(defs.len(), 2, "zero {zero} {key:?}: defined at {defs:?}");
-                assert!(
-                    frees[0] < defs[1],
-                    "zero {zero} {key:?}: kept from {defs:?} to {frees:?}"
-                );
-                checked += 1;
-            }
-        }
+        let what = format!("zero {zero}");
+        let checked: usize = programs
+            .iter()
+            .map(|p| common::made_again_for_the_backward_pass(p, &copies, &what))
+            .sum();
         assert!(checked > 0, "zero {zero}: the plan copies no weight");
     }
 }
@@ -203,7 +176,7 @@ fn sequence_parallel_inputs_are_gathered_again_for_the_backward_pass() {
     let t = for_strategy(&g, &s, SEQ).unwrap();
     let programs = lower(&t, &s).unwrap();
     let graph = &t.graph;
-    let gathers: HashMap<&str, String> = graph
+    let gathers: HashMap<String, String> = graph
         .node_indices()
         .map(|i| graph.node(i))
         .filter(|n| {
@@ -216,36 +189,12 @@ fn sequence_parallel_inputs_are_gathered_again_for_the_backward_pass() {
                 }
             ) && !n.name.starts_with("grad/")
         })
-        .map(|n| (n.name.as_str(), graph.tensor(n.outputs[0]).name.clone()))
+        .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
         .collect();
-    let mut checked = 0;
-    for p in &programs {
-        let mut defined: HashMap<(String, usize), Vec<usize>> = HashMap::new();
-        let mut freed: HashMap<(String, usize), Vec<usize>> = HashMap::new();
-        for (at, instr) in p.instructions.iter().enumerate() {
-            match instr {
-                Instr::Collective {
-                    node, micro_batch, ..
-                } => {
-                    if let Some(out) = gathers.get(node.as_str()) {
-                        defined.entry((out.clone(), *micro_batch)).or_default().push(at);
-                    }
-                }
-                Instr::Free { buf } => {
-                    if let Some(mb) = buf.micro_batch {
-                        freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
-                    }
-                }
-                _ => {}
-            }
-        }
-        for (key, defs) in &defined {
-            assert_eq!(defs.len(), 2, "{key:?}: gathered at {defs:?}");
-            let frees = &freed[key];
-            assert!(frees[0] < defs[1], "{key:?}: kept from {defs:?} to {frees:?}");
-            checked += 1;
-        }
-    }
+    let checked: usize = programs
+        .iter()
+        .map(|p| common::made_again_for_the_backward_pass(p, &gathers, "gather"))
+        .sum();
     // Per layer: the attention's and the feed-forward's inputs.
     assert!(checked >= 2 * LAYERS, "{checked} gathers checked");
 }

@@ -183,3 +183,40 @@ pub fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSh
     }
     ops
 }
+
+/// Checks that every output of the nodes `picked` chooses (by name, to
+/// their output tensor's name) is made twice per micro-batch in `program`
+/// (forward, then again for the backward pass) and that the forward's is
+/// freed before the second is made; returns how many were checked.
+pub fn made_again_for_the_backward_pass(
+    program: &Program,
+    picked: &HashMap<String, String>,
+    what: &str,
+) -> usize {
+    let mut made: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+    let mut freed: HashMap<(String, usize), Vec<usize>> = HashMap::new();
+    for (at, instr) in program.instructions.iter().enumerate() {
+        match instr {
+            Instr::Collective {
+                node, micro_batch, ..
+            }
+            | Instr::Compute { node, micro_batch } => {
+                if let Some(out) = picked.get(node.as_str()) {
+                    made.entry((out.clone(), *micro_batch)).or_default().push(at);
+                }
+            }
+            Instr::Free { buf } => {
+                if let Some(mb) = buf.micro_batch {
+                    freed.entry((buf.tensor.clone(), mb)).or_default().push(at);
+                }
+            }
+            _ => {}
+        }
+    }
+    for (key, at) in &made {
+        assert_eq!(at.len(), 2, "{what} {key:?}: made at {at:?}");
+        let frees = &freed[key];
+        assert!(frees[0] < at[1], "{what} {key:?}: kept from {at:?} to {frees:?}");
+    }
+    made.len()
+}
