@@ -40,6 +40,10 @@ pub struct Request {
     pub grad_bucket_mib: u32,
     /// Tensor-parallel communication beside the GEMMs (Megatron-Core's overlap).
     pub tp_comm_overlap: bool,
+    /// ZeRO-1/2's weight gathers beside the next forward pass (Megatron-Core's overlap).
+    pub overlap_param_gather: bool,
+    /// Gradients accumulated and reduced in f32 (Megatron-LM's bf16 default).
+    pub f32_main_grads: bool,
     pub calibration: Option<PathBuf>,
 }
 
@@ -126,9 +130,11 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         overlap_grad_reduce: r.overlap_grad_reduce,
         grad_reduce: autopar_cost_models::GradReduce {
             bucket_mib: r.grad_bucket_mib,
+            f32_main_grads: r.f32_main_grads,
             ..Default::default()
         },
         tp_comm_overlap: r.tp_comm_overlap,
+        overlap_param_gather: r.overlap_param_gather,
         ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;

@@ -294,6 +294,15 @@ struct EstimateArgs {
     /// (Megatron-Core's --tp-comm-overlap; no backend here runs it).
     #[arg(long)]
     tp_comm_overlap: bool,
+    /// Price ZeRO-1/2's weight all-gathers as run beside the next step's
+    /// first forward pass (Megatron-Core's --overlap-param-gather; no
+    /// backend here runs it).
+    #[arg(long)]
+    overlap_param_gather: bool,
+    /// Price gradients accumulated and reduced in f32 beside 16-bit weights
+    /// (Megatron-LM's default for bf16; no backend here does it).
+    #[arg(long)]
+    f32_main_grads: bool,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -524,6 +533,8 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         overlap_grad_reduce: a.overlap_grad_reduce,
         grad_bucket_mib: a.grad_bucket_mib,
         tp_comm_overlap: a.tp_comm_overlap,
+        overlap_param_gather: a.overlap_param_gather,
+        f32_main_grads: a.f32_main_grads,
         calibration: a.calibration,
     })?;
     if a.json {

@@ -34,6 +34,8 @@ fn published_request(r: &PublishedRun) -> Request {
         overlap_grad_reduce: cfg.overlap_grad_reduce,
         grad_bucket_mib: cfg.grad_reduce.bucket_mib,
         tp_comm_overlap: cfg.tp_comm_overlap,
+        overlap_param_gather: cfg.overlap_param_gather,
+        f32_main_grads: cfg.grad_reduce.f32_main_grads,
         calibration: None,
     }
 }
@@ -67,4 +69,25 @@ fn every_published_run_within_ten_percent() {
     println!("mean absolute error {:.1}%", 100.0 * mean);
     assert!(errors.iter().all(|e| e.abs() <= 0.10), "{errors:?}");
     assert!(mean <= 0.05, "mean {mean}");
+}
+
+/// Megatron-Core's H100 model table (`fixtures/megatron_core_h100.json`)
+/// as its authors ran it: the same request path, their overlaps and f32
+/// gradients priced. The aim is a mean of 5 % and a largest error of 10 %;
+/// this pins what the cost model reaches now (mean 5.1 %, largest 10.3 %),
+/// so that a change that makes it worse fails.
+#[test]
+fn the_h100_table_as_run_stays_near_its_published_steps() {
+    let mut errors = Vec::new();
+    for (i, r) in published::megatron_core_h100().iter().enumerate() {
+        let report = run(&published_request(r)).unwrap();
+        let err = report.estimate.step_time_s / r.step_time_s() - 1.0;
+        println!("row {} error {:+.1}%", i + 1, 100.0 * err);
+        assert!(report.estimate.fits, "row {} does not fit", i + 1);
+        errors.push(err);
+    }
+    assert_eq!(errors.len(), 9);
+    let mean = errors.iter().map(|e| e.abs()).sum::<f64>() / errors.len() as f64;
+    assert!(errors.iter().all(|e| e.abs() <= 0.11), "{errors:?}");
+    assert!(mean <= 0.055, "mean {mean}");
 }

@@ -26,12 +26,23 @@ pub struct Device {
     pub memory_bytes: f64,
     /// Memory bandwidth in bytes/s.
     pub memory_bandwidth: f64,
+    /// How much of the datasheet peak the device's matrix units sustain
+    /// against the A100 the default calibration was fitted on (SC'21
+    /// Table 1): 1 there; below 1 where sustained load holds the clock
+    /// further below the boost clock the peak is quoted at.
+    pub sustained_fraction: f64,
 }
 
 impl Device {
-    /// Peak FLOP/s for `dtype`, if the device lists it.
+    /// Peak FLOP/s for `dtype`, if the device lists it (the datasheet's:
+    /// the denominator of MFU).
     pub fn peak(&self, dtype: DType) -> Option<f64> {
         self.peak_flops.get(&dtype).copied()
+    }
+
+    /// The peak GEMMs in `dtype` run against: the datasheet's, sustained.
+    pub fn matmul_peak(&self, dtype: DType) -> Option<f64> {
+        self.peak(dtype).map(|p| p * self.sustained_fraction)
     }
 }
 
@@ -117,6 +128,12 @@ struct DeviceFile {
     memory_gib: f64,
     memory_bandwidth_gb_s: f64,
     peak_tflops: BTreeMap<DType, f64>,
+    #[serde(default = "unit")]
+    sustained_fraction: f64,
+}
+
+fn unit() -> f64 {
+    1.0
 }
 
 #[derive(Debug, Deserialize)]
@@ -182,6 +199,13 @@ impl Cluster {
                 positive(&format!("device.peak_tflops.{dtype}"), *tflops)? * 1e12,
             );
         }
+        let sustained = file.device.sustained_fraction;
+        if !(sustained.is_finite() && sustained > 0.0 && sustained <= 1.0) {
+            return Err(field(
+                "device.sustained_fraction",
+                &format!("must be a share of the peak in (0, 1], got {sustained}"),
+            ));
+        }
         let link = |name: &str, l: &LinkFile| -> Result<Link, ClusterError> {
             let latency = l.latency_us;
             if !(latency.is_finite() && latency >= 0.0) {
@@ -207,6 +231,7 @@ impl Cluster {
                     "device.memory_bandwidth_gb_s",
                     file.device.memory_bandwidth_gb_s,
                 )? * GB,
+                sustained_fraction: sustained,
             },
             intra_node: link("intra_node", &file.intra_node)?,
             inter_node: link("inter_node", &file.inter_node)?,
@@ -265,6 +290,7 @@ fn host_cpu() -> Cluster {
             peak_flops: BTreeMap::from([(DType::F32, f32_flops), (DType::F64, f32_flops / 2.0)]),
             memory_bytes,
             memory_bandwidth: 20.0 * GB,
+            sustained_fraction: 1.0,
         },
         intra_node: shared_memory,
         inter_node: shared_memory,
@@ -299,6 +325,23 @@ mod tests {
         assert_eq!(c.intra_node.bandwidth, 300e9);
         assert_eq!(c.inter_node.bandwidth, 25e9);
         assert_eq!(c.inter_node.latency, 5e-6);
+    }
+
+    #[test]
+    fn hopper_gemms_run_at_a_sustained_share_of_the_datasheet_peak() {
+        for name in ["dgx-h100", "hgx-h200"] {
+            let d = Cluster::preset(name).unwrap().device;
+            assert_eq!(d.peak(DType::Bf16), Some(989e12), "{name}");
+            let sustained = d.matmul_peak(DType::Bf16).unwrap();
+            assert!((sustained - 0.78 * 989e12).abs() < 1e6, "{name}");
+        }
+        let a100 = Cluster::preset("dgx-a100-80g").unwrap().device;
+        assert_eq!(a100.matmul_peak(DType::Bf16), Some(312e12));
+        let text = preset_text("dgx-h100")
+            .unwrap()
+            .replace("sustained_fraction = 0.78", "sustained_fraction = 1.5");
+        let err = Cluster::from_toml(&text, "c.toml").unwrap_err().to_string();
+        assert!(err.contains("device.sustained_fraction"), "{err}");
     }
 
     #[test]

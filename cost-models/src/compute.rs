@@ -71,7 +71,7 @@ impl<'a> Rates<'a> {
         if flops == 0.0 && bytes == 0.0 {
             return 0.0;
         }
-        let peak = self.device.peak(w.dtype).unwrap_or(self.peak);
+        let peak = (self.device.matmul_peak(w.dtype)).unwrap_or(self.peak * self.device.sustained_fraction);
         let arithmetic = match w.kernel {
             Kernel::Matmul { m, n, k, .. } => flops / self.calibration.matmul_rate(peak, w.dtype, m, n, k),
             Kernel::FusedAttention { sq, sk, d, .. } => {
@@ -94,6 +94,7 @@ mod tests {
             peak_flops: BTreeMap::from([(DType::Bf16, 100e12), (DType::F32, 10e12)]),
             memory_bytes: 1e9,
             memory_bandwidth: 1e12,
+            sustained_fraction: 1.0,
         }
     }
 

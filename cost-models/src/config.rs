@@ -121,6 +121,12 @@ pub struct TrainingConfig {
     /// cannot cover is exposed. No backend here runs it: it prices runs of
     /// Megatron-Core, and lowering refuses a plan that assumes it.
     pub tp_comm_overlap: bool,
+    /// ZeRO-1/2's all-gathers of the updated weights run bucket by bucket
+    /// beside the next step's first forward pass, each issued as the
+    /// forward pass reaches the bucket before it (Megatron-Core's
+    /// `--overlap-param-gather`), instead of after the optimizer step. No
+    /// backend here runs it: it prices runs of Megatron-Core.
+    pub overlap_param_gather: bool,
     /// ZeRO-3: how many layers ahead of the one it computes a task gathers
     /// weights (0: each right before its first use).
     pub zero3_prefetch: usize,
@@ -146,6 +152,11 @@ pub struct GradReduce {
     pub algorithm: crate::comm::Algorithm,
     /// Gradients sent in this narrower float type (bf16 or f16), if any.
     pub compression: Option<autopar_ir::DType>,
+    /// Gradients accumulated over micro-batches and reduced in f32 beside
+    /// 16-bit weights (Megatron-LM's default for bf16: `main_grad`
+    /// buffers), so they take twice the weights' bytes in memory and on the
+    /// wire. No backend here does it: it prices runs of Megatron-LM.
+    pub f32_main_grads: bool,
     /// Gradients are reduced in buckets of about this many MiB, each issued
     /// as soon as the backward pass has produced all of it; 0 reduces each
     /// parameter tensor on its own.
@@ -167,6 +178,23 @@ impl GradReduce {
         (self.bucket_mib as usize) << 20
     }
 
+    /// Gradient bytes a rank holds per byte of weights of type `weights`.
+    pub fn held_per_weight_byte(&self, weights: autopar_ir::DType) -> f64 {
+        match self.f32_main_grads {
+            true => (32.0 / weights.size_bits() as f64).max(1.0),
+            false => 1.0,
+        }
+    }
+
+    /// Gradient bytes the reduction sends per byte of weights of type
+    /// `weights`: the held gradients, or fewer in the compressed type.
+    pub fn sent_per_weight_byte(&self, weights: autopar_ir::DType) -> f64 {
+        let held = self.held_per_weight_byte(weights);
+        self.compression.map_or(held, |d| {
+            (d.size_bits() as f64 / weights.size_bits() as f64).min(held)
+        })
+    }
+
     /// The collective that sums gradients under ZeRO stage `zero`: an
     /// all-reduce by this algorithm (ZeRO-0), else a ring reduce-scatter.
     pub fn collective(&self, zero: u8) -> (crate::comm::Collective, crate::comm::Algorithm) {
@@ -183,6 +211,7 @@ impl Default for GradReduce {
         GradReduce {
             algorithm: crate::comm::Algorithm::Ring,
             compression: None,
+            f32_main_grads: false,
             bucket_mib: DEFAULT_BUCKET_MIB,
         }
     }
@@ -223,9 +252,28 @@ impl Default for TrainingConfig {
             overlap_grad_reduce: false,
             grad_reduce: GradReduce::default(),
             tp_comm_overlap: false,
+            overlap_param_gather: false,
             zero3_prefetch: DEFAULT_PREFETCH,
             mesh_order: MeshOrder::default(),
             stages: None,
+        }
+    }
+}
+
+impl TrainingConfig {
+    /// This configuration as the backends here run it: without the
+    /// overlaps and gradient handling only priced for other tools' runs
+    /// (tensor-parallel overlap, the weight gather beside the forward
+    /// pass, f32 main gradients).
+    pub fn runnable(&self) -> TrainingConfig {
+        TrainingConfig {
+            tp_comm_overlap: false,
+            overlap_param_gather: false,
+            grad_reduce: GradReduce {
+                f32_main_grads: false,
+                ..self.grad_reduce
+            },
+            ..self.clone()
         }
     }
 }

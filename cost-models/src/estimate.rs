@@ -552,9 +552,7 @@ impl<'a> Evaluator<'a> {
             .unwrap_or(0);
         let mut dp_exposed: f64 = 0.0;
         let mut optimizer: f64 = 0.0;
-        let ratio = cfg.grad_reduce.compression.map_or(1.0, |d| {
-            (d.size_bits() as f64 / self.w.compute_dtype.size_bits() as f64).min(1.0)
-        });
+        let ratio = cfg.grad_reduce.sent_per_weight_byte(self.w.compute_dtype);
         for s in stages {
             let params = self.params.stage(s);
             let [pre, layer, post] = self.unit_times(cfg, s);

@@ -213,7 +213,7 @@ pub fn node_time(
     let measured = cal.measured_op_time(&w.kernel, w.dtype, w.flops, w.bytes);
     let compute = match gemm_shape(graph, idx) {
         Some(shape) => {
-            let peak = device.peak(w.dtype).unwrap_or(0.0);
+            let peak = device.matmul_peak(w.dtype).unwrap_or(0.0);
             gemm_seconds(cal, peak, w.dtype, w.flops, shape) + measured.unwrap_or(0.0)
         }
         None => measured.unwrap_or_else(|| w.bytes / cal.memory_rate(device.memory_bandwidth)),
@@ -342,6 +342,7 @@ mod tests {
             peak_flops: BTreeMap::new(),
             memory_bytes: 1e9,
             memory_bandwidth: 1e3,
+            sustained_fraction: 1.0,
         };
         let mut cal = Calibration {
             kernel_overhead_s: 1.0,

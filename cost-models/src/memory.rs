@@ -133,14 +133,21 @@ impl PartParams {
     }
 }
 
-/// Weights, gradients (in the weights' type) and optimizer state of
-/// `params`, sharded by ZeRO `stage` over `dp` data-parallel ranks (`dp`
-/// divided by `ep` for expert weights, whose replicas are fewer).
-pub fn model_state(params: &ParamBytes, zero: u8, dp: usize, ep: usize) -> (f64, f64, f64) {
+/// Weights, gradients (`grads_per_weight` bytes per weight byte: 1 in the
+/// weights' type) and optimizer state of `params`, sharded by ZeRO `stage`
+/// over `dp` data-parallel ranks (`dp` divided by `ep` for expert weights,
+/// whose replicas are fewer).
+pub fn model_state(
+    params: &ParamBytes,
+    zero: u8,
+    dp: usize,
+    ep: usize,
+    grads_per_weight: f64,
+) -> (f64, f64, f64) {
     let replicas = |expert: bool| if expert { dp / ep.max(1) } else { dp }.max(1) as f64;
     let shard = |from_stage: u8, expert: bool| if zero >= from_stage { replicas(expert) } else { 1.0 };
     let weights = params.dense / shard(3, false) + params.expert / shard(3, true);
-    let grads = params.dense / shard(2, false) + params.expert / shard(2, true);
+    let grads = grads_per_weight * (params.dense / shard(2, false) + params.expert / shard(2, true));
     let optimizer = params.dense_state / shard(1, false) + params.expert_state / shard(1, true);
     (weights, grads, optimizer)
 }
@@ -171,7 +178,9 @@ pub fn stage_memory(
     stage: &Stage,
 ) -> MemoryBreakdown {
     let params = parts.stage(stage);
-    let (weights, gradients, optimizer) = model_state(&params, cfg.zero, cfg.dp * cfg.cp, cfg.ep);
+    let grads_per_weight = cfg.grad_reduce.held_per_weight_byte(w.compute_dtype);
+    let (weights, gradients, optimizer) =
+        model_state(&params, cfg.zero, cfg.dp * cfg.cp, cfg.ep, grads_per_weight);
     let in_flight = pipeline::in_flight(
         cfg.schedule,
         stage.index,
@@ -246,16 +255,38 @@ mod tests {
     #[test]
     fn mixed_precision_adam_is_sixteen_bytes_per_parameter() {
         // ZeRO paper: 2 (bf16 weights) + 2 (bf16 grads) + 12 (f32 master, m, v).
-        let (w, g, o) = model_state(&params(1e9, false), 0, 8, 1);
+        let (w, g, o) = model_state(&params(1e9, false), 0, 8, 1, 1.0);
         assert_eq!((w, g, o), (2e9, 2e9, 12e9));
         assert_eq!(optimizer_bytes_per_param(DType::F32), 8.0);
+    }
+
+    #[test]
+    fn f32_main_grads_take_four_bytes_per_parameter() {
+        // Megatron-LM with bf16: 2 (weights) + 4 (f32 main grads) + 12.
+        let f32_grads = crate::GradReduce {
+            f32_main_grads: true,
+            ..Default::default()
+        };
+        let per_weight = f32_grads.held_per_weight_byte(DType::Bf16);
+        let (w, g, o) = model_state(&params(1e9, false), 0, 8, 1, per_weight);
+        assert_eq!((w, g, o), (2e9, 4e9, 12e9));
+        // f32 weights' gradients are f32 already.
+        assert_eq!(f32_grads.held_per_weight_byte(DType::F32), 1.0);
+        // Compression narrows what is sent, not what is held.
+        let compressed = crate::GradReduce {
+            compression: Some(DType::Bf16),
+            ..f32_grads
+        };
+        assert_eq!(compressed.held_per_weight_byte(DType::Bf16), 2.0);
+        assert_eq!(compressed.sent_per_weight_byte(DType::Bf16), 1.0);
+        assert_eq!(f32_grads.sent_per_weight_byte(DType::Bf16), 2.0);
     }
 
     #[test]
     fn zero_stages_shard_state_progressively() {
         let p = params(1e9, false);
         let total = |z| {
-            let (w, g, o) = model_state(&p, z, 8, 1);
+            let (w, g, o) = model_state(&p, z, 8, 1, 1.0);
             w + g + o
         };
         assert_eq!(total(0), 16e9);
@@ -266,7 +297,7 @@ mod tests {
 
     #[test]
     fn expert_state_shards_over_fewer_replicas() {
-        let (_, _, o) = model_state(&params(1e9, true), 1, 8, 4);
+        let (_, _, o) = model_state(&params(1e9, true), 1, 8, 4, 1.0);
         assert_eq!(o, 12e9 / 2.0);
     }
 

@@ -28,6 +28,34 @@ pub struct Setting {
     /// Tensor-parallel communication overlapped with the GEMMs
     /// (Megatron-Core's `--tp-comm-overlap`).
     pub tp_comm_overlap: bool,
+    /// The input embedding and the output layer share one weight.
+    #[serde(default = "yes")]
+    pub tied_embeddings: bool,
+    /// Samples per micro-batch, where the table states it; otherwise one
+    /// micro-batch per step without a pipeline (nothing to accumulate
+    /// over) and micro-batches of one sample with one.
+    #[serde(default)]
+    pub micro_batch: Option<usize>,
+    /// Megatron-Core's data-parallel overlaps: the gradients' reduction
+    /// in buckets beside the last backward pass (`--overlap-grad-reduce`)
+    /// and the weights' gather beside the next forward pass
+    /// (`--overlap-param-gather`).
+    #[serde(default)]
+    pub overlap_grad_reduce: bool,
+    #[serde(default)]
+    pub overlap_param_gather: bool,
+    /// Gradients accumulated and reduced in f32 (Megatron-LM's default
+    /// for bf16 weights).
+    #[serde(default)]
+    pub f32_main_grads: bool,
+    /// Gradient buckets of Megatron-Core's default size, `max(40M, 1M·dp)`
+    /// parameters, instead of PyTorch DDP's 25 MiB.
+    #[serde(default)]
+    pub megatron_buckets: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One published run.
@@ -91,6 +119,12 @@ impl Setting {
             zero: 0,
             sequence_parallel: false,
             tp_comm_overlap: false,
+            tied_embeddings: true,
+            micro_batch: None,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            f32_main_grads: false,
+            megatron_buckets: false,
         }
     }
 }
@@ -99,9 +133,31 @@ impl PublishedRun {
     /// The model as a zoo spec.
     pub fn model_spec(&self) -> String {
         format!(
-            "gpt:layers={},hidden={},heads={},vocab={},seq={},dtype=bf16",
-            self.layers, self.hidden, self.heads, self.setting.vocab, self.setting.seq
+            "gpt:layers={},hidden={},heads={},vocab={},seq={},dtype=bf16{}",
+            self.layers,
+            self.hidden,
+            self.heads,
+            self.setting.vocab,
+            self.setting.seq,
+            if self.setting.tied_embeddings {
+                ""
+            } else {
+                ",tied=false"
+            }
         )
+    }
+
+    fn dp(&self) -> usize {
+        self.gpus / (self.tp * self.pp)
+    }
+
+    /// Samples per micro-batch: the table's, or by [`Setting::micro_batch`]'s rule.
+    pub fn micro_batch(&self) -> usize {
+        match (self.setting.micro_batch, self.pp) {
+            (Some(b), _) => b,
+            (None, 1) => (self.batch / self.dp()).max(1),
+            (None, _) => 1,
+        }
     }
 
     /// The published step time: the table's FLOPs per iteration,
@@ -121,12 +177,11 @@ impl PublishedRun {
         flops / (self.tflops_per_gpu * 1e12 * self.gpus as f64)
     }
 
-    /// How the runs trained, for pricing: micro-batch 1 (SC'21's PTD-P
-    /// experiments; not stated for Megatron-Core's), the table's kernels.
+    /// How the runs trained, for pricing: the micro-batch, the table's kernels.
     pub fn workload_options(&self) -> WorkloadOptions {
         let sp = self.setting.sequence_parallel && self.tp > 1;
         WorkloadOptions {
-            micro_batch: Some(1),
+            micro_batch: Some(self.micro_batch()),
             seq: None,
             sharding: Sharding {
                 tp: self.tp,
@@ -139,15 +194,21 @@ impl PublishedRun {
         }
     }
 
-    /// The published configuration: the table's recomputation, ZeRO stage
-    /// and overlaps, the interleaved schedule with the default chunk count
-    /// where there is a pipeline, gradients reduced after the last
-    /// micro-batch.
+    /// The published configuration: the table's recomputation, ZeRO stage,
+    /// overlaps and gradient handling, the interleaved schedule with the
+    /// default chunk count where there is a pipeline.
     pub fn config(&self) -> TrainingConfig {
         let interleaved = self.pp > 1;
         let s = &self.setting;
+        let dp = self.dp();
+        let bucket_mib = match s.megatron_buckets {
+            // Parameters per bucket, counted in the bf16 weights' bytes
+            // the estimate buckets by.
+            true => ((40e6f64.max(1e6 * dp as f64) * 2.0) / (1u64 << 20) as f64).round() as u32,
+            false => crate::config::DEFAULT_BUCKET_MIB,
+        };
         TrainingConfig {
-            dp: self.gpus / (self.tp * self.pp),
+            dp,
             tp: self.tp,
             pp: self.pp,
             sp: s.sequence_parallel && self.tp > 1,
@@ -166,7 +227,15 @@ impl PublishedRun {
             global_batch: self.batch,
             attention: s.attention,
             dropout: s.dropout,
+            micro_batch: self.micro_batch(),
             tp_comm_overlap: s.tp_comm_overlap,
+            overlap_grad_reduce: s.overlap_grad_reduce,
+            overlap_param_gather: s.overlap_param_gather,
+            grad_reduce: crate::GradReduce {
+                f32_main_grads: s.f32_main_grads,
+                bucket_mib,
+                ..Default::default()
+            },
             ..TrainingConfig::default()
         }
     }
@@ -190,6 +259,9 @@ mod tests {
         );
         assert_eq!(runs[9].config().virtual_stages, 2);
         assert_eq!(runs[0].config().dp, 32);
+        // SC'21 states micro-batches of one sample and tied embeddings.
+        assert_eq!(runs[0].micro_batch(), 1);
+        assert!(!runs[0].model_spec().contains("tied"));
     }
 
     #[test]
@@ -210,5 +282,21 @@ mod tests {
             (cfg.dp, cfg.zero, cfg.sp, cfg.tp_comm_overlap),
             (48, 1, true, true)
         );
+        // Megatron-Core's data-parallel handling: both overlaps, f32
+        // gradients, buckets of max(40M, 1M·48) = 48M bf16 weights.
+        assert!(cfg.overlap_grad_reduce && cfg.overlap_param_gather);
+        assert!(cfg.grad_reduce.f32_main_grads);
+        assert_eq!(cfg.grad_reduce.bucket_mib, 92);
+        // Untied embeddings: 1.7B parameters at h 2048 count the vocabulary twice.
+        assert!(first.model_spec().ends_with(",tied=false"));
+        // Unstated micro-batches: one per step without a pipeline (192 / 48),
+        // single samples with one.
+        assert_eq!((first.micro_batch(), first.config().micro_batch), (4, 4));
+        assert_eq!(cfg.micro_batch, 1);
+        // As the backends here run it: none of Megatron-Core's extras.
+        let here = cfg.runnable();
+        assert!(!here.tp_comm_overlap && !here.overlap_param_gather);
+        assert!(!here.grad_reduce.f32_main_grads);
+        assert_eq!(here.grad_reduce.bucket_mib, 92);
     }
 }

@@ -218,9 +218,12 @@ impl Plan {
             grad_reduce: autopar_cost_models::GradReduce {
                 algorithm: p.grad_reduce,
                 compression: p.grad_compression,
+                // Only estimates of other tools' runs price these.
+                f32_main_grads: false,
                 bucket_mib: p.grad_bucket_mib,
             },
             tp_comm_overlap: p.tp_comm_overlap,
+            overlap_param_gather: false,
             zero3_prefetch: p.zero3_prefetch,
             mesh_order: p.mesh_order,
             stages: Some(stages),

@@ -496,7 +496,7 @@ fn search_mesh(
         .pre
         .plus(parts.post_unshared, 1.0)
         .plus(parts.layer, w.layers as f64);
-    let (weights, grads, state) = autopar_cost_models::memory::model_state(&all, 3, dp * cp, ep);
+    let (weights, grads, state) = autopar_cost_models::memory::model_state(&all, 3, dp * cp, ep, 1.0);
     let floor = (weights + grads + state) / pp as f64;
     if floor > limit {
         out.saw_memory(floor, None);

@@ -15,7 +15,7 @@
 //! `-- mcore` or `-- sweep` for one part; `-- quick` for a few sweep cases).
 
 use autopar_cost_models::published::{megatron_core_h100, megatron_sc21, PublishedRun};
-use autopar_cost_models::{estimate, Calibration, Cluster, TrainingConfig, Workload};
+use autopar_cost_models::{estimate, Calibration, Cluster, Workload};
 use autopar_ir::Graph;
 use autopar_planner::plan::fnv1a_hex;
 use autopar_planner::{search, Candidate, ModelId, SearchOptions, SearchResult};
@@ -92,7 +92,8 @@ fn describe(c: &Candidate) -> String {
 }
 
 /// A published table: the planner's pick and the published configuration
-/// side by side, both as the backends run them (no tensor-parallel overlap),
+/// side by side, both as the backends run them
+/// ([`autopar_cost_models::TrainingConfig::runnable`]),
 /// and the published configuration's estimate as its authors ran it (their
 /// overlaps) against the published step: the cost model's error per row.
 fn published(title: &str, runs: &[PublishedRun], worst: &mut f64, worst_extended: &mut f64) {
@@ -129,10 +130,7 @@ fn published(title: &str, runs: &[PublishedRun], worst: &mut f64, worst_extended
         let found = search(&graph, &cluster, &calibration, &opts, &|_, _| {}).expect("search");
         let pick = &found.ranked[0];
         let w = Workload::build(&graph, &r.workload_options()).expect("workload");
-        let runnable = TrainingConfig {
-            tp_comm_overlap: false,
-            ..as_run.clone()
-        };
+        let runnable = as_run.runnable();
         let published = Candidate {
             estimate: estimate(&w, &cluster, &calibration, &runnable).expect("estimate"),
             config: runnable,

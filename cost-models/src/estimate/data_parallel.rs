@@ -8,7 +8,9 @@
 //!   in the last micro-batch's backward pass; ZeRO-2/3 in every micro-batch's.
 //!   The last bucket always follows the backward pass.
 //! - ZeRO-1/2 all-gather the updated weights after the optimizer step, in
-//!   buckets as the gradients are reduced, with nothing beside them.
+//!   buckets as the gradients are reduced, with nothing beside them (or,
+//!   priced for Megatron-Core's `--overlap-param-gather`, beside the next
+//!   step's first forward pass).
 //! - ZeRO-3 gathers each parameter tensor before the unit that uses it,
 //!   `zero3_prefetch` layers ahead within a forward or backward pass, and
 //!   reduce-scatters its gradients after the unit's backward pass.
@@ -19,8 +21,8 @@
 
 use super::UnitTime;
 use crate::comm::{self, Algorithm, BucketFill, Collective, CommError, Span};
-use crate::config::TrainingConfig;
-use crate::pipeline::Stage;
+use crate::config::{Schedule, TrainingConfig};
+use crate::pipeline::{self, Stage};
 use crate::workload::{ParamShard, Unit, Workload};
 use crate::Cluster;
 
@@ -232,21 +234,77 @@ impl Traffic {
             exposed += self.reduction_tail(cfg, stage, times, ratio)?;
             if cfg.zero == 2 {
                 let reduce = self.reduction(cfg, stage, ratio)?;
-                let beside: f64 = self
-                    .stage_units(stage)
-                    .iter()
-                    .map(|&(_, i, n)| n as f64 * (times[i].forward + times[i].backward))
-                    .sum();
-                exposed += (cfg.micro_batches() - 1) as f64 * (reduce - beside).max(0.0);
+                let pass = |backward: bool| -> f64 {
+                    self.stage_units(stage)
+                        .iter()
+                        .map(|&(_, i, n)| {
+                            n as f64
+                                * if backward {
+                                    times[i].backward
+                                } else {
+                                    times[i].forward
+                                }
+                        })
+                        .sum()
+                };
+                let (forward, backward) = (pass(false), pass(true));
+                // The pipeline drains with backward passes alone: as many
+                // as it filled with forward passes, each with only itself
+                // beside the reduction of the one before. In the steady
+                // state a forward and a backward pass run beside it.
+                let m = cfg.micro_batches();
+                let one = match cfg.schedule {
+                    Schedule::Interleaved => 1.0 / cfg.virtual_stages.max(1) as f64,
+                    _ => 1.0,
+                };
+                let filled = pipeline::in_flight(cfg.schedule, stage.index, cfg.pp, cfg.virtual_stages, m);
+                let draining = (filled - one).clamp(0.0, (m - 1) as f64);
+                let steady = (m - 1) as f64 - draining;
+                exposed +=
+                    draining * (reduce - backward).max(0.0) + steady * (reduce - forward - backward).max(0.0);
             }
             if cfg.zero >= 1 && self.data.ranks() > 1 {
-                exposed += self.refresh(cfg, stage)?;
+                let refresh = self.refresh(cfg, stage)?;
+                exposed += match cfg.overlap_param_gather {
+                    true => self.refresh_beside_forward(stage, times, refresh),
+                    false => refresh,
+                };
             }
         }
         if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {
             exposed += self.time(self.ends, Collective::AllReduce, Algorithm::Ring, self.tied_bytes)?;
         }
         Ok(exposed)
+    }
+
+    /// Exposed seconds of ZeRO-1/2's weight refresh (`refresh` seconds in
+    /// all) run beside the next step's first forward pass: each unit's
+    /// share gathered one unit ahead of the unit computing, the first
+    /// waited for (Megatron-Core's `--overlap-param-gather`).
+    fn refresh_beside_forward(&self, stage: &Stage, times: [&UnitTime; 3], refresh: f64) -> f64 {
+        let units = self.stage_units(stage);
+        let bytes = |u: &UnitParams| {
+            let (d, e) = u.bytes();
+            d + e
+        };
+        let total: f64 = units.iter().map(|&(u, _, n)| n as f64 * bytes(u)).sum();
+        if total <= 0.0 {
+            return 0.0;
+        }
+        // Forward order: the reverse of the backward pass's.
+        let steps: Vec<Step> = units
+            .iter()
+            .rev()
+            .flat_map(|&(u, i, n)| {
+                let one = Step {
+                    gather: refresh * bytes(u) / total,
+                    compute: times[i].forward,
+                    reduce: 0.0,
+                };
+                std::iter::repeat_n(one, n)
+            })
+            .collect();
+        lane_exposed(&[&steps], 1)
     }
 
     /// Exposed seconds of the reduction after the last micro-batch's
@@ -550,6 +608,82 @@ mod tests {
             },
             ..TrainingConfig::default()
         }
+    }
+
+    fn one_stage(layers: usize, index: usize, pp: usize) -> Stage {
+        Stage {
+            index,
+            layers,
+            first: index == 0,
+            last: index + 1 == pp,
+            recompute: crate::Recompute::None,
+        }
+    }
+
+    #[test]
+    fn zero2_reductions_pile_up_while_the_pipeline_drains() {
+        let t = traffic();
+        let none = UnitTime::default();
+        // Eight micro-batches of 4 layers of 1 s forward and 1 s backward,
+        // 8 MB of gradients each (a middle stage: nothing tied).
+        let layer = UnitTime {
+            forward: 1.0,
+            backward: 1.0,
+            ..UnitTime::default()
+        };
+        let cfg = |pp: usize| TrainingConfig {
+            zero: 2,
+            pp,
+            global_batch: 64,
+            ..config(25, true)
+        };
+        let exposed = |pp: usize, index: usize, ratio: f64| {
+            let c = cfg(pp);
+            let stage = Stage {
+                first: false,
+                last: false,
+                ..one_stage(4, index, pp)
+            };
+            let times = [&none, &layer, &none];
+            let tail = t.reduction_tail(&c, &stage, times, ratio).unwrap();
+            let refresh = t.refresh(&c, &stage).unwrap();
+            t.after_pipeline(&c, &stage, times, ratio).unwrap() - tail - refresh
+        };
+        let reduce = |ratio: f64| {
+            t.time(t.data, Collective::ReduceScatter, Algorithm::Ring, 8e6 * ratio)
+                .unwrap()
+        };
+        // Scaled so one micro-batch's reduction takes 6 s: more than its
+        // backward pass (4 s), less than a forward and a backward (8 s).
+        // (Latency plus bytes over bandwidth: affine in the ratio.)
+        let ratio = (6.0 - reduce(0.0)) / (reduce(1.0) - reduce(0.0));
+        assert!((reduce(ratio) - 6.0).abs() < 1e-9);
+        // No pipeline: every reduction but the last hides beside the next
+        // micro-batch's passes.
+        assert!(exposed(1, 0, ratio).abs() < 1e-9);
+        // The first of four stages drains three backward passes alone,
+        // each leaving 2 s of the reduction before it; the last stage none.
+        assert!((exposed(4, 0, ratio) - 3.0 * 2.0).abs() < 1e-9);
+        assert!(exposed(4, 3, ratio).abs() < 1e-9);
+    }
+
+    #[test]
+    fn the_weight_gather_beside_the_forward_pass_waits_only_where_it_is_ahead() {
+        let t = traffic();
+        let stage = one_stage(4, 0, 1);
+        let second = UnitTime {
+            forward: 1.0,
+            backward: 2.0,
+            ..UnitTime::default()
+        };
+        let none = UnitTime::default();
+        // 10 MB in forward order: the embedding's 2 MB, then 2 MB per
+        // layer, each gathered while the unit before it runs.
+        let quick = t.refresh_beside_forward(&stage, [&second, &second, &none], 1.0);
+        assert!((quick - 0.2).abs() < 1e-9, "{quick}");
+        // Gathers of 1.5 s per unit outrun the units' 1 s: each layer waits.
+        let slow = t.refresh_beside_forward(&stage, [&second, &second, &none], 7.5);
+        assert!((slow - (1.5 + 4.0 * 0.5)).abs() < 1e-9, "{slow}");
     }
 
     #[test]
