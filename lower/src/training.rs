@@ -158,8 +158,19 @@ fn build(
         let split = match sharding.is_empty() {
             true => shard(&g, tp, sp)?,
             false => {
-                let whole: Vec<String> = tied.iter().flat_map(|(a, b)| [a.clone(), b.clone()]).collect();
-                shard_planned(&g, tp, sp, sharding, &whole)?
+                // A tied weight's copies are stored as the slice their
+                // readers share; where the plan reads them differently,
+                // both are stored whole and each read slices its part.
+                let first = shard_planned(&g, tp, sp, sharding, &[])?;
+                let whole: Vec<String> = tied
+                    .iter()
+                    .filter(|(a, b)| first.slices.get(a) != first.slices.get(b))
+                    .flat_map(|(a, b)| [a.clone(), b.clone()])
+                    .collect();
+                match whole.is_empty() {
+                    true => first,
+                    false => shard_planned(&g, tp, sp, sharding, &whole)?,
+                }
             }
         };
         g = split.graph;

@@ -20,7 +20,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         g.blocks = detect_blocks(&g)?;
         let bindings = g.bindings.clone();
         let start = Instant::now();
-        for (name, nodes) in ["pre", "layer", "post"].iter().zip(node_sets(&g)?) {
+        for (name, nodes) in ["ends", "layer"].iter().zip(node_sets(&g)?) {
             let p = ShardingProblem {
                 graph: &g,
                 bindings: &bindings,

@@ -1,9 +1,10 @@
 //! Per-op sharding for a chosen configuration: the integer program of
-//! [`crate::sharding`] over the part before the layers, the first layer
-//! (every layer repeats it) and the part after, each solved on its own so
-//! that every layer boundary, the first layer's input and the last one's
-//! output included, crosses in the same layout (replicated, or split along
-//! the sequence under sequence parallelism), at the plan's micro-batch,
+//! [`crate::sharding`] over the parts before and after the layers (one
+//! program: a tied embedding's two readers choose together) and over the
+//! first layer (every layer repeats it), each solved on its own so that
+//! every layer boundary, the first layer's input and the last one's output
+//! included, crosses in the same layout (replicated, or split along the
+//! sequence under sequence parallelism), at the plan's micro-batch,
 //! sequence and tensor-parallel degree.
 
 use crate::sharding::{self, ShardingError, ShardingProblem};
@@ -11,10 +12,10 @@ use crate::spec::OpSharding;
 use autopar_cost_models::{Calibration, Cluster, TrainingConfig};
 use autopar_ir::layers::outside_layers;
 use autopar_ir::{Bindings, Dim, Graph, GraphError, NodeIndex};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// The node sets a plan's per-op sharding covers, in topological order:
-/// the part before the layers, the first layer and the part after; a graph
+/// the parts before and after the layers, then the first layer; a graph
 /// without layers is one set.
 pub fn node_sets(graph: &Graph) -> Result<Vec<Vec<NodeIndex>>, GraphError> {
     let order = graph.topo_order()?;
@@ -25,9 +26,8 @@ pub fn node_sets(graph: &Graph) -> Result<Vec<Vec<NodeIndex>>, GraphError> {
     let (pre, post) = outside_layers(graph);
     let pick = |keep: &dyn Fn(NodeIndex) -> bool| order.iter().copied().filter(|&i| keep(i)).collect();
     Ok(vec![
-        pick(&|i| pre.contains(&i)),
+        pick(&|i| pre.contains(&i) || post.contains(&i)),
         pick(&|i| first.contains(graph.node(i).name.as_str())),
-        pick(&|i| post.contains(&i)),
     ])
 }
 
@@ -55,6 +55,23 @@ pub fn for_config(
         };
         ops.extend(sharding::solve(&problem)?.ops);
     }
+    // Recorded as plans list them: the part before the layers, the first
+    // layer, the part after; each in topological order.
+    let (pre, post) = outside_layers(graph);
+    let place: HashMap<&str, (u8, usize)> = graph
+        .topo_order()?
+        .into_iter()
+        .enumerate()
+        .map(|(i, idx)| {
+            let part = match (pre.contains(&idx), post.contains(&idx)) {
+                (true, _) => 0,
+                (_, true) => 2,
+                _ => 1,
+            };
+            (graph.node(idx).name.as_str(), (part, i))
+        })
+        .collect();
+    ops.sort_by_key(|o| place.get(o.node.as_str()).copied().unwrap_or((3, 0)));
     Ok(ops)
 }
 

@@ -392,3 +392,38 @@ fn whole_small_fixtures_solve_with_valid_specs() {
         }
     }
 }
+
+/// A tied embedding's two readers, before and after the layers, are solved
+/// in one program: they read the table as one slice (lowering then stores
+/// both copies as that slice), as Megatron-LM's vocabulary-parallel
+/// embedding and output layer do, where reading it differently would store
+/// it whole and gather its gradient every micro-batch.
+#[test]
+fn a_tied_embedding_is_read_as_one_slice_before_and_after_the_layers() {
+    use autopar_cost_models::TrainingConfig;
+    use autopar_planner::layer_sharding;
+    let spec = "gpt:layers=2,hidden=2048,heads=16,vocab=51200,seq=2048,dtype=bf16";
+    let graph = spec.parse::<ModelSpec>().unwrap().build().unwrap();
+    let cluster = Cluster::preset("dgx-a100-80g").unwrap().with_gpus(8).unwrap();
+    for tp in [2, 4, 8] {
+        let cfg = TrainingConfig {
+            tp,
+            sp: true,
+            ..TrainingConfig::default()
+        };
+        let ops = layer_sharding::for_config(&graph, &cluster, &Calibration::default(), &cfg, None).unwrap();
+        let reads: Vec<_> = ops
+            .iter()
+            .filter_map(|o| {
+                let spec = o.inputs.iter().flatten().find(|t| t.tensor == "wte.weight")?;
+                Some((o.node.clone(), spec.dims.clone()))
+            })
+            .collect();
+        assert_eq!(reads.len(), 2, "tp {tp}: {reads:?}");
+        assert_eq!(reads[0].1, reads[1].1, "tp {tp}: {reads:?}");
+        assert!(
+            reads[0].1.iter().any(|d| matches!(d, DimSpec::Shard(_))),
+            "tp {tp}: {reads:?}"
+        );
+    }
+}

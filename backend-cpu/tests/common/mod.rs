@@ -141,8 +141,8 @@ pub enum Ask<'a> {
 }
 
 /// The per-op sharding the planner's integer program chooses for `g` at
-/// `tp`, over the node sets a plan records (the part before the layers, the
-/// first layer and the part after, or every node when `g` has no layers).
+/// `tp`, over the node sets a plan records (the parts before and after the
+/// layers, and the first layer; or every node when `g` has no layers).
 pub fn planned(g: &Graph, tp: usize, sp: bool, seq: usize, ask: Ask) -> Vec<OpSharding> {
     let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
     let calibration = Calibration::default();

@@ -380,8 +380,12 @@ impl<'g> Builder<'g> {
             let Some(t) = *t else { continue };
             for p in self.parameter_sources(t) {
                 let expert = is_experts && slot >= 3;
-                // A tied weight is stored whole and sliced per read.
-                let sliced = d.weight_sharded && !self.tied(p);
+                // A tied weight is stored as the slice its readers share,
+                // else whole ([`Builder::store_tied_alike`] without a plan).
+                let sliced = match (self.tied(p), self.planned.is_some()) {
+                    (true, true) => self.tied_read_alike(p),
+                    _ => d.weight_sharded,
+                };
                 let mut div = if sliced { s.tp } else { 1 } as f64;
                 if expert {
                     div *= s.ep as f64;
@@ -392,6 +396,20 @@ impl<'g> Builder<'g> {
                     expert,
                 };
                 self.units[u].params.entry(p.index()).or_insert(shard);
+            }
+        }
+    }
+
+    /// Without a plan, a tied weight's copies before and after the layers
+    /// are stored as their readers' layouts slice them; where the two
+    /// differ, lowering stores both whole, and so are they priced.
+    pub(super) fn store_tied_alike(&mut self) {
+        let [pre, _, post] = &mut self.units;
+        for (id, a) in pre.params.iter_mut() {
+            if let Some(b) = post.params.get_mut(id) {
+                let whole = a.elements.max(b.elements);
+                a.elements = whole;
+                b.elements = whole;
             }
         }
     }

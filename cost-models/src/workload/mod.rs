@@ -210,6 +210,7 @@ impl Workload {
         for &idx in &l.order {
             b.visit(idx)?;
         }
+        b.store_tied_alike();
         b.add_loss_comms();
         b.add_loss_kernels();
         b.add_sequence_parallel_grad_comms();
@@ -391,6 +392,19 @@ mod tests {
 
     const GPT: &str = "gpt:layers=3,hidden=64,heads=4,vocab=100,seq=16,dtype=bf16";
     const LLAMA: &str = "llama:layers=3,hidden=64,ffn=160,heads=4,kv_heads=2,vocab=100,seq=16,dtype=bf16";
+
+    #[test]
+    fn a_tied_embedding_is_stored_as_its_vocabulary_slice() {
+        // Megatron's layouts read the table by vocabulary rows before the
+        // layers (the vocabulary-parallel embedding) and after them (the
+        // column-parallel output layer): both copies hold the rank's rows.
+        let table = 100.0 * 64.0;
+        let w = build(GPT, 2, false, 1);
+        let held = |u: &Unit| u.params.values().map(|p| p.elements).fold(0.0, f64::max);
+        assert_eq!((held(&w.pre), held(&w.post)), (table / 2.0, table / 2.0));
+        let one = build(GPT, 1, false, 1);
+        assert_eq!((held(&one.pre), held(&one.post)), (table, table));
+    }
 
     #[test]
     fn a_megatron_layer_all_reduces_twice_forward_and_twice_backward() {

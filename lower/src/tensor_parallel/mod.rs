@@ -96,8 +96,9 @@ pub fn shard(model: &Graph, parts: usize, sp: bool) -> Result<TensorParallel, Tp
 /// `sharding`); the nodes it does not cover (the loss lowering adds)
 /// follow their inputs' layouts as in [`shard`] (`sp`: pending sums they
 /// read are reduce-scattered along the sequence). The parameters named in
-/// `whole` (the two copies of a tied weight, whose gradients are summed
-/// element by element) are stored whole, each use slicing what it reads.
+/// `whole` (the two copies of a tied weight its readers read differently,
+/// whose gradients are summed element by element) are stored whole, each
+/// use slicing what it reads.
 pub fn shard_planned(
     model: &Graph,
     parts: usize,

@@ -65,6 +65,8 @@ struct Builder<'p> {
     cp: f64,
     model: Model,
     strategies: Vec<Vec<Strategy>>,
+    /// The nodes before the layers and after them.
+    ends: (HashSet<NodeIndex>, HashSet<NodeIndex>),
 }
 
 /// Builds the program for `p` with `pins` (node name → strategy name) applied.
@@ -111,6 +113,7 @@ pub fn build(p: &ShardingProblem, pins: &BTreeMap<String, String>) -> Result<Bui
         cp: p.context_parallel.max(1) as f64,
         model: Model::default(),
         strategies: Vec::new(),
+        ends: layers::outside_layers(graph),
     };
     let mut compute = Vec::new();
     let mut owned = HashSet::new();
@@ -293,7 +296,11 @@ impl Builder<'_> {
                     // each reader reads them; only their gradients move.
                     (_, Some(&(choice, _))) => {
                         let dims = self.dims(nodes[choice], t)?;
-                        self.reduce_weight_grads(reads, &self.flow(t, &dims))?;
+                        let flow = self.flow(t, &dims);
+                        self.reduce_weight_grads(reads, &flow)?;
+                        if self.tied(t, reads.iter().map(|&(c, _)| nodes[c])) {
+                            self.tie_reads(reads, &flow)?;
+                        }
                         continue;
                     }
                     (_, None) => continue,
@@ -302,6 +309,45 @@ impl Builder<'_> {
             let dims = self.dims(at, t)?;
             self.add_tensor(source, reads, exit, &dims, t)?;
         }
+        Ok(())
+    }
+
+    /// True when weight `t`'s readers are two nodes, one before the layers
+    /// and one after them: lowering trains it as two tied copies.
+    fn tied(&self, t: TensorId, readers: impl Iterator<Item = NodeIndex>) -> bool {
+        let readers: Vec<NodeIndex> = readers.collect();
+        let untied = self.graph.blocks.is_empty() || self.graph.tensor(t).role != Role::Parameter;
+        if untied || readers.len() != 2 {
+            return false;
+        }
+        let (pre, post) = &self.ends;
+        let before = |n: &NodeIndex| pre.contains(n);
+        let after = |n: &NodeIndex| post.contains(n);
+        (before(&readers[0]) && after(&readers[1])) || (after(&readers[0]) && before(&readers[1]))
+    }
+
+    /// A tied weight's two copies are stored as the slice both readers
+    /// read, or whole when they read it differently; then each read of a
+    /// slice gathers its gradient to the whole table (as lowering and the
+    /// cost model do): the pair pays those gathers.
+    fn tie_reads(&mut self, reads: &[(usize, usize)], flow: &Flow) -> Result<(), ShardingError> {
+        let [(a, sa), (b, sb)] = reads[..] else {
+            return Ok(());
+        };
+        let gather = |l: Layout| match l {
+            Layout::Shard(_) => self.backward(l, Layout::Replicate, flow),
+            _ => Ok(0.0),
+        };
+        let mut cost = vec![vec![0.0; self.strategies[b].len()]; self.strategies[a].len()];
+        for (k, x) in self.strategies[a].iter().enumerate() {
+            for (l, y) in self.strategies[b].iter().enumerate() {
+                let (x, y) = (x.reads(sa).0, y.reads(sb).0);
+                if x != y {
+                    cost[k][l] = gather(x)? + gather(y)?;
+                }
+            }
+        }
+        self.link(Some(a), Some(b), cost);
         Ok(())
     }
 

@@ -157,7 +157,7 @@ impl Builder<'_> {
             let shares = s.grad_partial.get(slot).copied().unwrap_or(false);
             if self.layouts[t.index()] == Layout::Weight {
                 // Only a weight stored as each rank's slice is held sliced; a
-                // tied weight is stored whole and sliced per read.
+                // tied weight read differently is stored whole and sliced per read.
                 weight_sharded |= matches!(want, Rule::Shard(_))
                     && self.stored_sliced(t)
                     && !self.parameter_sources(t).is_empty();
@@ -415,12 +415,19 @@ impl Builder<'_> {
     }
 
     /// True when weight `t` is stored as each rank's slice: a parameter (or
-    /// a transpose of one) with one reader, not tied across the model's
-    /// ends (a tied weight's two copies are stored whole).
+    /// a transpose of one) with one reader, or tied across the model's ends
+    /// and read alike by both ([`Builder::tied_read_alike`]; otherwise its
+    /// two copies are stored whole).
     fn stored_sliced(&self, t: TensorId) -> bool {
         let graph = self.graph;
         let sole = |t: TensorId| graph.consumers(t).len() == 1;
-        let own_param = |p: TensorId| graph.tensor(p).role == Role::Parameter && sole(p) && !self.tied(p);
+        let own_param = |p: TensorId| {
+            graph.tensor(p).role == Role::Parameter
+                && match self.tied(p) {
+                    true => self.tied_read_alike(p),
+                    false => sole(p),
+                }
+        };
         if graph.tensor(t).role == Role::Parameter {
             return own_param(t);
         }
@@ -428,6 +435,48 @@ impl Builder<'_> {
         let node = graph.node(p);
         let source = node.inputs.first().copied().flatten();
         matches!(node.op, Op::Transpose { .. }) && sole(t) && source.is_some_and(own_param)
+    }
+
+    /// True when the plan has every reader of tied parameter `p` read the
+    /// same slice of it (directly, or through a transpose read only there):
+    /// lowering then stores both copies as that slice, as Megatron-LM keeps
+    /// a vocabulary-parallel embedding and output layer. False without a plan.
+    pub(super) fn tied_read_alike(&self, p: TensorId) -> bool {
+        let graph = self.graph;
+        let Some(planned) = self.planned.as_ref() else {
+            return false;
+        };
+        let rank = graph.tensor(p).ty.shape.rank();
+        let slot_of =
+            |node: NodeIndex, t: TensorId| graph.node(node).inputs.iter().position(|&i| i == Some(t));
+        let shard = |reader: NodeIndex, slot: usize| match planned.strategy(reader)?.reads(slot).0 {
+            Rule::Shard(d) => Some(d),
+            _ => None,
+        };
+        // The axis of `p` reader `c` reads a slice along: by its own planned
+        // strategy, or for a transpose the plan leaves to its one reader,
+        // by that reader's.
+        let axis_read = |c: NodeIndex| -> Option<usize> {
+            let node = graph.node(c);
+            if planned.strategy(c).is_some() {
+                return shard(c, slot_of(c, p)?);
+            }
+            let Op::Transpose { perm } = &node.op else {
+                return None;
+            };
+            let t = node.outputs[0];
+            let [reader] = graph.consumers(t)[..] else {
+                return None;
+            };
+            let perm = perm.clone().unwrap_or_else(|| (0..rank).rev().collect());
+            perm.get(shard(reader, slot_of(reader, t)?)?).copied()
+        };
+        let readers = graph.consumers(p);
+        let mut axes = readers.iter().map(|&c| axis_read(c));
+        match axes.next() {
+            Some(Some(first)) => axes.all(|a| a == Some(first)),
+            _ => false,
+        }
     }
 
     /// True when parameter `p` is read both before and after the layers
