@@ -5,7 +5,10 @@
 //!
 //! - Gradients are reduced in buckets ([`crate::comm::buckets`]), each
 //!   issued when the backward pass has completed it: ZeRO-0/1 once per step,
-//!   in the last micro-batch's backward pass; ZeRO-2/3 in every micro-batch's.
+//!   in the last micro-batch's backward pass (under the interleaved schedule
+//!   each chunk's own, chunk by chunk as the pipeline drains); ZeRO-2/3 in
+//!   every micro-batch's, and what the draining backward passes alone
+//!   cannot cover is exposed.
 //!   The last bucket always follows the backward pass.
 //! - ZeRO-1/2 all-gather the updated weights after the optimizer step, in
 //!   buckets as the gradients are reduced, with nothing beside them (or,
@@ -157,6 +160,28 @@ impl Traffic {
         units
     }
 
+    /// The units of model chunk `c` of `stage` split into `v` chunks (the
+    /// interleaved schedule's), in forward order, each with its index into
+    /// `[pre, layer, post]`: the part before the layers in the first chunk,
+    /// the part after in the last.
+    fn chunk_units(&self, stage: &Stage, v: usize, c: usize) -> Vec<(&UnitParams, usize)> {
+        let layers = stage.layers / v + usize::from(c < stage.layers % v);
+        let mut units = Vec::with_capacity(layers + 2);
+        if stage.first && c == 0 {
+            units.push((&self.pre, 0));
+        }
+        units.extend((0..layers).map(|_| (&self.layer, 1)));
+        if stage.last && c + 1 == v {
+            let post = if stage.first {
+                &self.post_unshared
+            } else {
+                &self.post
+            };
+            units.push((post, 2));
+        }
+        units
+    }
+
     fn stage_params(&self, stage: &Stage) -> StageParams<'_> {
         let units = self
             .stage_units(stage)
@@ -266,7 +291,7 @@ impl Traffic {
             if cfg.zero >= 1 && self.data.ranks() > 1 {
                 let refresh = self.refresh(cfg, stage)?;
                 exposed += match cfg.overlap_param_gather {
-                    true => self.refresh_beside_forward(stage, times, refresh),
+                    true => self.refresh_beside_forward(cfg, stage, times, refresh),
                     false => refresh,
                 };
             }
@@ -278,33 +303,57 @@ impl Traffic {
     }
 
     /// Exposed seconds of ZeRO-1/2's weight refresh (`refresh` seconds in
-    /// all) run beside the next step's first forward pass: each unit's
+    /// all) run beside the next step's first forward passes: each unit's
     /// share gathered one unit ahead of the unit computing, the first
-    /// waited for (Megatron-Core's `--overlap-param-gather`).
-    fn refresh_beside_forward(&self, stage: &Stage, times: [&UnitTime; 3], refresh: f64) -> f64 {
-        let units = self.stage_units(stage);
+    /// waited for (Megatron-Core's `--overlap-param-gather`). The
+    /// interleaved schedule fills the pipeline chunk by chunk, each for a
+    /// group of micro-batches, so a chunk's weights are gathered while the
+    /// chunks before it run.
+    fn refresh_beside_forward(
+        &self,
+        cfg: &TrainingConfig,
+        stage: &Stage,
+        times: [&UnitTime; 3],
+        refresh: f64,
+    ) -> f64 {
         let bytes = |u: &UnitParams| {
             let (d, e) = u.bytes();
             d + e
         };
-        let total: f64 = units.iter().map(|&(u, _, n)| n as f64 * bytes(u)).sum();
+        let (v, group) = self.chunking(cfg);
+        let chunks: Vec<_> = (0..v).map(|c| self.chunk_units(stage, v, c)).collect();
+        let total: f64 = chunks.iter().flatten().map(|&(u, _)| bytes(u)).sum();
         if total <= 0.0 {
             return 0.0;
         }
-        // Forward order: the reverse of the backward pass's.
-        let steps: Vec<Step> = units
-            .iter()
-            .rev()
-            .flat_map(|&(u, i, n)| {
-                let one = Step {
-                    gather: refresh * bytes(u) / total,
-                    compute: times[i].forward,
+        let mut steps = Vec::new();
+        for chunk in &chunks {
+            let pass: f64 = chunk.iter().map(|&(_, i)| times[i].forward).sum();
+            steps.extend(chunk.iter().map(|&(u, i)| Step {
+                gather: refresh * bytes(u) / total,
+                compute: times[i].forward,
+                reduce: 0.0,
+            }));
+            if v > 1 {
+                steps.push(Step {
+                    gather: 0.0,
+                    compute: (group - 1) as f64 * pass,
                     reduce: 0.0,
-                };
-                std::iter::repeat_n(one, n)
-            })
-            .collect();
+                });
+            }
+        }
         lane_exposed(&[&steps], 1)
+    }
+
+    /// Model chunks per stage under `cfg`'s schedule, and how many
+    /// micro-batches run through a chunk in a row while the interleaved
+    /// schedule fills or drains the pipeline (up to `pp`).
+    fn chunking(&self, cfg: &TrainingConfig) -> (usize, usize) {
+        let v = match cfg.schedule {
+            Schedule::Interleaved => cfg.virtual_stages.max(1),
+            _ => 1,
+        };
+        (v, cfg.pp.min(cfg.micro_batches()).max(1))
     }
 
     /// Exposed seconds of the reduction after the last micro-batch's
@@ -337,9 +386,25 @@ impl Traffic {
         let mut issued: Vec<(Option<f64>, usize, f64)> = Vec::new();
         let mut clock = 0.0f64;
         let mut late = Vec::new();
-        for (params, i, repeats) in self.stage_units(stage) {
-            for _ in 0..repeats {
-                clock += times[i].backward;
+        // Each chunk's gradients complete in its last backward pass. The
+        // interleaved schedule drains chunk by chunk, the last first, each
+        // in a group of up to `pp` micro-batches: a chunk's earlier passes
+        // in its group run after the chunks before it have completed.
+        let (v, group) = self.chunking(cfg);
+        let mut units = Vec::new();
+        for (k, c) in (0..v).rev().enumerate() {
+            let mut chunk = self.chunk_units(stage, v, c);
+            chunk.reverse();
+            if k > 0 {
+                let pass: f64 = chunk.iter().map(|&(_, i)| times[i].backward).sum();
+                units.push((None, (group - 1) as f64 * pass));
+            }
+            units.extend(chunk.into_iter().map(|(u, i)| (Some(u), times[i].backward)));
+        }
+        for (params, backward) in units {
+            clock += backward;
+            let Some(params) = params else { continue };
+            {
                 let at = cfg.overlap_grad_reduce.then_some(clock);
                 let dense = params.dense.iter().zip(&params.tied);
                 let tensors = dense
@@ -417,7 +482,6 @@ impl Traffic {
         if cfg.zero != 3 || self.data.ranks() <= 1 {
             return Ok(0.0);
         }
-        let [pre, layer, post] = times;
         let reduction = self.reduction(cfg, stage, 1.0)?;
         let params = self.stage_params(stage);
         let total_bytes: f64 = params
@@ -434,11 +498,6 @@ impl Traffic {
                 true => reduction * (d + e) / total_bytes,
                 false => 0.0,
             }
-        };
-        let post_params = if stage.first {
-            &self.post_unshared
-        } else {
-            &self.post
         };
         let step = |u: &UnitParams, t: &UnitTime, backward: bool| match backward {
             false => Step {
@@ -458,15 +517,11 @@ impl Traffic {
         // after in the last.
         let v = cfg.virtual_stages.max(1);
         let task = |c: usize, backward: bool| {
-            let layers = stage.layers / v + usize::from(c < stage.layers % v);
-            let mut steps = Vec::with_capacity(layers + 2);
-            if stage.first && c == 0 {
-                steps.push(step(&self.pre, pre, backward));
-            }
-            steps.extend((0..layers).map(|_| step(&self.layer, layer, backward)));
-            if stage.last && c + 1 == v {
-                steps.push(step(post_params, post, backward));
-            }
+            let mut steps: Vec<Step> = self
+                .chunk_units(stage, v, c)
+                .into_iter()
+                .map(|(u, i)| step(u, times[i], backward))
+                .collect();
             if backward {
                 steps.reverse();
             }
@@ -668,6 +723,44 @@ mod tests {
     }
 
     #[test]
+    fn an_interleaved_stage_reduces_its_last_chunk_while_the_first_drains() {
+        let t = traffic();
+        let stage = one_stage(4, 0, 1);
+        let layer = UnitTime {
+            backward: 1.0,
+            ..UnitTime::default()
+        };
+        let none = UnitTime::default();
+        let ar = |bytes: f64| {
+            t.time(t.data, Collective::AllReduce, Algorithm::Ring, bytes)
+                .unwrap()
+        };
+        // Each 1 MB gradient takes 0.75 s to reduce; the tied 2 MB one `tied`.
+        let ratio = (0.75 - ar(0.0)) / (ar(1e6) - ar(0.0));
+        let tied = ar(2e6 * ratio);
+        let tail = |schedule: Schedule, virtual_stages: usize| {
+            let cfg = TrainingConfig {
+                pp: 4,
+                global_batch: 64,
+                schedule,
+                virtual_stages,
+                ..config(0, true)
+            };
+            t.reduction_tail(&cfg, &stage, [&none, &layer, &none], ratio)
+                .unwrap()
+        };
+        // One pass: eight reductions issued two per second from 1 s on
+        // end at 7 s, 3 s after the pass; then the tied one.
+        let one = tail(Schedule::OneFOneB, 1);
+        assert!((one - (3.0 + tied)).abs() < 1e-9, "{one}");
+        // Two chunks in groups of 4: the last chunk's four reductions run
+        // while the first chunk's three earlier passes drain (6 s); its
+        // own four end 2 s after the stage does.
+        let two = tail(Schedule::Interleaved, 2);
+        assert!((two - (2.0 + tied)).abs() < 1e-9, "{two}");
+    }
+
+    #[test]
     fn the_weight_gather_beside_the_forward_pass_waits_only_where_it_is_ahead() {
         let t = traffic();
         let stage = one_stage(4, 0, 1);
@@ -679,10 +772,10 @@ mod tests {
         let none = UnitTime::default();
         // 10 MB in forward order: the embedding's 2 MB, then 2 MB per
         // layer, each gathered while the unit before it runs.
-        let quick = t.refresh_beside_forward(&stage, [&second, &second, &none], 1.0);
+        let quick = t.refresh_beside_forward(&config(25, true), &stage, [&second, &second, &none], 1.0);
         assert!((quick - 0.2).abs() < 1e-9, "{quick}");
         // Gathers of 1.5 s per unit outrun the units' 1 s: each layer waits.
-        let slow = t.refresh_beside_forward(&stage, [&second, &second, &none], 7.5);
+        let slow = t.refresh_beside_forward(&config(25, true), &stage, [&second, &second, &none], 7.5);
         assert!((slow - (1.5 + 4.0 * 0.5)).abs() < 1e-9, "{slow}");
     }
 
