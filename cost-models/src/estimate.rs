@@ -311,6 +311,16 @@ pub struct Evaluator<'a> {
     data_parallel: data_parallel::Traffic,
 }
 
+/// What makes two stages' data-parallel traffic and optimizer step
+/// alike: the parts and layers they hold, what they recompute, and under
+/// ZeRO-2 (whose reductions wait for the pipeline to drain) their place.
+type StageKind = (bool, bool, usize, Recompute, usize);
+
+fn kind_of(cfg: &TrainingConfig, s: &Stage) -> StageKind {
+    let place = if cfg.zero == 2 { s.index } else { 0 };
+    (s.first, s.last, s.layers, s.recompute, place)
+}
+
 fn policy_index(r: Recompute) -> usize {
     match r {
         Recompute::None => 0,
@@ -481,13 +491,22 @@ impl<'a> Evaluator<'a> {
             .unwrap_or_default();
         let capacity = self.cluster.device.memory_bytes;
         let mut comm_bytes: f64 = 0.0;
+        let mut sent: Vec<(StageKind, f64)> = Vec::new();
         for (s, (t, _, _)) in stages.iter().zip(&per_stage) {
             let p2p = if cfg.pp > 1 {
                 2.0 * cfg.virtual_stages as f64 * self.p2p_bytes
             } else {
                 0.0
             };
-            let dp = self.data_parallel.sent(cfg, s)?;
+            let kind = kind_of(cfg, s);
+            let dp = match sent.iter().find(|(k, _)| *k == kind) {
+                Some(&(_, dp)) => dp,
+                None => {
+                    let dp = self.data_parallel.sent(cfg, s)?;
+                    sent.push((kind, dp));
+                    dp
+                }
+            };
             comm_bytes = comm_bytes.max(mf * (t.sent + p2p) + dp);
         }
         Ok(Estimate {
@@ -553,7 +572,15 @@ impl<'a> Evaluator<'a> {
         let mut dp_exposed: f64 = 0.0;
         let mut optimizer: f64 = 0.0;
         let ratio = cfg.grad_reduce.sent_per_weight_byte(self.w.compute_dtype);
+        let mut priced = Vec::new();
         for s in stages {
+            // Stages alike in what they hold price alike (middle stages of
+            // a deep pipeline; ZeRO-2's draining depends on the index too).
+            let kind = kind_of(cfg, s);
+            if priced.contains(&kind) {
+                continue;
+            }
+            priced.push(kind);
             let params = self.params.stage(s);
             let [pre, layer, post] = self.unit_times(cfg, s);
             let tail = self
