@@ -419,9 +419,10 @@ fn explain_sharding(out: &mut String, plan: &Plan) {
     }
 }
 
-/// Why the plan beat the runner-up: the step-time parts that differ most.
+/// Why the plan beat the runner-up (the fastest other configuration the
+/// search ranked): the step-time parts that differ most.
 fn why(plan: &Plan) -> String {
-    let Some(runner_up) = plan.search.top.get(1) else {
+    let Some(runner_up) = plan.search.top.iter().find(|a| a.parallel != plan.parallel) else {
         return "no other configuration fits".into();
     };
     let Alternative {
@@ -464,11 +465,18 @@ fn why(plan: &Plan) -> String {
         })
         .collect();
     if slower.abs() < 1e-9 {
-        return format!(
-            "why this plan: the runner-up ({}) takes the same time but needs {} more per GPU",
-            summary(parallel, predicted),
-            binary(predicted.memory_per_gpu_bytes - e.memory_per_gpu_bytes)
-        );
+        let more = predicted.memory_per_gpu_bytes - e.memory_per_gpu_bytes;
+        return match more > 0.0 {
+            true => format!(
+                "why this plan: the runner-up ({}) takes the same time but needs {} more per GPU",
+                summary(parallel, predicted),
+                binary(more)
+            ),
+            false => format!(
+                "why this plan: the runner-up ({}) takes the same time; ties go to less communication, then less memory",
+                summary(parallel, predicted)
+            ),
+        };
     }
     format!(
         "why this plan: the runner-up ({}) is {:.2} % slower{}{}",

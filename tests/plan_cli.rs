@@ -105,6 +105,20 @@ fn json_has_the_contract_keys_and_explain_reads_it() {
     ] {
         assert!(text.contains(needle), "explain lacks '{needle}':\n{text}");
     }
+    // The runner-up is the fastest other configuration, wherever the plan
+    // itself sits among the ranked ones.
+    let why = |text: &str| {
+        text.lines()
+            .find(|l| l.contains("why this plan"))
+            .map(str::to_string)
+    };
+    let mut swapped = v.clone();
+    swapped["search"]["top"].as_array_mut().unwrap().swap(0, 1);
+    let other = scratch("gpt-second.json");
+    std::fs::write(&other, serde_json::to_string(&swapped).unwrap()).unwrap();
+    let (code, second, err) = autopar(&["explain", other.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(why(&second), why(&text), "{second}");
 }
 
 /// The plan with the run-dependent search time zeroed, for snapshots.
