@@ -231,6 +231,18 @@ fn other_bad_configurations() {
             &["--gpus", "8", "--global-batch", "8", "--dp", "4"],
             "differs from --gpus 8",
         ),
+        (
+            &[
+                "--gpus",
+                "8",
+                "--global-batch",
+                "8",
+                "--zero",
+                "3",
+                "--overlap-param-gather",
+            ],
+            "with --zero 3 there is none",
+        ),
     ]);
     common::assert_usage_error(
         &estimate_args(&["--gpus", "8", "--global-batch", "8", "--recompute", "some"]),

@@ -320,6 +320,10 @@ pub enum ConfigError {
         "ZeRO {0} reduces gradients with ring reduce-scatter; a parameter server is only priced for ZeRO 0"
     )]
     ShardedNeedsRing(u8),
+    #[error(
+        "--overlap-param-gather overlaps the weight all-gather of ZeRO 1 or 2 with the next forward pass; with --zero {0} there is none"
+    )]
+    ParamGatherNeedsZero(u8),
 }
 
 impl TrainingConfig {
@@ -384,6 +388,9 @@ impl TrainingConfig {
         }
         if self.grad_reduce.algorithm != crate::comm::Algorithm::Ring && self.zero > 0 {
             return Err(ConfigError::ShardedNeedsRing(self.zero));
+        }
+        if self.overlap_param_gather && !matches!(self.zero, 1 | 2) {
+            return Err(ConfigError::ParamGatherNeedsZero(self.zero));
         }
         Ok(())
     }
