@@ -7,6 +7,7 @@ use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
+use autopar_ir::{CommGroup, CommKind, Graph, Node, Op};
 use autopar_lower::{for_strategy, lower, training_graph, Instr, Program, Strategy, TrainingGraph};
 use std::collections::HashMap;
 use std::time::Duration;
@@ -137,24 +138,12 @@ fn weight_copies_are_made_again_for_the_backward_pass() {
         let t = for_strategy(&g, &s, SEQ).unwrap();
         let programs = lower(&t, &s).unwrap();
         let graph = &t.graph;
-        let copies: HashMap<String, String> = graph
-            .node_indices()
-            .map(|i| graph.node(i))
-            .filter(|n| {
-                matches!(
-                    n.op,
-                    autopar_ir::Op::Comm {
-                        kind: autopar_ir::CommKind::Copy,
-                        ..
-                    }
-                ) && n
-                    .inputs
-                    .iter()
-                    .flatten()
-                    .all(|&x| graph.tensor(x).role == autopar_ir::Role::Parameter)
-            })
-            .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
-            .collect();
+        let copies = comm_outputs(graph, CommKind::Copy, |n| {
+            n.inputs
+                .iter()
+                .flatten()
+                .all(|&x| graph.tensor(x).role == autopar_ir::Role::Parameter)
+        });
         let what = format!("zero {zero}");
         let checked: usize = programs
             .iter()
@@ -176,25 +165,31 @@ fn sequence_parallel_inputs_are_gathered_again_for_the_backward_pass() {
     let t = for_strategy(&g, &s, SEQ).unwrap();
     let programs = lower(&t, &s).unwrap();
     let graph = &t.graph;
-    let gathers: HashMap<String, String> = graph
-        .node_indices()
-        .map(|i| graph.node(i))
-        .filter(|n| {
-            matches!(
-                n.op,
-                autopar_ir::Op::Comm {
-                    kind: autopar_ir::CommKind::GatherForCompute,
-                    group: autopar_ir::CommGroup::Tensor,
-                    ..
-                }
-            ) && !n.name.starts_with("grad/")
-        })
-        .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
-        .collect();
+    let gathers = comm_outputs(graph, CommKind::GatherForCompute, |n| {
+        matches!(
+            n.op,
+            Op::Comm {
+                group: CommGroup::Tensor,
+                ..
+            }
+        ) && !n.name.starts_with("grad/")
+    });
     let checked: usize = programs
         .iter()
         .map(|p| common::made_again_for_the_backward_pass(p, &gathers, "gather"))
         .sum();
     // Per layer: the attention's and the feed-forward's inputs.
     assert!(checked >= 2 * LAYERS, "{checked} gathers checked");
+}
+
+/// The nodes of `graph` that are collectives of `kind` and that `keep`
+/// accepts, by name, with their output's name: what
+/// `common::made_again_for_the_backward_pass` checks.
+fn comm_outputs(graph: &Graph, kind: CommKind, keep: impl Fn(&Node) -> bool) -> HashMap<String, String> {
+    graph
+        .node_indices()
+        .map(|i| graph.node(i))
+        .filter(|n| matches!(&n.op, Op::Comm { kind: k, .. } if *k == kind) && keep(n))
+        .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
+        .collect()
 }

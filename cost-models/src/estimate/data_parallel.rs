@@ -665,6 +665,12 @@ mod tests {
         }
     }
 
+    /// Seconds of a ring all-reduce of `bytes` over `t`'s data-parallel group.
+    fn all_reduce(t: &Traffic, bytes: f64) -> f64 {
+        t.time(t.data, Collective::AllReduce, Algorithm::Ring, bytes)
+            .unwrap()
+    }
+
     fn one_stage(layers: usize, index: usize, pp: usize) -> Stage {
         Stage {
             index,
@@ -731,10 +737,7 @@ mod tests {
             ..UnitTime::default()
         };
         let none = UnitTime::default();
-        let ar = |bytes: f64| {
-            t.time(t.data, Collective::AllReduce, Algorithm::Ring, bytes)
-                .unwrap()
-        };
+        let ar = |bytes: f64| all_reduce(&t, bytes);
         // Each 1 MB gradient takes 0.75 s to reduce; the tied 2 MB one `tied`.
         let ratio = (0.75 - ar(0.0)) / (ar(1e6) - ar(0.0));
         let tied = ar(2e6 * ratio);
@@ -782,22 +785,13 @@ mod tests {
     #[test]
     fn buckets_hide_under_the_backward_pass_but_what_follows_it() {
         let t = traffic();
-        let stage = Stage {
-            index: 0,
-            layers: 4,
-            first: true,
-            last: true,
-            recompute: crate::Recompute::None,
-        };
+        let stage = one_stage(4, 0, 1);
         let layer = UnitTime {
             backward: 1.0,
             ..UnitTime::default()
         };
         let none = UnitTime::default();
-        let ar = |bytes: f64| {
-            t.time(t.data, Collective::AllReduce, Algorithm::Ring, bytes)
-                .unwrap()
-        };
+        let ar = |bytes: f64| all_reduce(&t, bytes);
         // One collective per tensor: each layer's two hide under the next
         // layer's second of backward; the last layer's and the tied
         // embedding's follow the backward pass.
