@@ -3,7 +3,7 @@
 //! definition for every layer that places them (pipeline stages, the
 //! per-op sharding's node sets, tied-weight copies).
 
-use crate::{Graph, NodeIndex};
+use crate::{Graph, NodeIndex, Role, TensorId};
 use std::collections::{HashMap, HashSet};
 
 /// The nodes outside the repeated layers, split into those the first layer
@@ -28,6 +28,24 @@ pub fn outside_layers(g: &Graph) -> (HashSet<NodeIndex>, HashSet<NodeIndex>) {
         .filter(|i| !in_layers.contains(i) && !pre.contains(i))
         .collect();
     (pre, post)
+}
+
+/// The float parameters read both before the layers and after them (a
+/// tied input embedding and output layer), given [`outside_layers`]'
+/// `(pre, post)`: lowering trains each as two tied copies, and every layer
+/// that prices or shards them asks here.
+pub fn tied_parameters(g: &Graph, (pre, post): &(HashSet<NodeIndex>, HashSet<NodeIndex>)) -> Vec<TensorId> {
+    if g.blocks.is_empty() {
+        return Vec::new();
+    }
+    g.tensors()
+        .filter(|(_, t)| t.role == Role::Parameter && t.ty.dtype.is_float())
+        .map(|(id, _)| id)
+        .filter(|&p| {
+            let users = g.consumers(p);
+            users.iter().any(|u| pre.contains(u)) && users.iter().any(|u| post.contains(u))
+        })
+        .collect()
 }
 
 /// Nodes outside the layers (`in_layers` says which are in) that the first

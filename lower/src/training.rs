@@ -244,22 +244,11 @@ fn check_tied_slices(
 /// ([`super::Instr::SumTiedGrads`]) and both copies step identically —
 /// instead of one end sending its gradient to the other every micro-batch.
 fn tie_copies(g: &mut Graph) -> Vec<(String, String)> {
-    if g.blocks.is_empty() {
-        return Vec::new();
-    }
-    let (pre, post) = autopar_ir::layers::outside_layers(g);
-    let params: Vec<TensorId> = g
-        .tensors()
-        .filter(|(_, t)| t.role == Role::Parameter && t.ty.dtype.is_float())
-        .map(|(id, _)| id)
-        .collect();
+    let ends = autopar_ir::layers::outside_layers(g);
+    let (_, post) = &ends;
     let mut tied = Vec::new();
-    for p in params {
-        let users = g.consumers(p);
-        let late: Vec<_> = users.iter().copied().filter(|u| post.contains(u)).collect();
-        if late.is_empty() || !users.iter().any(|u| pre.contains(u)) {
-            continue;
-        }
+    for p in autopar_ir::layers::tied_parameters(g, &ends) {
+        let late: Vec<_> = g.consumers(p).into_iter().filter(|u| post.contains(u)).collect();
         let t = g.tensor(p).clone();
         let name = format!("{}.tied", t.name);
         let copy = g.add_tensor(name.clone(), t.ty, Role::Parameter, t.data);

@@ -17,7 +17,7 @@ pub mod kernels;
 pub mod layout;
 
 use crate::comm::Collective;
-use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex};
+use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex, TensorId};
 pub use builder::is_residual_add;
 use builder::{Builder, Planned};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -290,6 +290,9 @@ pub struct Layered<'g> {
     places: HashMap<NodeIndex, Place>,
     counterpart: HashMap<NodeIndex, NodeIndex>,
     symbols: HashSet<String>,
+    /// Parameters read before and after the layers, trained as two tied
+    /// copies ([`autopar_ir::layers::tied_parameters`]).
+    tied: HashSet<TensorId>,
 }
 
 impl<'g> Layered<'g> {
@@ -298,7 +301,11 @@ impl<'g> Layered<'g> {
     /// as pipeline stages place them), else after.
     pub fn new(graph: &'g Graph) -> Result<Layered<'g>, WorkloadError> {
         let topo = graph.topo_order()?;
-        let (pre, _) = autopar_ir::layers::outside_layers(graph);
+        let ends = autopar_ir::layers::outside_layers(graph);
+        let tied = autopar_ir::layers::tied_parameters(graph, &ends)
+            .into_iter()
+            .collect();
+        let (pre, _) = ends;
         let mut by_name: HashMap<&str, (Place, usize)> = HashMap::new();
         for (i, block) in graph.blocks.iter().enumerate() {
             let place = match i {
@@ -361,6 +368,7 @@ impl<'g> Layered<'g> {
             places,
             counterpart,
             symbols,
+            tied,
         })
     }
 }

@@ -65,8 +65,9 @@ struct Builder<'p> {
     cp: f64,
     model: Model,
     strategies: Vec<Vec<Strategy>>,
-    /// The nodes before the layers and after them.
-    ends: (HashSet<NodeIndex>, HashSet<NodeIndex>),
+    /// Parameters read before the layers and after them, trained as two
+    /// tied copies ([`layers::tied_parameters`]).
+    tied: HashSet<TensorId>,
 }
 
 /// Builds the program for `p` with `pins` (node name → strategy name) applied.
@@ -113,7 +114,9 @@ pub fn build(p: &ShardingProblem, pins: &BTreeMap<String, String>) -> Result<Bui
         cp: p.context_parallel.max(1) as f64,
         model: Model::default(),
         strategies: Vec::new(),
-        ends: layers::outside_layers(graph),
+        tied: layers::tied_parameters(graph, &layers::outside_layers(graph))
+            .into_iter()
+            .collect(),
     };
     let mut compute = Vec::new();
     let mut owned = HashSet::new();
@@ -298,7 +301,7 @@ impl Builder<'_> {
                         let dims = self.dims(nodes[choice], t)?;
                         let flow = self.flow(t, &dims);
                         self.reduce_weight_grads(reads, &flow)?;
-                        if self.tied(t, reads.iter().map(|&(c, _)| nodes[c])) {
+                        if self.tied.contains(&t) {
                             self.tie_reads(reads, &flow)?;
                         }
                         continue;
@@ -310,20 +313,6 @@ impl Builder<'_> {
             self.add_tensor(source, reads, exit, &dims, t)?;
         }
         Ok(())
-    }
-
-    /// True when weight `t`'s readers are two nodes, one before the layers
-    /// and one after them: lowering trains it as two tied copies.
-    fn tied(&self, t: TensorId, readers: impl Iterator<Item = NodeIndex>) -> bool {
-        let readers: Vec<NodeIndex> = readers.collect();
-        let untied = self.graph.blocks.is_empty() || self.graph.tensor(t).role != Role::Parameter;
-        if untied || readers.len() != 2 {
-            return false;
-        }
-        let (pre, post) = &self.ends;
-        let before = |n: &NodeIndex| pre.contains(n);
-        let after = |n: &NodeIndex| post.contains(n);
-        (before(&readers[0]) && after(&readers[1])) || (after(&readers[0]) && before(&readers[1]))
     }
 
     /// A tied weight's two copies are stored as the slice both readers

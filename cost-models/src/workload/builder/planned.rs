@@ -482,13 +482,6 @@ impl Builder<'_> {
     /// True when parameter `p` is read both before and after the layers
     /// (lowering trains it as two tied copies).
     pub(super) fn tied(&self, p: TensorId) -> bool {
-        let places = &self.layered.places;
-        let readers: Vec<Place> = self
-            .graph
-            .consumers(p)
-            .iter()
-            .filter_map(|c| places.get(c).copied())
-            .collect();
-        readers.contains(&Place::Pre) && readers.contains(&Place::Post)
+        self.layered.tied.contains(&p)
     }
 }
