@@ -228,27 +228,41 @@ fn priced_tensor_parallel_bytes_under_context_parallelism_are_what_runs() {
     assert!(e <= 1e-9, "off by {e:.2e}");
 }
 
-/// The explicit causal mask of a rank's queries over every key is made
-/// from constants alone, so the backward pass makes it again rather than
-/// keeping each layer's from its forward pass: every mask is computed
-/// twice per micro-batch and freed in between.
+/// Context-parallel attention stays causal: each layer's attention is told
+/// its queries' positions (the rank's slice of the balanced order, not an
+/// explicit mask over every key, so a fused kernel skips the hidden keys),
+/// and those positions, made from constants alone, are made again for the
+/// backward pass rather than kept.
 #[test]
-fn causal_masks_are_made_again_for_the_backward_pass() {
+fn context_parallel_attention_is_causal_at_the_ranks_positions() {
     let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
     let s = Strategy::new(1, 1, g.blocks.len(), MICRO_BATCH, 2).with_cp(2);
     let t = for_strategy(&g, &s, 16).unwrap();
-    let programs = lower(&t, &s).unwrap();
     let graph = &t.graph;
-    let masks: std::collections::HashMap<String, String> = graph
-        .node_indices()
-        .map(|i| graph.node(i))
-        .filter(|n| n.name.starts_with("cp/causal"))
-        .map(|n| (n.name.clone(), graph.tensor(n.outputs[0]).name.clone()))
-        .collect();
-    assert_eq!(masks.len(), g.blocks.len(), "one causal mask per layer");
+    let mut positions = std::collections::HashMap::new();
+    for n in graph.node_indices().map(|i| graph.node(i)) {
+        if !matches!(n.op, autopar_ir::Op::Attention { .. }) || n.name.starts_with("grad/") {
+            continue;
+        }
+        assert!(
+            matches!(n.op, autopar_ir::Op::Attention { causal: true, .. }),
+            "{}: {:?}",
+            n.name,
+            n.op
+        );
+        let at = n.inputs.get(4).copied().flatten().expect("query positions");
+        let made = graph.node(graph.producer(at).expect("computed"));
+        let order = graph.tensor(made.inputs[0].expect("the order"));
+        assert_eq!(order.role, autopar_ir::Role::Constant, "{}", made.name);
+        let want: Vec<i64> = [0..4, 12..16, 4..8, 8..12].into_iter().flatten().collect();
+        assert_eq!(order.data.as_ref().unwrap().as_i64(), Some(&want[..]));
+        positions.insert(made.name.clone(), graph.tensor(at).name.clone());
+    }
+    assert_eq!(positions.len(), g.blocks.len(), "one set of positions per layer");
+    let programs = lower(&t, &s).unwrap();
     let checked: usize = programs
         .iter()
-        .map(|p| common::made_again_for_the_backward_pass(p, &masks, "mask"))
+        .map(|p| common::made_again_for_the_backward_pass(p, &positions, "positions"))
         .sum();
-    assert!(checked >= 2 * g.blocks.len(), "{checked} masks checked");
+    assert!(checked >= 2 * g.blocks.len(), "{checked} positions checked");
 }

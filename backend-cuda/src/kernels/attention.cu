@@ -1,8 +1,10 @@
 // Flash attention (fp32 accumulation, online softmax, K/V tiles in shared
 // memory). q [B, Hq, Sq, D], k/v [B, Hk, Sk, D], o like q; head h reads kv
 // head h / (Hq / Hk). Causal: query i sees key j iff j <= i (upper-left
-// aligned, as Op::Attention). D ≤ FLASH_MAX_D (checked by the executor; a
-// larger D makes the kernels return without writing).
+// aligned, as Op::Attention), or iff j <= qpos[i] when the query positions
+// are given (a context-parallel rank's balanced chunks; null otherwise).
+// Tiles of hidden keys are skipped either way. D ≤ FLASH_MAX_D (checked by
+// the executor; a larger D makes the kernels return without writing).
 //
 // An optional mask, as Op::Attention's: a bool mask (bytes) keeps nonzero, a
 // float mask (of the run's type) is added to the scaled scores; keys from
@@ -116,6 +118,12 @@ struct FlashMask {
     }
 };
 
+// The last key query qi sees under a causal mask (-1 for none), at most Sk - 1.
+__device__ __forceinline__ int flash_last_key(const long long* qpos, int qi, int Sk) {
+    const long long p = qpos ? qpos[qi] : (long long)qi;
+    return (int)max(-1LL, min(p, (long long)Sk - 1));
+}
+
 // Which kv head query head h reads, and the offsets of (b, h) and (b, kv head).
 struct Heads {
     int b, h, hk;
@@ -128,13 +136,13 @@ __device__ __forceinline__ Heads flash_heads(int Hq, int Hk) {
 template <int DMAX, typename T>
 __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const T* q, const T* k, const T* v,
                                           const FlashMask<T> mask, int Hq, int Hk, int Sq, int Sk, int D,
-                                          float scale, int causal) {
+                                          float scale, int causal, const long long* qpos) {
     constexpr int NJ = DMAX / 4, BQ = FLASH_BLOCK_Q, BK = FLASH_BLOCK_K;
     float* ks = smem;
     float* vs = smem + BK * DMAX;
     const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
     const Heads hd = flash_heads(Hq, Hk);
-    const int q0 = blockIdx.x * BQ, qi = q0 + row, shift = 0;  // keys visible to query i: j <= i + shift
+    const int q0 = blockIdx.x * BQ, qi = q0 + row;
     const long long q_row = (long long)blockIdx.y * Sq + qi;
     const long long kv_base = ((long long)hd.b * Hk + hd.hk) * Sk * D;
 
@@ -148,8 +156,13 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const
     }
     float m = -F32_INF, l = 0.0f;
     const MaskLine<T> bias = mask.keys(hd.b, hd.h, min(qi, Sq - 1));
-    // Keys past the last one the tile's last row sees are skipped.
-    const int k_end = causal ? min(Sk, min(q0 + BQ, Sq) + shift) : Sk;
+    // Keys past the last one any row of the tile sees are skipped.
+    const int last = qi < Sq ? flash_last_key(qpos, qi, Sk) : -1;
+    int k_end = Sk;
+    if (causal) {
+        k_end = 0;
+        for (int i = q0; i < min(q0 + BQ, Sq); ++i) k_end = max(k_end, flash_last_key(qpos, i, Sk) + 1);
+    }
     for (int k0 = 0; k0 < k_end; k0 += BK) {
         __syncthreads();
         load_tile<DMAX>(ks, k + kv_base, vs, v + kv_base, k0, BK, Sk, D);
@@ -160,7 +173,7 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const
         for (int kk = 0; kk < BK; ++kk) {
             const float dot = group_sum(partial_dot(qr, ks + kk * DMAX, part));
             const int key = k0 + kk;
-            const bool visible = qi < Sq && key < Sk && (!causal || key <= qi + shift);
+            const bool visible = qi < Sq && key < Sk && (!causal || key <= last);
             s[kk] = visible ? dot + bias.at(key) : -F32_INF;
             m_new = fmaxf(m_new, s[kk]);
         }
@@ -214,7 +227,7 @@ template <int DMAX, typename T>
 __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_acc, float* dv_acc, const T* q,
                                           const T* k, const T* v, const T* dO, const float* stats,
                                           const float* delta, const FlashMask<T> mask, int Hq, int Hk, int Sq,
-                                          int Sk, int D, float scale, int causal) {
+                                          int Sk, int D, float scale, int causal, const long long* qpos) {
     constexpr int NJ = DMAX / 4, BK = FLASH_BLOCK_K, BR = FLASH_BWD_ROWS, DS_STRIDE = BK + 1;
     float* ks = smem;                      // [BK][DMAX]: K tile for dQ
     float* qs = ks + BK * DMAX;            // [BR][DMAX]
@@ -225,7 +238,7 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
     float* delta_s = logl_s + BR;          // [BR]
     const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
     const Heads hd = flash_heads(Hq, Hk);
-    const int k0 = blockIdx.x * BK, key = k0 + row, shift = 0;  // as in the forward pass
+    const int k0 = blockIdx.x * BK, key = k0 + row;
     const long long kv_base = ((long long)hd.b * Hk + hd.hk) * Sk * D;
     const long long q_base = (long long)blockIdx.y * Sq;
 
@@ -241,9 +254,15 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
         dk[j] = 0.0f;
         dv[j] = 0.0f;
     }
-    // Queries before the first one that sees this tile's first key are skipped.
-    const int q_begin = causal ? max(0, k0 - shift) : 0;
+    // Queries before the first one that sees this tile's first key are
+    // skipped; at given positions, each step of rows none of which sees it.
+    const int q_begin = causal && !qpos ? k0 : 0;
     for (int r0 = q_begin; r0 < Sq; r0 += BR) {
+        if (causal && qpos) {
+            const int qi = r0 + (int)threadIdx.x;
+            const bool sees = threadIdx.x < BR && qi < Sq && flash_last_key(qpos, qi, Sk) >= k0;
+            if (!__syncthreads_or(sees)) continue;
+        }
         __syncthreads();
         load_tile<DMAX>(qs, q + q_base * D, dos, dO + q_base * D, r0, BR, Sq, D);
         if (threadIdx.x < BR) {
@@ -258,7 +277,8 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
             const int qi = r0 + i;
             const float s = group_sum(partial_dot(kr, qs + i * DMAX, part));
             const float dp = group_sum(partial_dot(vr, dos + i * DMAX, part));
-            const bool visible = qi < Sq && key < Sk && (!causal || key <= qi + shift) && max_s[i] != -F32_INF;
+            const bool visible = qi < Sq && key < Sk && (!causal || key <= flash_last_key(qpos, qi, Sk)) &&
+                                 max_s[i] != -F32_INF;
             const float p =
                 visible ? exp2f(((s + bias.at(qi) - max_s[i]) - logl_s[i]) * LOG2E) : 0.0f;
             const float ds = p * (dp - delta_s[i]);
@@ -317,13 +337,13 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
 #define ATTENTION_KERNELS(T, S)                                                                             \
     FLASH_KERNEL flash_attn_fwd_##S(T* o, float* stats, const T* q, const T* k, const T* v,                 \
                                     FLASH_MASK_PARAMS(T), int B, int Hq, int Hk, int Sq, int Sk, int D,     \
-                                    float scale, int causal) {                                              \
+                                    float scale, int causal, const long long* qpos) {                       \
         __shared__ __align__(16) float smem[FLASH_FWD_SMEM];                                                \
         const FlashMask<T> mask = FLASH_MASK(T);                                                            \
         if (D <= 64)                                                                                        \
-            flash_fwd<64>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal);                 \
+            flash_fwd<64>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal, qpos);           \
         else if (D <= FLASH_MAX_D)                                                                          \
-            flash_fwd<FLASH_MAX_D>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal);        \
+            flash_fwd<FLASH_MAX_D>(smem, o, stats, q, k, v, mask, Hq, Hk, Sq, Sk, D, scale, causal, qpos);  \
     }                                                                                                       \
     KERNEL flash_attn_bwd_pre_##S(float* delta, const T* o, const T* dO, long long rows, int D) {           \
         flash_bwd_pre(delta, o, dO, rows, D);                                                               \
@@ -331,14 +351,14 @@ __device__ __forceinline__ void flash_bwd(float* smem, float* dq_acc, float* dk_
     FLASH_KERNEL flash_attn_bwd_##S(float* dq_acc, float* dk_acc, float* dv_acc, const T* q, const T* k,    \
                                     const T* v, const T* dO, const float* stats, const float* delta,        \
                                     FLASH_MASK_PARAMS(T), int B, int Hq, int Hk, int Sq, int Sk, int D,     \
-                                    float scale, int causal) {                                              \
+                                    float scale, int causal, const long long* qpos) {                       \
         __shared__ __align__(16) float smem[FLASH_BWD_SMEM];                                                \
         const FlashMask<T> mask = FLASH_MASK(T);                                                            \
         if (D <= 64)                                                                                        \
             flash_bwd<64>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, stats, delta, mask, Hq, Hk, Sq, Sk, D, \
-                          scale, causal);                                                                   \
+                          scale, causal, qpos);                                                             \
         else if (D <= FLASH_MAX_D)                                                                          \
             flash_bwd<FLASH_MAX_D>(smem, dq_acc, dk_acc, dv_acc, q, k, v, dO, stats, delta, mask, Hq, Hk,   \
-                                   Sq, Sk, D, scale, causal);                                               \
+                                   Sq, Sk, D, scale, causal, qpos);                                         \
     }
 FOR_EACH_TYPE(ATTENTION_KERNELS)

@@ -133,7 +133,8 @@ pub(super) fn eval(gpu: &Gpu, op: &Op, args: &[Option<&GpuTensor>], out: &[Tenso
             softmax(gpu, x, ty, *axis, matches!(op, Op::LogSoftmax { .. }))
         }
         Op::SoftmaxGrad { axis, log } if float => softmax_grad(gpu, x, args, ty, *axis, *log),
-        // The flash kernels; mask operand 3 forward, 4 backward (`dout` is 3).
+        // The flash kernels; mask and query positions operands 3 and 4
+        // forward, 4 and 5 backward (`dout` is 3).
         Op::Attention { scale, causal } => Ok(match Flash::of(gpu, args, *scale, *causal, 3) {
             Some(f) => {
                 let (o, _stats) = f.forward(gpu, ty)?;
@@ -547,6 +548,8 @@ struct Flash<'a> {
     scale: f32,
     causal: i32,
     dims: [i32; 6],
+    /// The queries' positions under a causal mask (0 for none: query `i` at `i`).
+    positions: u64,
 }
 
 /// A mask operand as the flash kernels read it (`FlashMask` in
@@ -606,8 +609,8 @@ fn mask_strides(shape: &[usize], [b, hq, sq, sk]: [usize; 4]) -> Option<([i64; 4
 
 /// Launches flash kernel `$name` with its own pointers `$arg`, then what
 /// every flash kernel takes after them from `$flash`: the mask
-/// (`FLASH_MASK_PARAMS` in attention.cu), `B, Hq, Hk, Sq, Sk, D`, `scale`
-/// and `causal`, in that order.
+/// (`FLASH_MASK_PARAMS` in attention.cu), `B, Hq, Hk, Sq, Sk, D`, `scale`,
+/// `causal` and the query positions, in that order.
 macro_rules! launch_flash {
     ($gpu:expr, $name:expr, $cfg:expr, $flash:expr; $($arg:expr),* $(,)?) => {{
         let flash: &Flash = $flash;
@@ -618,16 +621,18 @@ macro_rules! launch_flash {
             len: mlen,
         } = flash.mask;
         let [b, hq, hk, sq, sk, d] = flash.dims;
-        let (scale, causal) = (flash.scale, flash.causal);
+        let (scale, causal, positions) = (flash.scale, flash.causal, flash.positions);
         launch!(
-            $gpu, $name, $cfg, $($arg,)* mf, mb, msb, msh, msq, msk, mlen, b, hq, hk, sq, sk, d, scale, causal
+            $gpu, $name, $cfg, $($arg,)* mf, mb, msb, msh, msq, msk, mlen, b, hq, hk, sq, sk, d, scale, causal,
+            positions
         )
     }};
 }
 
 impl<'a> Flash<'a> {
-    /// `None` when the shapes (or the mask, operand `mask_at`) are outside
-    /// the kernel's range (then the host runs the node).
+    /// `None` when the shapes (or the mask, operand `mask_at`, or the query
+    /// positions after it) are outside the kernel's range (then the host
+    /// runs the node).
     fn of(
         gpu: &Gpu,
         args: &[Option<&'a GpuTensor>],
@@ -653,6 +658,11 @@ impl<'a> Flash<'a> {
             Some(m) => FlashMask::of(gpu, m, [b, hq, sq, sk])?,
             None => FlashMask::default(),
         };
+        let positions = match args.get(mask_at + 1).copied().flatten() {
+            Some(p) if p.storage == Storage::I64 && p.shape == [sq] => gpu.ptr(p),
+            Some(_) => return None,
+            None => 0,
+        };
         let scale = scale.unwrap_or(1.0 / (d as f64).sqrt()) as f32;
         let dims = [b, hq, hk, sq, sk, d].map(|x| x as i32);
         Some(Flash {
@@ -663,6 +673,7 @@ impl<'a> Flash<'a> {
             scale,
             causal: i32::from(causal),
             dims,
+            positions,
         })
     }
 

@@ -491,9 +491,16 @@ impl<'g> Builder<'g> {
                 let (hq, hk) = (self.dims[q.index()][1], self.dims[k.index()][1]);
                 self.heads.push((hq, hk));
                 if s.cp > 1 {
-                    // Keys and values gathered one by one, as lowering does.
+                    // Keys and values gathered one by one, as lowering does,
+                    // and put back in sequence order (the ranks hold
+                    // balanced chunks).
                     let heads_div = if d.output.is_sharded() { s.tp } else { 1 } as f64;
                     for t in [k, v] {
+                        let gathered = self.full_bytes(t) / heads_div;
+                        let name = format!("{}/in_order", node.name);
+                        let dtype = graph.tensor(t).ty.dtype;
+                        let reorder = kernels::lookup(&name, dtype, (0.0, 0.0), gathered);
+                        self.units[u].ops.push(reorder);
                         self.units[u].comms.push(CommWork {
                             group: Group::Context,
                             forward: Some(Collective::AllGather),

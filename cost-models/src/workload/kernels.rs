@@ -151,10 +151,9 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
         | Op::Slice
         | Op::Shape { .. }
         | Op::Size => vec![],
-        // A lookup reads only the rows it returns.
         Op::Embedding | Op::Gather { .. } => {
             let out = ctx.output_types.first().map_or(0.0, nbytes) / div;
-            vec![ctx.work(Kernel::Streaming, flops, (2.0 * out, 2.0 * out), false)]
+            vec![lookup(ctx.name, ctx.dtype, flops, out)]
         }
         // Streaming passes: each reads its inputs and writes its outputs once.
         Op::Unary { .. }
@@ -203,6 +202,21 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
             }
             vec![ctx.work(Kernel::Streaming, flops, (fwd, bwd), false)]
         }
+    }
+}
+
+/// A lookup or reorder writing `out` bytes on one rank: it reads only the
+/// rows it returns, and its adjoint adds them back.
+pub fn lookup(node: &str, dtype: DType, flops: (f64, f64), out: f64) -> OpWork {
+    OpWork {
+        node: node.to_string(),
+        kernel: Kernel::Streaming,
+        dtype,
+        forward_flops: flops.0,
+        backward_flops: flops.1,
+        forward_bytes: 2.0 * out,
+        backward_bytes: 2.0 * out,
+        attention_core: false,
     }
 }
 
@@ -280,10 +294,10 @@ fn attention(ctx: &Context, causal: bool) -> Vec<OpWork> {
     let io = batch * (sq * (d + dv) + sk * (d + dv)) * e;
     match ctx.attention {
         AttentionKernel::Fused => {
-            // Under context parallelism lowering runs each rank's queries
-            // against every key with the causal mask made explicit, so no
-            // masked half is skipped.
-            let skip = if causal && ctx.seq_div == 1.0 { 0.5 } else { 1.0 };
+            // A causal mask hides half the scores, which the fused kernel
+            // skips: under context parallelism too, where each rank's
+            // queries are balanced chunks that see half the keys on average.
+            let skip = if causal { 0.5 } else { 1.0 };
             let fwd = 2.0 * scores * (d + dv) * skip;
             vec![ctx.work(
                 Kernel::FusedAttention { batch, sq, sk, d },

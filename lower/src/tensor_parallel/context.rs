@@ -1,8 +1,67 @@
 //! Context parallelism's own rules: token-wise ops run on the rank's
 //! tokens, attention gathers the keys and values of the whole sequence.
+//!
+//! The rank's tokens are balanced for causal attention, as Megatron-Core
+//! cuts them: the sequence is `2·parts` chunks and rank `r` holds chunks `r`
+//! and `2·parts − 1 − r`, so each rank's queries see as many keys as any
+//! other's. Every move along the sequence goes through that order
+//! ([`Rewriter::balanced_comm`]): a slice takes the rank's two chunks, a
+//! gather puts every rank's chunks back in sequence order; so everything
+//! that reads across tokens sees the sequence as the model does.
 
 use super::{Layout, Rewriter, TpError, WHOLE};
-use autopar_ir::{BinaryOp, CommKind, NodeIndex, Op, TensorId, Value};
+use autopar_ir::{CommGroup, CommKind, Graph, NodeIndex, Op, Role, TensorId, Value};
+use std::collections::HashMap;
+
+/// The balanced order's constants by sequence length (`order[k]`: the
+/// position at place `k` of the ranks' chunks laid end to end; `inverse`
+/// its inverse), and each layer's slice of the order (the rank's positions)
+/// by (length, layer): a layer makes its own, so it is made again for its
+/// backward pass rather than kept across the step.
+#[derive(Default)]
+pub(super) struct Orders {
+    constants: HashMap<usize, (TensorId, TensorId)>,
+    mine: HashMap<(usize, Option<usize>), TensorId>,
+}
+
+/// The sequence length context parallelism cuts: dim 1 of the per-token
+/// inputs (0 without context parallelism).
+pub(super) fn sequence(src: &Graph, per_token: Option<&[String]>) -> Result<usize, TpError> {
+    let Some(names) = per_token else {
+        return Ok(0);
+    };
+    let lengths: Vec<(String, usize)> = src
+        .inputs
+        .iter()
+        .map(|&t| src.tensor(t))
+        .filter(|t| names.contains(&t.name))
+        .map(|t| {
+            (
+                t.name.clone(),
+                t.ty.shape.0.get(1).and_then(|d| d.fixed()).unwrap_or(0),
+            )
+        })
+        .collect();
+    match lengths.first() {
+        Some((_, n)) if lengths.iter().all(|(_, m)| m == n) => Ok(*n),
+        Some(_) => Err(TpError::Node {
+            node: lengths[0].0.clone(),
+            message: format!("the per-token inputs differ in sequence length: {lengths:?}"),
+        }),
+        None => Ok(0),
+    }
+}
+
+/// Rank-major places of the positions of `n` tokens cut into `2·parts`
+/// chunks, rank `r` holding chunks `r` and `2·parts − 1 − r`.
+fn balanced_order(n: usize, parts: usize) -> Vec<i64> {
+    let chunk = n / (2 * parts);
+    (0..parts)
+        .flat_map(|r| [r, 2 * parts - 1 - r])
+        .flat_map(|c| c * chunk..(c + 1) * chunk)
+        .map(|p| p as i64)
+        .collect()
+}
 
 impl Rewriter<'_> {
     /// The ops context parallelism treats differently from tensor
@@ -138,8 +197,9 @@ impl Rewriter<'_> {
     }
 
     /// Attention on the rank's queries over every key: keys and values
-    /// gathered along the sequence, the causal mask (and any mask) cut to
-    /// the rank's query rows.
+    /// gathered along the sequence in order, a causal attention told its
+    /// queries' positions (so a fused kernel still skips the hidden keys),
+    /// any mask cut to the rank's query rows.
     fn context_attention(
         &mut self,
         idx: NodeIndex,
@@ -169,13 +229,10 @@ impl Rewriter<'_> {
         )?;
         let keys = self.dims(k)[2];
         let mut mask = None;
-        if causal {
-            mask = Some(self.causal_rows(keys)?);
-        }
         if let Some(Some(m)) = ins.get(3).copied() {
             let d = self.dims(m);
             let rows = d.len().checked_sub(2).map(|i| (i, d[i]));
-            let own = match (self.layout(m), rows) {
+            mask = Some(match (self.layout(m), rows) {
                 (None | Some(Layout::Replicated), Some((_, 1))) => m,
                 (None | Some(Layout::Replicated), Some((i, r))) if r == keys => self.comm(
                     m,
@@ -187,57 +244,130 @@ impl Rewriter<'_> {
                     },
                 )?,
                 _ => return Ok(None),
-            };
-            let dtype = self.g.tensor(own).ty.dtype;
-            mask = match mask {
-                None => Some(own),
-                Some(c) if dtype == autopar_ir::DType::Bool => Some(self.helper(
-                    "mask_and",
-                    Op::Binary { func: BinaryOp::And },
-                    vec![Some(c), Some(own)],
-                )?),
-                Some(c) => Some(self.causal_added(c, own, dtype)?),
-            };
+            });
         }
-        let op = Op::Attention { scale, causal: false };
-        self.emit(idx, op, vec![ins[0], Some(k), Some(v), mask], Some(seq))?;
+        let positions = match causal {
+            true => Some(self.rank_positions(keys, "attention keys")?),
+            false => None,
+        };
+        let op = Op::Attention { scale, causal };
+        let mut inputs = vec![ins[0], Some(k), Some(v), mask, positions];
+        while inputs.last() == Some(&None) {
+            inputs.pop();
+        }
+        self.emit(idx, op, inputs, Some(seq))?;
         Ok(Some(()))
     }
 
-    /// A float attention mask `own` of `dtype` with the causal mask `causal`
-    /// (boolean, true where a query may see a key) added: masked places get
-    /// minus infinity.
-    fn causal_added(
+    /// `x` moved along the sequence (its dim `axis`) by `kind` through the
+    /// balanced order. A slice of a tensor no gradient reaches through it
+    /// (tokens, constants) or of one made from weights alone (a position
+    /// table) gathers the rank's positions: the latter's gradient is the
+    /// rank's rows with zeros elsewhere, a share the sum of weight
+    /// gradients over the ranks completes. A slice of a computed float
+    /// tensor, or a reduce-scatter, puts it in the balanced order first; a
+    /// gather puts the gathered chunks back in sequence order.
+    pub(super) fn balanced_comm(
         &mut self,
-        causal: TensorId,
-        own: TensorId,
-        dtype: autopar_ir::DType,
+        x: TensorId,
+        kind: CommKind,
+        axis: usize,
     ) -> Result<TensorId, TpError> {
-        let scalar = |v: f64| match dtype {
-            autopar_ir::DType::F64 => Value::f64(vec![], vec![v]),
-            _ => Value::f32(vec![], vec![v as f32]),
+        let parts = self.parts;
+        let comm = |kind| Op::Comm {
+            kind,
+            axis: axis as i64,
+            parts,
+            group: CommGroup::Context,
         };
-        self.count += 1;
-        let zero = self.g.add_constant(
-            format!("{}/open{}", self.prefix(), self.count),
-            scalar(0.0).expect("scalar"),
+        let name = self.g.tensor(x).name.clone();
+        let what = format!("{kind:?}").to_lowercase();
+        let at = Op::Gather { axis: axis as i64 };
+        match kind {
+            CommKind::Slice if self.weight_derived(x) || !self.carries_gradient(x) => {
+                let mine = self.rank_positions(self.dims(x)[axis], &name)?;
+                self.helper("own_rows", at, vec![Some(x), Some(mine)])
+            }
+            CommKind::Slice | CommKind::ReduceScatter => {
+                let (order, _) = self.order(self.dims(x)[axis], &name)?;
+                let ordered = self.helper("balanced", at, vec![Some(x), Some(order)])?;
+                if let Some(l) = self.layout(x) {
+                    self.layouts.insert(ordered, l);
+                }
+                self.helper(&what, comm(kind), vec![Some(ordered)])
+            }
+            CommKind::AllGather | CommKind::GatherForCompute => {
+                let (_, inverse) = self.order(self.dims(x)[axis] * self.parts, &name)?;
+                let joined = self.helper(&what, comm(kind), vec![Some(x)])?;
+                self.helper("in_order", at, vec![Some(joined), Some(inverse)])
+            }
+            CommKind::AllReduce | CommKind::Copy => unreachable!("{kind:?} does not move along the sequence"),
+        }
+    }
+
+    /// True for a float tensor computed from the step's data (a gradient
+    /// flows back through it).
+    fn carries_gradient(&self, x: TensorId) -> bool {
+        let t = self.g.tensor(x);
+        t.ty.dtype.is_float() && !matches!(t.role, Role::Constant | Role::Input)
+    }
+
+    /// The balanced order of a sequence of `n` tokens and its inverse, as
+    /// constants; `n` must be the sequence (`what` moves along it) and cut
+    /// into `2·parts` chunks.
+    fn order(&mut self, n: usize, what: &str) -> Result<(TensorId, TensorId), TpError> {
+        if let Some(&c) = self.balanced.constants.get(&n) {
+            return Ok(c);
+        }
+        if n != self.sequence || n % (2 * self.parts) != 0 {
+            return Err(self.err(
+                what,
+                format!(
+                    "context parallelism moves it along a dim of {n}, which is not a sequence of {} cut into {} chunks",
+                    self.sequence,
+                    2 * self.parts
+                ),
+            ));
+        }
+        let order = balanced_order(n, self.parts);
+        let mut inverse = vec![0i64; n];
+        for (k, &p) in order.iter().enumerate() {
+            inverse[p as usize] = k as i64;
+        }
+        let constant = |r: &mut Self, tag: &str, v: Vec<i64>| {
+            r.g.add_constant(
+                format!("{}/{tag}{n}", r.prefix()),
+                Value::i64(vec![n], v).expect("1-D order"),
+            )
+        };
+        let c = (constant(self, "order", order), constant(self, "inverse", inverse));
+        self.balanced.constants.insert(n, c);
+        Ok(c)
+    }
+
+    /// The positions of the rank's tokens in a sequence of `n` (its slice
+    /// of the balanced order), made once per layer.
+    fn rank_positions(&mut self, n: usize, what: &str) -> Result<TensorId, TpError> {
+        if let Some(&m) = self.balanced.mine.get(&(n, self.block)) {
+            return Ok(m);
+        }
+        let (order, _) = self.order(n, what)?;
+        let op = Op::Comm {
+            kind: CommKind::Slice,
+            axis: 0,
+            parts: self.parts,
+            group: CommGroup::Context,
+        };
+        let mine = self.helper("positions", op, vec![Some(order)])?;
+        self.layouts.insert(
+            mine,
+            Layout::Split {
+                axis: 0,
+                blocks: WHOLE,
+            },
         );
-        let shut = self.g.add_constant(
-            format!("{}/shut{}", self.prefix(), self.count),
-            scalar(f64::NEG_INFINITY).expect("scalar"),
-        );
-        let zero = self.helper("open", Op::cast(dtype), vec![Some(zero)])?;
-        let shut = self.helper("shut", Op::cast(dtype), vec![Some(shut)])?;
-        let bias = self.helper(
-            "causal_bias",
-            Op::Where,
-            vec![Some(causal), Some(zero), Some(shut)],
-        )?;
-        self.helper(
-            "mask_add",
-            Op::Binary { func: BinaryOp::Add },
-            vec![Some(own), Some(bias)],
-        )
+        self.balanced.mine.insert((n, self.block), mine);
+        Ok(mine)
     }
 
     /// True for a float tensor computed from weights alone (no layout, not
@@ -246,38 +376,6 @@ impl Rewriter<'_> {
     pub(super) fn weight_derived(&self, x: TensorId) -> bool {
         let t = self.g.tensor(x);
         self.layout(x).is_none() && t.ty.dtype.is_float() && t.role != autopar_ir::Role::Constant
-    }
-
-    /// The rank's rows along `axis` of weight-derived `x` (a position
-    /// table looked up for the whole sequence), taken by a gather of the
-    /// rank's row indices: its gradient is the rank's rows with zeros
-    /// elsewhere, a share that the sum of weight gradients over the ranks
-    /// completes (a slice's all-gathered gradient would be counted on
-    /// every rank).
-    pub(super) fn rows_of_weight(&mut self, x: TensorId, axis: usize) -> Result<TensorId, TpError> {
-        let n = self.dims(x)[axis];
-        self.count += 1;
-        let all = self.g.add_constant(
-            format!("{}/rows{}", self.prefix(), self.count),
-            Value::i64(vec![n], (0..n as i64).collect()).expect("1-D rows"),
-        );
-        let rows = Layout::Split {
-            axis: 0,
-            blocks: WHOLE,
-        };
-        let op = Op::Comm {
-            kind: CommKind::Slice,
-            axis: 0,
-            parts: self.parts,
-            group: autopar_ir::CommGroup::Context,
-        };
-        let mine = self.helper("slice", op, vec![Some(all)])?;
-        self.layouts.insert(mine, rows);
-        self.helper(
-            "own_rows",
-            Op::Gather { axis: axis as i64 },
-            vec![Some(x), Some(mine)],
-        )
     }
 
     /// True when input 0 is split along a dim before its last (the one a
@@ -290,29 +388,30 @@ impl Rewriter<'_> {
         let rank = self.dims(x).len();
         matches!(self.layout(x), Some(Layout::Split { axis, .. }) if axis + 1 < rank)
     }
+}
 
-    /// The causal mask of the rank's queries over all `keys` keys
-    /// (`[queries, keys]`, true where the key is not after the query),
-    /// computed from positions: a `keys`-long constant, never the square.
-    fn causal_rows(&mut self, keys: usize) -> Result<TensorId, TpError> {
-        self.count += 1;
-        let positions = self.g.add_constant(
-            format!("{}/positions{}", self.prefix(), self.count),
-            Value::i64(vec![keys], (0..keys as i64).collect()).expect("1-D positions"),
-        );
-        let rows = Layout::Split {
-            axis: 0,
-            blocks: WHOLE,
-        };
-        let mine = self.comm(positions, CommKind::Slice, 0, rows)?;
-        let column = self.helper(
-            "query_positions",
-            Op::Unsqueeze { axes: Some(vec![-1]) },
-            vec![Some(mine)],
-        )?;
-        let sees = Op::Binary {
-            func: BinaryOp::GreaterOrEqual,
-        };
-        self.helper("causal", sees, vec![Some(column), Some(positions)])
+#[cfg(test)]
+mod tests {
+    use super::balanced_order;
+
+    /// Rank `r` holds chunks `r` and `2·parts − 1 − r`, and under a causal
+    /// mask every rank's queries see as many keys.
+    #[test]
+    fn balanced_chunks_give_every_rank_the_same_causal_work() {
+        let order = balanced_order(16, 2);
+        let want: Vec<i64> = [0..4, 12..16, 4..8, 8..12].into_iter().flatten().collect();
+        assert_eq!(order, want);
+        for parts in [2, 4, 8] {
+            let n = 64 * parts;
+            let order = balanced_order(n, parts);
+            let work: Vec<i64> = order
+                .chunks(n / parts)
+                .map(|mine| mine.iter().map(|p| p + 1).sum())
+                .collect();
+            assert!(work.iter().all(|&w| w == work[0]), "{parts}: {work:?}");
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n as i64).collect::<Vec<_>>());
+        }
     }
 }

@@ -110,11 +110,13 @@ pub fn shard_planned(
 }
 
 /// The training graph one rank of a `parts`-way context-parallel group
-/// runs: the inputs named in `per_token` are cut along the sequence (dim
-/// 1), every token-wise op runs on the rank's tokens, attention gathers the
-/// keys and values of the whole sequence (their gradients are
-/// reduce-scattered back) under its slice of the causal mask, and sums over
-/// the sequence (the loss) are all-reduced. Weights stay whole: their
+/// runs: the inputs named in `per_token` are cut along the sequence (their
+/// dim 1) into `2·parts` chunks, rank `r` keeping chunks `r` and
+/// `2·parts − 1 − r` (so causal attention costs every rank alike), every
+/// token-wise op runs on the rank's tokens, attention gathers the keys and
+/// values of the whole sequence in order (their gradients are
+/// reduce-scattered back) and runs the rank's queries at their positions,
+/// and sums over the sequence (the loss) are all-reduced. Weights stay whole: their
 /// gradients are summed over the context-parallel ranks with the
 /// data-parallel ones.
 pub fn shard_context(graph: &Graph, parts: usize, per_token: &[String]) -> Result<Graph, TpError> {
@@ -153,6 +155,8 @@ fn rewrite(
         parts,
         sp,
         context: per_token.is_some(),
+        sequence: context::sequence(&src, per_token)?,
+        balanced: context::Orders::default(),
         map: HashMap::new(),
         layouts: HashMap::new(),
         slices: BTreeMap::new(),
@@ -207,6 +211,10 @@ struct Rewriter<'a> {
     sp: bool,
     /// Splitting sequences (context parallelism) instead of weights.
     context: bool,
+    /// Under context parallelism: the sequence length, and the balanced
+    /// order's constants by length and the rank's positions by (length, layer).
+    sequence: usize,
+    balanced: context::Orders,
     /// Source tensor → rewritten tensor.
     map: HashMap<TensorId, TensorId>,
     /// Layouts of activations; weights and constants have none.
@@ -313,8 +321,8 @@ impl Rewriter<'_> {
         if let Some(&y) = self.cache.get(&(x, kind, axis)) {
             return Ok(y);
         }
-        if self.context && kind == CommKind::Slice && self.weight_derived(x) {
-            let y = self.rows_of_weight(x, axis)?;
+        if self.context && !matches!(kind, CommKind::AllReduce | CommKind::Copy) {
+            let y = self.balanced_comm(x, kind, axis)?;
             self.layouts.insert(y, out);
             self.cache.insert((x, kind, axis), y);
             return Ok(y);

@@ -1,7 +1,8 @@
 //! attention.cu against naive attention in f64 (GPU only): shapes that are
 //! not multiples of the tiles, grouped-query heads, both head-dimension
 //! specialisations, causal masks (upper-left aligned, as `Op::Attention`)
-//! with Sq < Sk and Sq > Sk, and mask operands: an additive float mask with
+//! with Sq < Sk and Sq > Sk, causal masks at given query positions (a
+//! context-parallel rank's two chunks), and mask operands: an additive float mask with
 //! -inf entries, a fully masked row and a row of -3.4e38 (as exported
 //! models build them), and a 2-D bool mask shorter than the keys.
 
@@ -18,6 +19,10 @@ struct Dims {
     d: usize,
     causal: bool,
     mask: MaskCase,
+    /// Causal at given query positions: the first half of the queries at
+    /// the first positions, the rest at the last keys (as a context-parallel
+    /// rank's balanced chunks see them).
+    positions: bool,
 }
 
 /// The mask operand of a case.
@@ -93,8 +98,15 @@ impl MaskData {
 }
 
 impl Dims {
+    /// The position of query `i`.
+    fn position(&self, i: usize) -> usize {
+        match self.positions {
+            true if i >= self.sq / 2 => self.sk - (self.sq - i),
+            _ => i,
+        }
+    }
     fn visible(&self, i: usize, j: usize) -> bool {
-        !self.causal || j <= i
+        !self.causal || j <= self.position(i)
     }
     /// Offsets of row i of q (b, h) and row j of k/v (b, kv head of h).
     fn q_at(&self, b: usize, h: usize, i: usize) -> usize {
@@ -212,6 +224,9 @@ fn check_case<T: Elem>(g: &Gpu, s: Dims, seed: u64) {
     let rows_n = s.b * s.hq * s.sq;
     let ints = [s.b, s.hq, s.hk, s.sq, s.sk, s.d].map(|x| x as i32);
     let causal = s.causal as i32;
+    let at: Vec<i64> = (0..s.sq).map(|i| s.position(i) as i64).collect();
+    let positions = s.positions.then(|| up_raw::<i64>(g, &at));
+    let qpos = positions.as_ref().map_or(0, |p| p.device_ptr(&g.stream).0);
     // The mask as stored on the device (floats in T, bools as bytes).
     let mask = MaskData::new(s, seed + 4).map(|mut m| {
         if s.mask == MaskCase::Float {
@@ -235,7 +250,7 @@ fn check_case<T: Elem>(g: &Gpu, s: Dims, seed: u64) {
     let heads = s.b * s.hq;
     launch!(g, format!("flash_attn_fwd_{}", T::SUFFIX), flash_grid(s.sq, kernels::FLASH_BLOCK_Q, heads);
         &mut o, &mut stats, &q_d, &k_d, &v_d, &mf, &mb, &ms[0], &ms[1], &ms[2], &ms[3], &mlen,
-        &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal);
+        &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal, &qpos);
     let (p, o_want, lse_want) = forward(&q, &k, &v, s, scale as f64, mask.as_ref());
     assert_close(&format!("{what}: o"), &down(g, &o), &f32s(&o_want), T::TOL);
     let lse: Vec<f32> = down_raw(g, &stats).chunks(2).map(|ml| ml[0] + ml[1]).collect();
@@ -254,7 +269,7 @@ fn check_case<T: Elem>(g: &Gpu, s: Dims, seed: u64) {
     launch!(g, format!("flash_attn_bwd_{}", T::SUFFIX), flash_grid(s.sk, kernels::FLASH_BLOCK_K, heads);
         &mut dq, &mut dk, &mut dv, &q_d, &k_d, &v_d, &do_d, &stats, &delta,
         &mf, &mb, &ms[0], &ms[1], &ms[2], &ms[3], &mlen,
-        &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal);
+        &ints[0], &ints[1], &ints[2], &ints[3], &ints[4], &ints[5], &scale, &causal, &qpos);
     let (dq_want, dk_want, dv_want) = backward(&q, &k, &v, &d_o, &p, &delta_got, s, scale as f64);
     // Gradients stay in float: only accumulation order and exp2 differ.
     assert_close(&format!("{what}: dq"), &down_raw(g, &dq), &f32s(&dq_want), 1e-4);
@@ -272,8 +287,33 @@ fn check<T: Elem>(g: &Gpu) {
         d: 40,
         causal: true,
         mask: MaskCase::None,
+        positions: false,
     };
     check_case::<T>(g, base, 60);
+    // Two runs of query positions far apart, over more keys than a tile:
+    // whole tiles of keys are hidden from one run and not the other.
+    check_case::<T>(
+        g,
+        Dims {
+            sq: 70,
+            sk: 140,
+            positions: true,
+            ..base
+        },
+        65,
+    );
+    check_case::<T>(
+        g,
+        Dims {
+            sq: 70,
+            sk: 140,
+            d: 96,
+            positions: true,
+            mask: MaskCase::Float,
+            ..base
+        },
+        66,
+    );
     check_case::<T>(
         g,
         Dims {
@@ -322,6 +362,7 @@ fn check<T: Elem>(g: &Gpu) {
             d: 128,
             causal: true,
             mask: MaskCase::Float,
+            positions: false,
         },
         90,
     );
@@ -336,6 +377,7 @@ fn check<T: Elem>(g: &Gpu) {
             d: 64,
             causal: false,
             mask: MaskCase::None,
+            positions: false,
         },
         100,
     );

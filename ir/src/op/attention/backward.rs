@@ -20,7 +20,11 @@ pub fn backward(
         Op::Attention { scale, causal } => {
             let (q, k, v) = (Ctx::input(node, 0)?, Ctx::input(node, 1)?, Ctx::input(node, 2)?);
             let mask = node.inputs.get(3).copied().flatten();
-            let inputs = [Some(q), Some(k), Some(v), Some(dy), mask];
+            let positions = node.inputs.get(4).copied().flatten();
+            let mut inputs = vec![Some(q), Some(k), Some(v), Some(dy), mask, positions];
+            while inputs.last() == Some(&None) {
+                inputs.pop();
+            }
             let op = Op::AttentionGrad {
                 scale,
                 causal,
@@ -108,6 +112,25 @@ mod tests {
             &inputs,
             1e-6,
         );
+    }
+
+    #[test]
+    fn attention_with_query_positions() {
+        // A context-parallel rank's queries: the first and last two of
+        // eight positions, against every key.
+        let positions = Value::i64(vec![4], vec![0, 1, 6, 7]).expect("positions");
+        let op = Op::Attention {
+            scale: None,
+            causal: true,
+        };
+        let inputs = [
+            Some(random(&[1, 2, 4, 3], 1)),
+            Some(random(&[1, 1, 8, 3], 2)),
+            Some(random(&[1, 1, 8, 3], 3)),
+            None,
+            Some(positions),
+        ];
+        check_op_with_constants(&op, &inputs, &[4], 1e-6);
     }
 
     #[test]

@@ -1,4 +1,4 @@
-//! `AttentionGrad(q, k, v, dout, mask?)` → `(dq, dk, dv, dmask?)`: the adjoint of
+//! `AttentionGrad(q, k, v, dout, mask?, positions?)` → `(dq, dk, dv, dmask?)`: the adjoint of
 //! `Attention`, with the forward's exact masking (it reuses the forward's
 //! bias and softmax). Per (batch, query head), with `P` the probabilities:
 //! `dV += Pᵀ·dO`, `dS = P ⊙ (dO·Vᵀ − rowsum(P ⊙ dO·Vᵀ))`,
@@ -14,7 +14,7 @@ use super::super::gemm::{gemm, Mat};
 use super::super::geometry::dim;
 use super::super::numeric::Real;
 use super::super::{OpError, TensorType};
-use super::kernel::{head_bias, masked_softmax, MaskView};
+use super::kernel::{head_bias, masked_softmax, query_positions, MaskView};
 
 /// FLOPs per score: the softmax recomputed and `dS` from `dP`.
 const SCORE_FLOPS: f64 = 8.0;
@@ -22,14 +22,17 @@ const SCORE_FLOPS: f64 = 8.0;
 /// Types of `(dq, dk, dv, dmask?)`: those of `(q, k, v, mask?)`, after
 /// checking the forward inputs as `Attention` does and `dout` against its
 /// output; `mask_grad` needs a float mask.
-pub(super) fn infer(cx: &InferCtx, mask_grad: bool) -> Result<Vec<TensorType>, OpError> {
-    cx.arity(4, 5)?;
-    let forward = [cx.opt(0), cx.opt(1), cx.opt(2), cx.opt(4)];
-    let n = if cx.opt(4).is_some() { 4 } else { 3 };
-    let out = infer_attention(&InferCtx {
-        op: cx.op,
-        inputs: &forward[..n],
-    })?;
+pub(super) fn infer(cx: &InferCtx, causal: bool, mask_grad: bool) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(4, 6)?;
+    let forward = [cx.opt(0), cx.opt(1), cx.opt(2), cx.opt(4), cx.opt(5)];
+    let n = (3..5).rev().find(|&i| forward[i].is_some()).map_or(3, |i| i + 1);
+    let out = infer_attention(
+        &InferCtx {
+            op: cx.op,
+            inputs: &forward[..n],
+        },
+        causal,
+    )?;
     check_grad_like(cx, 3, &out[0])?;
     let mut types = vec![cx.ty(0)?.clone(), cx.ty(1)?.clone(), cx.ty(2)?.clone()];
     if mask_grad {
@@ -69,6 +72,7 @@ pub(super) fn kernel<T: Real>(
     let group = (hq / hk.max(1)).max(1);
     let scale = T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt()));
     let mask = cx.opt(4).map(|m| MaskView::new(m, b, hq, sq));
+    let positions = query_positions(cx, 5, sq)?;
     let (mut dq, mut dk, mut dvs) = (
         vec![T::zero(); q.len()],
         vec![T::zero(); k.len()],
@@ -100,7 +104,8 @@ pub(super) fn kernel<T: Real>(
                 &mut p,
                 0,
             )?;
-            let (bias, masked) = head_bias::<T>(mask.as_ref(), bi, hi, sq, sk, causal);
+            let (bias, masked) =
+                head_bias::<T>(mask.as_ref(), bi, hi, (sq, sk), causal, positions.as_deref());
             for (i, r) in p.chunks_mut(row).enumerate() {
                 masked_softmax(r, &bias[i * sk..(i + 1) * sk], masked[i]);
             }

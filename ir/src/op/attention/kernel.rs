@@ -30,15 +30,30 @@ impl<'a> MaskView<'a> {
     }
 }
 
+/// The query positions of input `at` (a causal attention's), checked
+/// against the `sq` queries; `None` without them (query `i` at position `i`).
+pub(super) fn query_positions(cx: &EvalCtx, at: usize, sq: usize) -> Result<Option<Vec<i64>>, OpError> {
+    let Some(p) = cx.opt(at) else {
+        return Ok(None);
+    };
+    let ids = p
+        .as_i64()
+        .filter(|ids| ids.len() == sq)
+        .ok_or_else(|| invalid(cx.op, format!("query positions must be {sq} integers")))?;
+    Ok(Some(ids.to_vec()))
+}
+
 /// The additive mask of one (batch, head) pair as a `[sq, sk]` row-major
 /// buffer (`-inf` for masked), and whether each query row is fully masked.
+/// `causal` hides the keys after each query's position (`positions[i]`, or
+/// `i` without them).
 pub(super) fn head_bias<T: Real>(
     mask: Option<&MaskView>,
     b: usize,
     h: usize,
-    sq: usize,
-    sk: usize,
+    (sq, sk): (usize, usize),
     causal: bool,
+    positions: Option<&[i64]>,
 ) -> (Vec<T>, Vec<bool>) {
     let mut bias = vec![T::zero(); sq * sk];
     if let Some(m) = mask {
@@ -58,7 +73,9 @@ pub(super) fn head_bias<T: Real>(
     }
     if causal {
         for i in 0..sq {
-            for j in (i + 1).min(sk)..sk {
+            let at = positions.map_or(i as i64, |p| p[i]);
+            let first_hidden = usize::try_from(at.saturating_add(1)).unwrap_or(0).min(sk);
+            for j in first_hidden..sk {
                 bias[i * sk + j] = T::neg_infinity();
             }
         }
@@ -81,6 +98,7 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
     let group = hq / hk.max(1);
     let scale = T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt()));
     let mask = cx.opt(3).map(|m| MaskView::new(m, b, hq, sq));
+    let positions = query_positions(cx, 4, sq)?;
     let mut out = vec![T::zero(); b * hq * sq * dv];
     let mut scores = vec![T::zero(); sq * sk];
     for bi in 0..b {
@@ -89,7 +107,8 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
             let qm = Mat::row_major(q, (bi * hq + hi) * sq * d, d, false);
             let km = Mat::row_major(k, kh * sk * d, d, true);
             gemm(cx.op, sq, d, sk, scale, qm, km, T::zero(), &mut scores, 0)?;
-            let (bias, masked) = head_bias::<T>(mask.as_ref(), bi, hi, sq, sk, causal);
+            let (bias, masked) =
+                head_bias::<T>(mask.as_ref(), bi, hi, (sq, sk), causal, positions.as_deref());
             for (i, row) in scores.chunks_mut(sk.max(1)).enumerate() {
                 masked_softmax(row, &bias[i * sk..(i + 1) * sk], masked[i]);
             }

@@ -5,6 +5,13 @@
 //! float mask is added, a mask shorter than the key length is padded with
 //! "masked", `causal` hides keys `j > i` (upper-left aligned, no cache
 //! offset), and a query row whose bias masks every key outputs zeros.
+//!
+//! A causal `Attention` may take the positions of its queries (input 4,
+//! `i64[sq]`): query `i` then sees key `j` iff `j ≤ positions[i]`. That is
+//! how a context-parallel rank runs its share of the queries, which are not
+//! one run of the sequence once the chunks are balanced, against every key
+//! in sequence order, with the hidden keys still skipped (the flash kernel's
+//! tiles) rather than masked one by one.
 
 use super::broadcast::broadcast_shapes;
 use super::context::{invalid, tensor, EvalCtx, InferCtx};
@@ -35,9 +42,10 @@ fn agree(cx: &InferCtx, what: &str, a: &Dim, b: &Dim) -> Result<(), OpError> {
     }
 }
 
-/// `Attention(q[b,hq,sq,d], k[b,hk,sk,d], v[b,hk,sk,dv], mask?)` → `[b,hq,sq,dv]`.
-pub(super) fn infer_attention(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
-    cx.arity(3, 4)?;
+/// `Attention(q[b,hq,sq,d], k[b,hk,sk,d], v[b,hk,sk,dv], mask?, positions?)`
+/// → `[b,hq,sq,dv]`.
+pub(super) fn infer_attention(cx: &InferCtx, causal: bool) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(3, 5)?;
     let q_ty = cx.float(0)?;
     cx.same_dtype(0, 1)?;
     cx.same_dtype(0, 2)?;
@@ -87,6 +95,17 @@ pub(super) fn infer_attention(cx: &InferCtx) -> Result<Vec<TensorType>, OpError>
                 )
             })?;
     }
+    if cx.opt(4).is_some() {
+        if !causal {
+            return Err(invalid(
+                cx.op,
+                "query positions (input 4) need a causal attention",
+            ));
+        }
+        cx.int(4)?;
+        let p = cx.rank(4, 1)?;
+        agree(cx, "query positions and queries", &p[0], &q[2])?;
+    }
     Ok(vec![tensor(
         q_ty.dtype,
         vec![q[0].clone(), q[1].clone(), q[2].clone(), v[3].clone()],
@@ -94,9 +113,10 @@ pub(super) fn infer_attention(cx: &InferCtx) -> Result<Vec<TensorType>, OpError>
 }
 
 /// FLOPs of attention: `2·b·hq·sq·sk·(d + dv)` for QKᵀ and PV plus the
-/// softmax. A causal mask does not halve the count: the reference kernel and
-/// the cost model both compute the full score matrix. Backward doubles the
-/// products.
+/// softmax. A causal mask does not halve the count (it is the model's
+/// FLOPs, as MFU counts them): the reference kernel computes the full score
+/// matrix; the cost model's kernels say what a fused kernel skips. Backward
+/// doubles the products.
 pub(super) fn attention_flops(inputs: &[Option<&TensorType>]) -> (f64, f64) {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (Some(q), Some(k), Some(v)) = (get(0), get(1), get(2)) else {
@@ -186,13 +206,15 @@ pub(super) fn rotary_flops(x: Option<&TensorType>) -> (f64, f64) {
 /// Shape inference of the attention ops (routed here by the op table).
 pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> {
     match op {
-        Op::Attention { .. } => infer_attention(cx),
+        Op::Attention { causal, .. } => infer_attention(cx, *causal),
         Op::RotaryEmbedding {
             rotary_dim,
             num_heads,
             ..
         } => infer_rotary(cx, *rotary_dim, *num_heads),
-        Op::AttentionGrad { mask_grad, .. } => grad::infer(cx, *mask_grad),
+        Op::AttentionGrad {
+            causal, mask_grad, ..
+        } => grad::infer(cx, *causal, *mask_grad),
         other => Err(not_in_family(cx.op, other, "attention")),
     }
 }

@@ -15,8 +15,9 @@ pub(in crate::op) fn strategies(op: &Op, v: &NodeView) -> Vec<Strategy> {
     }
 }
 
-/// `Attention(q[b, hq, sq, d], k[b, hk, sk, d], v, mask?)`: by heads (both
-/// head counts divisible) or by batch. Masks are never differentiated.
+/// `Attention(q[b, hq, sq, d], k[b, hk, sk, d], v, mask?, positions?)`: by
+/// heads (both head counts divisible) or by batch; query positions are read
+/// whole. Masks are never differentiated.
 fn attention(v: &NodeView) -> Vec<Strategy> {
     let (Some(q), Some(k)) = (v.input(0), v.input(1)) else {
         return vec![];
@@ -28,7 +29,8 @@ fn attention(v: &NodeView) -> Vec<Strategy> {
     let split = |name: &str, dim: usize| {
         let inputs = v.slots(|i, s| match i {
             0..=2 => Layout::Shard(dim),
-            _ => aligned(s, 4, dim, q[dim]),
+            3 => aligned(s, 4, dim, q[dim]),
+            _ => Layout::Replicate,
         });
         Strategy::new(name, inputs, vec![Layout::Shard(dim)], v.tp).grad(3, false)
     };

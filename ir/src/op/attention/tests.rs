@@ -71,6 +71,55 @@ fn attention_inference() {
     );
 }
 
+/// Query positions hide exactly the keys after each query's position: the
+/// same output, bit for bit, as an explicit keep-mask of those keys, for
+/// query rows out of order (a context-parallel rank's balanced chunks),
+/// with and without another mask; and they need a causal attention.
+#[test]
+fn query_positions_hide_the_keys_after_each_query() {
+    use crate::autodiff::testing::random;
+    let (q, k, v) = (
+        random(&[2, 2, 4, 3], 1),
+        random(&[2, 1, 8, 3], 2),
+        random(&[2, 1, 8, 3], 3),
+    );
+    let at = [0i64, 1, 6, 7];
+    let positions = i64s(&[4], &at);
+    let keep: Vec<bool> = at.iter().flat_map(|&p| (0..8).map(move |j| j <= p)).collect();
+    let explicit = bools(&[4, 8], &keep);
+    let by_positions = attn(true).eval(&[Some(&q), Some(&k), Some(&v), None, Some(&positions)]);
+    let by_mask = eval(&attn(false), &[&q, &k, &v, &explicit]).unwrap();
+    assert_eq!(by_positions.unwrap()[0].to_f64_vec(), by_mask[0].to_f64_vec());
+    // With a padding mask as well: both hide their keys.
+    let pad = bools(&[8], &[true, false, true, true, true, true, true, true]);
+    let both: Vec<bool> = keep.iter().enumerate().map(|(i, &k)| k && i % 8 != 1).collect();
+    let got = eval(&attn(true), &[&q, &k, &v, &pad, &positions]).unwrap();
+    let want = eval(&attn(false), &[&q, &k, &v, &bools(&[4, 8], &both)]).unwrap();
+    assert_eq!(got[0].to_f64_vec(), want[0].to_f64_vec());
+    let t = |s| ty(DType::F32, s);
+    let (qt, kt) = (t("b 2 4 3"), t("b 1 8 3"));
+    let none = ty(DType::Bool, "8");
+    assert_op_err(
+        infer(
+            &attn(false),
+            &[
+                qt.clone(),
+                kt.clone(),
+                kt.clone(),
+                none.clone(),
+                ty(DType::I64, "4"),
+            ],
+        ),
+        "Attention",
+        "query positions (input 4) need a causal attention",
+    );
+    assert_op_err(
+        infer(&attn(true), &[qt, kt.clone(), kt, none, ty(DType::I64, "5")]),
+        "Attention",
+        "query positions and queries differ (5 vs 4)",
+    );
+}
+
 #[test]
 fn attention_cost_counts_full_scores() {
     let (q, o) = (ty(DType::F32, "2 4 8 16"), ty(DType::F32, "2 4 8 16"));
