@@ -262,10 +262,44 @@ impl Groups {
                 .flat_map(|d| (0..mesh.cp).map(move |c| mesh.rank(0, c, step * d, 0)))
                 .collect()
         };
+        // Groups of one kind can sit differently on the nodes (tensor
+        // parallelism 6 on 8-GPU nodes): the widest paces every rank. Up to
+        // a node's worth of each other coordinate sees every way one sits.
+        let reach = |n: usize| 0..n.min(cluster.gpus_per_node);
+        let widest = |groups: Vec<Vec<usize>>| -> Result<Span, comm::CommError> {
+            let spans = groups
+                .iter()
+                .map(|g| Span::of(cluster, g))
+                .collect::<Result<Vec<_>, _>>()?;
+            spans
+                .into_iter()
+                .max_by_key(|s| (s.nodes, s.per_node))
+                .ok_or(comm::CommError::EmptyGroup)
+        };
+        let pairs = |a: usize, b: usize| reach(a).flat_map(move |x| reach(b).map(move |y| (x, y)));
+        let tensor = widest(
+            pairs(mesh.cp, mesh.dp)
+                .map(|(c, d)| (0..mesh.tp).map(|t| mesh.rank(t, c, d, 0)).collect())
+                .collect(),
+        )?;
+        let context = widest(
+            pairs(mesh.tp, mesh.dp)
+                .map(|(t, d)| (0..mesh.cp).map(|c| mesh.rank(t, c, d, 0)).collect())
+                .collect(),
+        )?;
+        let ep = mesh.ep.max(1);
+        let expert = widest(
+            pairs(mesh.tp, mesh.cp)
+                .flat_map(|(t, c)| {
+                    reach(mesh.dp / ep)
+                        .map(move |g| (0..ep).map(|e| mesh.rank(t, c, g * ep + e, 0)).collect())
+                })
+                .collect(),
+        )?;
         Ok(Groups {
-            tensor: span((0..mesh.tp).collect())?,
-            context: span((0..mesh.cp).map(|c| mesh.rank(0, c, 0, 0)).collect())?,
-            expert: span((0..mesh.ep).map(|e| mesh.rank(0, 0, e, 0)).collect())?,
+            tensor,
+            context,
+            expert,
             data: span(replicas(1, mesh.dp))?,
             expert_data: span(replicas(mesh.ep, mesh.dp / mesh.ep.max(1)))?,
             stage_hop: if mesh.pp > 1 {
@@ -775,4 +809,39 @@ fn p2p_transfer(w: &Workload, mesh: &Mesh, sp: bool, net: &Net) -> Result<f64, E
         one += net.time(net.groups.tensor, Collective::AllGather, w.boundary_bytes)?;
     }
     Ok(one)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::MeshOrder;
+
+    fn groups(gpus: usize, tp: usize, cp: usize, dp: usize) -> Groups {
+        let cluster = Cluster::preset("dgx-h100")
+            .and_then(|c| c.with_gpus(gpus))
+            .unwrap();
+        let mesh = Mesh {
+            dp,
+            tp,
+            pp: 1,
+            cp,
+            ep: 1,
+            order: MeshOrder::DataInner,
+        };
+        Groups::new(&cluster, &mesh).unwrap()
+    }
+
+    /// Tensor parallelism 6 on 8-GPU nodes: the first group sits in one
+    /// node, the second straddles two, and it sets the pace; groups that
+    /// divide the node stay inside it.
+    #[test]
+    fn the_widest_group_of_a_kind_is_priced() {
+        let straddling = groups(48, 6, 1, 8);
+        assert_eq!((straddling.tensor.nodes, straddling.tensor.per_node), (2, 4));
+        let inside = groups(48, 4, 2, 6);
+        assert_eq!((inside.tensor.nodes, inside.context.nodes), (1, 1));
+        // Context parallelism 3 over tensor parallelism 2: 6 ranks a group.
+        let context = groups(48, 2, 3, 8);
+        assert_eq!(context.context.nodes, 2);
+    }
 }

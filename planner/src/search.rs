@@ -208,6 +208,16 @@ fn divisors(n: usize) -> Vec<usize> {
     (1..=n).filter(|d| n % d == 0).collect()
 }
 
+/// Whether groups of `span` consecutive ranks on nodes of `per_node` GPUs
+/// (`gpus` in all) all span nodes alike: each inside one node, or each on
+/// whole nodes. Otherwise some groups straddle a node boundary and run
+/// their collectives over the inter-node link while the others do not,
+/// and the slowest sets everyone's pace (tensor parallelism 6 on 8-GPU
+/// nodes); no one trains so.
+fn spans_nodes_alike(span: usize, per_node: usize, gpus: usize) -> bool {
+    gpus <= per_node || per_node % span == 0 || span % per_node == 0
+}
+
 /// The tensor × context × expert-parallel groups to search, one task each.
 fn sharding_groups(
     gpus: usize,
@@ -218,7 +228,7 @@ fn sharding_groups(
     let mut groups = Vec::new();
     for tp in divisors(gpus) {
         let heads_ok = facts.heads.iter().all(|&(q, kv)| q % tp == 0 && kv % tp == 0);
-        if tp > per_node || tp > limits.tp || !heads_ok {
+        if tp > per_node || tp > limits.tp || !heads_ok || !spans_nodes_alike(tp, per_node, gpus) {
             continue;
         }
         for cp in divisors(gpus / tp) {
@@ -227,13 +237,15 @@ fn sharding_groups(
                     && facts
                         .seq
                         .is_some_and(|s| s % (2 * cp) == 0 && s / cp >= MIN_CONTEXT_CHUNK));
-            if !cp_ok || cp > limits.cp {
+            if !cp_ok || cp > limits.cp || !spans_nodes_alike(tp * cp, per_node, gpus) {
                 continue;
             }
             let eps = match facts.experts {
                 Some(e) => divisors(gpus / (tp * cp))
                     .into_iter()
-                    .filter(|&ep| e % ep == 0 && ep <= limits.ep)
+                    .filter(|&ep| {
+                        e % ep == 0 && ep <= limits.ep && spans_nodes_alike(tp * cp * ep, per_node, gpus)
+                    })
                     .collect(),
                 None => vec![1],
             };
@@ -604,6 +616,34 @@ mod tests {
             ]
         );
         assert_eq!(schedules(3, 8), vec![(Schedule::OneFOneB, 1)]);
+    }
+
+    /// Tensor-, context- and expert-parallel groups never straddle node
+    /// boundaries unevenly: on 8-GPU nodes no tensor parallelism 6, no
+    /// tp × cp of 12; within one partly filled node anything goes.
+    #[test]
+    fn groups_span_nodes_alike() {
+        let facts = ModelFacts {
+            layers: 4,
+            heads: vec![(24, 24)],
+            experts: Some(24),
+            canonical_attention: true,
+            seq: Some(4096),
+            weight_bits: 16,
+        };
+        let groups = sharding_groups(96, 8, &facts, DegreeLimits::NONE);
+        assert!(!groups.is_empty());
+        for (tp, cp, ep) in &groups {
+            for span in [tp, &(tp * cp), &(tp * cp * ep)] {
+                assert!(8 % span == 0 || span % 8 == 0, "tp {tp} cp {cp} ep {ep}");
+            }
+        }
+        assert!(
+            groups.contains(&(2, 4, 3)),
+            "tp 2 · cp 4 on one node, ep 3 over three"
+        );
+        let small = sharding_groups(6, 8, &facts, DegreeLimits::NONE);
+        assert!(small.contains(&(6, 1, 1)) && small.contains(&(3, 2, 1)));
     }
 
     #[test]

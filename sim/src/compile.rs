@@ -110,9 +110,28 @@ pub struct Step {
     pub lane: Lane,
     pub activity: Activity,
     pub seconds: f64,
+    /// Moves bytes over its rank's inter-node link, which the rank's steps
+    /// on other lanes share.
+    pub inter_node: bool,
     pub sync: Sync,
     reads: (u32, u16),
     writes: (u32, u16),
+}
+
+#[cfg(test)]
+impl Step {
+    /// A step that reads and writes nothing and waits on no peer.
+    pub(crate) fn local(lane: Lane, seconds: f64, inter_node: bool) -> Step {
+        Step {
+            lane,
+            activity: Activity::Other,
+            seconds,
+            inter_node,
+            sync: Sync::Local,
+            reads: (0, 0),
+            writes: (0, 0),
+        }
+    }
 }
 
 /// A compiled program.
@@ -305,6 +324,23 @@ struct Builder<'c, 'g> {
     overlapped: bool,
 }
 
+/// A step's stand-alone seconds, and whether it moves bytes over its rank's
+/// inter-node link (local work does not).
+#[derive(Clone, Copy)]
+struct Busy {
+    seconds: f64,
+    inter_node: bool,
+}
+
+impl From<f64> for Busy {
+    fn from(seconds: f64) -> Busy {
+        Busy {
+            seconds,
+            inter_node: false,
+        }
+    }
+}
+
 impl Builder<'_, '_> {
     fn slot(&mut self, tensor: u32, mb: u32) -> u32 {
         let m = self.stride - 3;
@@ -341,11 +377,12 @@ impl Builder<'_, '_> {
         &mut self,
         lane: Lane,
         activity: Activity,
-        seconds: f64,
+        busy: impl Into<Busy>,
         sync: Sync,
         reads: &[u32],
         writes: &[u32],
     ) {
+        let Busy { seconds, inter_node } = busy.into();
         // An interpreter runs a rank's instructions one after another on
         // one thread, but for the collectives its communication worker
         // overlaps: every other timed instruction takes the compute lane.
@@ -371,6 +408,7 @@ impl Builder<'_, '_> {
             lane,
             activity,
             seconds,
+            inter_node,
             sync,
             reads: r,
             writes: w,
@@ -410,9 +448,12 @@ impl Builder<'_, '_> {
             writes.push(self.slot(p, write));
             bytes += ix.bytes(p);
         }
-        let seconds = self.c.pricing.collective(collective, algorithm, bytes, group);
+        let busy = Busy {
+            seconds: self.c.pricing.collective(collective, algorithm, bytes, group),
+            inter_node: self.c.pricing.spans_nodes(group),
+        };
         let sync = self.meet(group);
-        self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &reads, &writes);
+        self.push(Lane::Gradient, Activity::DataComm, busy, sync, &reads, &writes);
     }
 
     fn instr(&mut self, rank: usize, instr: &Instr) {
@@ -465,9 +506,12 @@ impl Builder<'_, '_> {
             Instr::SumTiedGrads { params, group, .. } => {
                 let slots: Vec<u32> = params.iter().map(|p| self.slot(ix.tensor(p), GRADIENT)).collect();
                 let bytes = params.first().map_or(0.0, |p| ix.bytes(ix.tensor(p)));
-                let seconds = pr.collective(Collective::AllReduce, Algorithm::Ring, bytes, group);
+                let busy = Busy {
+                    seconds: pr.collective(Collective::AllReduce, Algorithm::Ring, bytes, group),
+                    inter_node: pr.spans_nodes(group),
+                };
                 let sync = self.meet(group);
-                self.push(Lane::Gradient, Activity::DataComm, seconds, sync, &slots, &slots);
+                self.push(Lane::Gradient, Activity::DataComm, busy, sync, &slots, &slots);
             }
             Instr::AllReduceGrad { params, .. }
             | Instr::ReduceScatterGrad {
@@ -559,7 +603,11 @@ impl Builder<'_, '_> {
                     Some(_) => (Lane::Collective, self.meet(group)),
                     None => (Lane::None, Sync::Local),
                 };
-                self.push(lane, activity, seconds, sync, reads, writes);
+                let busy = Busy {
+                    seconds,
+                    inter_node: collective.is_some() && self.c.pricing.spans_nodes(group),
+                };
+                self.push(lane, activity, busy, sync, reads, writes);
             }
             _ => {
                 let activity = match (f.forward, redo) {
@@ -590,9 +638,12 @@ impl Builder<'_, '_> {
         };
         let peer = self.c.reps.rep_of(t.peer);
         if t.send {
-            let seconds = self.c.pricing.transfer(bytes, rank, t.peer);
+            let busy = Busy {
+                seconds: self.c.pricing.transfer(bytes, rank, t.peer),
+                inter_node: self.c.pricing.spans_nodes(&[rank, t.peer]),
+            };
             let sync = Sync::Send { to: peer, key };
-            self.push(Lane::Transfer, Activity::Pipeline, seconds, sync, &[slot], &[]);
+            self.push(Lane::Transfer, Activity::Pipeline, busy, sync, &[slot], &[]);
         } else {
             let sync = Sync::Recv { from: peer, key };
             self.push(Lane::None, Activity::Pipeline, 0.0, sync, &[], &[slot]);

@@ -4,8 +4,9 @@
 //! collective starts when every class in its group has reached it. A rank
 //! that waits on a peer not yet replayed yields to the others, as a
 //! blocking runtime would, so the event times are those of a
-//! discrete-event run with one compute and one communication stream per
-//! rank (links are not shared between concurrent transfers). A rank issues
+//! discrete-event run with one compute stream and a stream per kind of
+//! communication per rank. Steps on different streams that cross nodes share
+//! the rank's inter-node link ([`shared_link_seconds`]). A rank issues
 //! its instructions in program order: a collective starts no earlier than
 //! the computation before it in the program has run.
 
@@ -64,6 +65,9 @@ pub struct Deadlock {
 struct RankState {
     pc: usize,
     lane_free: [f64; 4],
+    /// When the bytes already handed to the rank's inter-node link would
+    /// have crossed it at its full rate.
+    link_free: f64,
     ready: Vec<f64>,
     cause: Vec<Activity>,
     last_use: Vec<f64>,
@@ -147,6 +151,7 @@ pub fn replay(programs: &[Compiled]) -> Result<Vec<Timeline>, Deadlock> {
         .map(|p| RankState {
             pc: 0,
             lane_free: [0.0; 4],
+            link_free: 0.0,
             ready: vec![0.0; p.slot_bytes.len()],
             cause: vec![Activity::Other; p.slot_bytes.len()],
             last_use: vec![0.0; p.slot_bytes.len()],
@@ -238,8 +243,9 @@ fn advance(st: &mut RankState, p: &Compiled, me: usize, rendezvous: &mut Rendezv
     let Some((start, peer_wait)) = rendezvous.wait(me, st, step, start) else {
         return false;
     };
-    let end = start + step.seconds;
-    account_time(st, p, step, start, binding);
+    let seconds = shared_link_seconds(st, step, start);
+    let end = start + seconds;
+    account_time(st, p, step, (start, seconds), binding);
     for &s in reads {
         let u = &mut st.last_use[s as usize];
         *u = u.max(end);
@@ -310,10 +316,33 @@ fn release(st: &mut RankState, p: &Compiled, slot: u32, keep_curve: bool) {
     }
 }
 
+/// Seconds of `step` starting at `start` when it shares the rank's
+/// inter-node link with what the rank's other streams already sent over
+/// it: the two share the link fairly, so a step of `s` seconds on its own
+/// behind a backlog of `b` seconds takes `s + min(s, b)` (both at half rate
+/// until the shorter is through), and the link's backlog grows by `s` (it
+/// moves every byte once). The replay fixes a step's end when it starts,
+/// so the earlier step keeps its time: it ends up to `min(s, b)` sooner
+/// than fair sharing would end it.
+fn shared_link_seconds(st: &mut RankState, step: &Step, start: f64) -> f64 {
+    if !step.inter_node {
+        return step.seconds;
+    }
+    let backlog = (st.link_free - start).max(0.0);
+    st.link_free = st.link_free.max(start) + step.seconds;
+    step.seconds + step.seconds.min(backlog)
+}
+
 /// A step's time on its lane: the compute lane's idle stretch before it
 /// (charged to what it waited for, `binding`'s cause) and its busy time.
-fn account_time(st: &mut RankState, p: &Compiled, step: &Step, start: f64, binding: Option<u32>) {
-    let end = start + step.seconds;
+fn account_time(
+    st: &mut RankState,
+    p: &Compiled,
+    step: &Step,
+    (start, seconds): (f64, f64),
+    binding: Option<u32>,
+) {
+    let end = start + seconds;
     if step.lane == Lane::Compute && start > st.lane_free[0] {
         let cause = binding.map_or(Activity::Pipeline, |s| st.cause[s as usize]);
         let from = st.lane_free[0];
@@ -325,17 +354,17 @@ fn account_time(st: &mut RankState, p: &Compiled, step: &Step, start: f64, bindi
     match step.lane {
         Lane::Compute => {
             if step.activity.is_communication() {
-                st.t.comm_busy_s += step.seconds;
+                st.t.comm_busy_s += seconds;
             } else {
-                st.t.busy_s += step.seconds;
+                st.t.busy_s += seconds;
             }
             st.t.stretch(start, end, step.activity);
         }
         Lane::None => {}
-        Lane::Collective | Lane::Transfer | Lane::Gradient => st.t.comm_busy_s += step.seconds,
+        Lane::Collective | Lane::Transfer | Lane::Gradient => st.t.comm_busy_s += seconds,
     }
     if !p.labels.is_empty() && step.lane != Lane::None {
-        st.t.spans.push((step.lane, st.pc, start, step.seconds));
+        st.t.spans.push((step.lane, st.pc, start, seconds));
     }
 }
 
@@ -356,4 +385,42 @@ fn finish_memory(st: &mut RankState, static_bytes: f64) {
         }
     }
     st.t.memory = curve;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn program(steps: Vec<Step>) -> Vec<Compiled> {
+        let mut p = Compiled::default();
+        p.steps = steps;
+        vec![p]
+    }
+
+    /// Two streams' steps across nodes share the rank's link: a pipeline
+    /// send of 0.5 s issued beside a 1 s gradient reduction takes 1 s (half
+    /// the link while both run); within a node, or one after the other,
+    /// each keeps its own time.
+    #[test]
+    fn concurrent_steps_across_nodes_share_the_link() {
+        let across = program(vec![
+            Step::local(Lane::Gradient, 1.0, true),
+            Step::local(Lane::Transfer, 0.5, true),
+        ]);
+        let t = &replay(&across).unwrap()[0];
+        assert_eq!(t.lane_end_s[2], 1.0);
+        assert_eq!(t.lane_end_s[3], 1.0);
+        let within = program(vec![
+            Step::local(Lane::Gradient, 1.0, false),
+            Step::local(Lane::Transfer, 0.5, true),
+        ]);
+        assert_eq!(replay(&within).unwrap()[0].lane_end_s[2], 0.5);
+        // After the link has drained, a later send has it to itself.
+        let apart = program(vec![
+            Step::local(Lane::Transfer, 0.5, true),
+            Step::local(Lane::Compute, 2.0, false),
+            Step::local(Lane::Gradient, 1.0, true),
+        ]);
+        assert_eq!(replay(&apart).unwrap()[0].lane_end_s[3], 3.0);
+    }
 }

@@ -263,6 +263,15 @@ impl<'a> Pricing<'a> {
         }
     }
 
+    /// Whether `ranks` sit on more than one node (their traffic crosses
+    /// each one's inter-node link).
+    pub fn spans_nodes(&self, ranks: &[usize]) -> bool {
+        let node = |r: &usize| self.cluster.node_of(*r);
+        ranks
+            .first()
+            .is_some_and(|first| ranks.iter().any(|r| node(r) != node(first)))
+    }
+
     /// Seconds of one message of `bytes` from rank `from` to rank `to`.
     pub fn transfer(&self, bytes: f64, from: usize, to: usize) -> f64 {
         let link = if self.cluster.node_of(from) == self.cluster.node_of(to) {
