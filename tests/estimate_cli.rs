@@ -243,6 +243,10 @@ fn other_bad_configurations() {
             ],
             "with --zero 3 there is none",
         ),
+        (
+            &["--gpus", "6", "--cp", "3", "--global-batch", "6"],
+            "--cp 3 cuts the sequence into 6 chunks",
+        ),
     ]);
     common::assert_usage_error(
         &estimate_args(&["--gpus", "8", "--global-batch", "8", "--recompute", "some"]),

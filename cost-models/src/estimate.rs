@@ -110,6 +110,12 @@ pub enum EstimateError {
     },
     #[error("--pp {0} needs repeated layers to split, and none were found in the model")]
     NoLayers(usize),
+    #[error(
+        "--cp {cp} cuts the sequence into {} chunks (two per rank, balanced for causal attention), \
+         but {seq} tokens do not divide into them",
+        2 * cp
+    )]
+    ContextChunks { cp: usize, seq: usize },
     #[error("the configuration's mesh differs from the one the evaluator priced")]
     MeshMismatch,
     #[error("the stages hold {total} layers in all; the model has {layers}")]
@@ -672,6 +678,9 @@ fn check_model(w: &Workload, cfg: &TrainingConfig) -> Result<(), EstimateError> 
     }
     if cfg.pp > 1 && w.layers == 0 {
         return Err(EstimateError::NoLayers(cfg.pp));
+    }
+    if let Some(seq) = w.seq.filter(|s| cfg.cp > 1 && s % (2 * cfg.cp) != 0) {
+        return Err(EstimateError::ContextChunks { cp: cfg.cp, seq });
     }
     if w.layers > 0 && cfg.pp * cfg.virtual_stages > w.layers {
         return Err(EstimateError::TooManyStages {

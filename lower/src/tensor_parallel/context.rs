@@ -319,15 +319,20 @@ impl Rewriter<'_> {
         if let Some(&c) = self.balanced.constants.get(&n) {
             return Ok(c);
         }
-        if n != self.sequence || n % (2 * self.parts) != 0 {
-            return Err(self.err(
-                what,
-                format!(
-                    "context parallelism moves it along a dim of {n}, which is not a sequence of {} cut into {} chunks",
-                    self.sequence,
-                    2 * self.parts
-                ),
-            ));
+        if n != self.sequence {
+            let message = format!(
+                "context parallelism would move it along a dim of {n}, not along the sequence of {}",
+                self.sequence
+            );
+            return Err(self.err(what, message));
+        }
+        if n % (2 * self.parts) != 0 {
+            let message = format!(
+                "context parallelism {} cuts the sequence into {} chunks (two per rank, balanced for causal attention), but {n} tokens do not divide into them",
+                self.parts,
+                2 * self.parts
+            );
+            return Err(self.err(what, message));
         }
         let order = balanced_order(n, self.parts);
         let mut inverse = vec![0i64; n];
