@@ -44,6 +44,8 @@ pub struct Request {
     pub overlap_param_gather: bool,
     /// Gradients accumulated and reduced in f32 (Megatron-LM's bf16 default).
     pub f32_main_grads: bool,
+    /// The loss as Megatron-LM computes it (logits cast to f32).
+    pub f32_cross_entropy: bool,
     pub calibration: Option<PathBuf>,
 }
 
@@ -135,6 +137,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         },
         tp_comm_overlap: r.tp_comm_overlap,
         overlap_param_gather: r.overlap_param_gather,
+        f32_cross_entropy: r.f32_cross_entropy,
         ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;

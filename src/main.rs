@@ -303,6 +303,11 @@ struct EstimateArgs {
     /// (Megatron-LM's default for bf16; no backend here does it).
     #[arg(long)]
     f32_main_grads: bool,
+    /// Price the loss as Megatron-LM computes it by default: the logits
+    /// cast to f32 and its cross-entropy's passes over them (no backend
+    /// here does it).
+    #[arg(long)]
+    f32_cross_entropy: bool,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -535,6 +540,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         tp_comm_overlap: a.tp_comm_overlap,
         overlap_param_gather: a.overlap_param_gather,
         f32_main_grads: a.f32_main_grads,
+        f32_cross_entropy: a.f32_cross_entropy,
         calibration: a.calibration,
     })?;
     if a.json {

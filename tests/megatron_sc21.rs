@@ -36,6 +36,7 @@ fn published_request(r: &PublishedRun) -> Request {
         tp_comm_overlap: cfg.tp_comm_overlap,
         overlap_param_gather: cfg.overlap_param_gather,
         f32_main_grads: cfg.grad_reduce.f32_main_grads,
+        f32_cross_entropy: cfg.f32_cross_entropy,
         calibration: None,
     }
 }
@@ -72,10 +73,9 @@ fn every_published_run_within_ten_percent() {
 }
 
 /// Megatron-Core's H100 model table (`fixtures/megatron_core_h100.json`)
-/// as its authors ran it: the same request path, their overlaps and f32
-/// gradients priced. The aim is a mean of 5 % and a largest error of 10 %;
-/// this pins what the cost model reaches now (mean 5.0 %, largest 10.2 %),
-/// so that a change that makes it worse fails.
+/// as its authors ran it: the same request path, their overlaps, f32
+/// gradients and f32 cross-entropy priced, within the aim of a mean of 5 %
+/// and a largest error of 10 % (it gives 4.0 % and 9.0 %).
 #[test]
 fn the_h100_table_as_run_stays_near_its_published_steps() {
     let mut errors = Vec::new();
@@ -88,6 +88,6 @@ fn the_h100_table_as_run_stays_near_its_published_steps() {
     }
     assert_eq!(errors.len(), 9);
     let mean = errors.iter().map(|e| e.abs()).sum::<f64>() / errors.len() as f64;
-    assert!(errors.iter().all(|e| e.abs() <= 0.11), "{errors:?}");
-    assert!(mean <= 0.055, "mean {mean}");
+    assert!(errors.iter().all(|e| e.abs() <= 0.10), "{errors:?}");
+    assert!(mean <= 0.05, "mean {mean}");
 }

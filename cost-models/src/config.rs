@@ -127,6 +127,12 @@ pub struct TrainingConfig {
     /// `--overlap-param-gather`), instead of after the optimizer step. No
     /// backend here runs it: it prices runs of Megatron-Core.
     pub overlap_param_gather: bool,
+    /// The loss as Megatron-LM computes it by default: the logits cast to
+    /// f32 and its vocabulary-parallel cross-entropy's passes over them
+    /// ([`crate::workload::kernels::megatron_cross_entropy`]), instead of
+    /// the one log-softmax pass lowering emits. No backend here runs it: it
+    /// prices runs of Megatron-LM.
+    pub f32_cross_entropy: bool,
     /// ZeRO-3: how many layers ahead of the one it computes a task gathers
     /// weights (0: each right before its first use).
     pub zero3_prefetch: usize,
@@ -253,6 +259,7 @@ impl Default for TrainingConfig {
             grad_reduce: GradReduce::default(),
             tp_comm_overlap: false,
             overlap_param_gather: false,
+            f32_cross_entropy: false,
             zero3_prefetch: DEFAULT_PREFETCH,
             mesh_order: MeshOrder::default(),
             stages: None,
@@ -262,13 +269,14 @@ impl Default for TrainingConfig {
 
 impl TrainingConfig {
     /// This configuration as the backends here run it: without the
-    /// overlaps and gradient handling only priced for other tools' runs
-    /// (tensor-parallel overlap, the weight gather beside the forward
-    /// pass, f32 main gradients).
+    /// overlaps, gradient handling and loss only priced for other tools'
+    /// runs (tensor-parallel overlap, the weight gather beside the forward
+    /// pass, f32 main gradients, Megatron-LM's f32 cross-entropy).
     pub fn runnable(&self) -> TrainingConfig {
         TrainingConfig {
             tp_comm_overlap: false,
             overlap_param_gather: false,
+            f32_cross_entropy: false,
             grad_reduce: GradReduce {
                 f32_main_grads: false,
                 ..self.grad_reduce

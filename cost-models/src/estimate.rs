@@ -344,6 +344,9 @@ pub struct Evaluator<'a> {
     layer: [UnitTime; 3],
     pre: UnitTime,
     post: UnitTime,
+    /// Forward and backward seconds Megatron-LM's f32 cross-entropy adds
+    /// to the loss lowering runs (`cfg.f32_cross_entropy`).
+    f32_cross_entropy: (f64, f64),
     /// One forward or backward transfer between stages, and the bytes a rank sends in it.
     p2p: f64,
     p2p_bytes: f64,
@@ -402,6 +405,12 @@ impl<'a> Evaluator<'a> {
         let layer = [none?, selective?, full?];
         let pre = unit_time(&w.pre, &rates, &net, Recompute::None)?;
         let post = unit_time(&w.post, &rates, &net, Recompute::None)?;
+        let megatron = crate::workload::kernels::megatron_cross_entropy(w.loss_elements, w.compute_dtype);
+        let ours = |time: &dyn Fn(&crate::workload::OpWork) -> f64| w.loss.iter().map(time).sum::<f64>();
+        let f32_cross_entropy = (
+            rates.forward(&megatron) - ours(&|k| rates.forward(k)),
+            rates.backward(&megatron) - ours(&|k| rates.backward(k)),
+        );
         let p2p = p2p_transfer(w, mesh, sp, &net)?;
         let ends = match mesh.pp {
             1 => groups.stage_hop,
@@ -425,6 +434,7 @@ impl<'a> Evaluator<'a> {
             layer,
             pre,
             post,
+            f32_cross_entropy,
             p2p,
             p2p_bytes: w.boundary_bytes / mesh.tp as f64,
             params: PartParams::of(w),
@@ -476,10 +486,17 @@ impl<'a> Evaluator<'a> {
     /// `cfg` asks for it.
     fn unit_times(&self, cfg: &TrainingConfig, stage: &Stage) -> [UnitTime; 3] {
         let overlap = |u: UnitTime| if cfg.tp_comm_overlap { u.tp_overlapped() } else { u };
+        let mut post = self.post;
+        if cfg.f32_cross_entropy {
+            let (forward, backward) = self.f32_cross_entropy;
+            post.forward += forward;
+            post.backward += backward;
+            post.compute += forward + backward;
+        }
         [
             overlap(self.pre),
             overlap(self.layer[policy_index(stage.recompute)]),
-            overlap(self.post),
+            overlap(post),
         ]
     }
 

@@ -52,6 +52,10 @@ pub struct Setting {
     /// parameters, instead of PyTorch DDP's 25 MiB.
     #[serde(default)]
     pub megatron_buckets: bool,
+    /// The loss as Megatron-LM computes it by default: the logits cast to
+    /// f32 and its vocabulary-parallel cross-entropy's in-place passes.
+    #[serde(default)]
+    pub f32_cross_entropy: bool,
 }
 
 fn yes() -> bool {
@@ -125,6 +129,7 @@ impl Setting {
             overlap_param_gather: false,
             f32_main_grads: false,
             megatron_buckets: false,
+            f32_cross_entropy: false,
         }
     }
 }
@@ -231,6 +236,7 @@ impl PublishedRun {
             tp_comm_overlap: s.tp_comm_overlap,
             overlap_grad_reduce: s.overlap_grad_reduce,
             overlap_param_gather: s.overlap_param_gather,
+            f32_cross_entropy: s.f32_cross_entropy,
             grad_reduce: crate::GradReduce {
                 f32_main_grads: s.f32_main_grads,
                 bucket_mib,
@@ -285,7 +291,7 @@ mod tests {
         // Megatron-Core's data-parallel handling: both overlaps, f32
         // gradients, buckets of max(40M, 1M·48) = 48M bf16 weights.
         assert!(cfg.overlap_grad_reduce && cfg.overlap_param_gather);
-        assert!(cfg.grad_reduce.f32_main_grads);
+        assert!(cfg.grad_reduce.f32_main_grads && cfg.f32_cross_entropy);
         assert_eq!(cfg.grad_reduce.bucket_mib, 92);
         // Untied embeddings: 1.7B parameters at h 2048 count the vocabulary twice.
         assert!(first.model_spec().ends_with(",tied=false"));
@@ -296,7 +302,7 @@ mod tests {
         // As the backends here run it: none of Megatron-Core's extras.
         let here = cfg.runnable();
         assert!(!here.tp_comm_overlap && !here.overlap_param_gather);
-        assert!(!here.grad_reduce.f32_main_grads);
+        assert!(!here.grad_reduce.f32_main_grads && !here.f32_cross_entropy);
         assert_eq!(here.grad_reduce.bucket_mib, 92);
     }
 }

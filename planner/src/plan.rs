@@ -224,6 +224,7 @@ impl Plan {
             },
             tp_comm_overlap: p.tp_comm_overlap,
             overlap_param_gather: false,
+            f32_cross_entropy: false,
             zero3_prefetch: p.zero3_prefetch,
             mesh_order: p.mesh_order,
             stages: Some(stages),

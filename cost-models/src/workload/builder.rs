@@ -554,8 +554,10 @@ impl<'g> Builder<'g> {
     /// The kernels of the token cross-entropy lowering adds on each graph
     /// output: a log-softmax over the rank's logits, priced as the op is
     /// wherever it runs (the picking of the targets' entries and their sum
-    /// touch one value per token and are left out).
-    pub(super) fn add_loss_kernels(&mut self) {
+    /// touch one value per token and are left out). Returns those kernels
+    /// and the logit elements they read on one rank.
+    pub(super) fn add_loss_kernels(&mut self) -> (Vec<kernels::OpWork>, f64) {
+        let (mut all, mut elements) = (Vec::new(), 0.0);
         for &t in &self.graph.outputs {
             let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
                 continue;
@@ -583,8 +585,12 @@ impl<'g> Builder<'g> {
                 residual_add: false,
             };
             let ir = op.cost(&[Some(&ty)], &[&ty]);
-            self.units[u].ops.extend(kernels::price(&ctx, &ir));
+            let priced = kernels::price(&ctx, &ir);
+            elements += self.dims[t.index()].iter().product::<usize>() as f64 / ctx.work_div;
+            all.extend(priced.iter().cloned());
+            self.units[u].ops.extend(priced);
         }
+        (all, elements)
     }
 
     /// The cross-entropy the runtime computes on vocabulary-split logits

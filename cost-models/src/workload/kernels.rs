@@ -205,6 +205,30 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
     }
 }
 
+/// Megatron-LM's default vocabulary-parallel cross-entropy over `logits`
+/// elements of type `dtype` on one rank, a streaming kernel: forward, the
+/// logits cast to f32 (unless they are), their maximum (read), then in
+/// place the shift, the exponential and the division by the sum (read and
+/// write each), and the sum (read); backward, the kept softmax scaled in
+/// place (read and write) and the gradient cast back. The targets' entries
+/// touch one value per token and are left out.
+pub fn megatron_cross_entropy(logits: f64, dtype: DType) -> OpWork {
+    let own = elem_bytes(dtype);
+    let cast = if own == 4.0 { 0.0 } else { own + 4.0 };
+    let forward = cast + 4.0 + 8.0 + 8.0 + 4.0 + 8.0;
+    let backward = 8.0 + cast;
+    OpWork {
+        node: "loss/cross_entropy_f32".to_string(),
+        kernel: Kernel::Streaming,
+        dtype,
+        forward_flops: 0.0,
+        backward_flops: 0.0,
+        forward_bytes: forward * logits,
+        backward_bytes: backward * logits,
+        attention_core: false,
+    }
+}
+
 /// A lookup or reorder writing `out` bytes on one rank: it reads only the
 /// rows it returns, and its adjoint adds them back.
 pub fn lookup(node: &str, dtype: DType, flops: (f64, f64), out: f64) -> OpWork {

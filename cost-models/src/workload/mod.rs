@@ -123,6 +123,11 @@ pub struct Workload {
     /// another dim than the vocabulary), held with their gradient while the
     /// loss is computed.
     pub output_bytes: f64,
+    /// The loss's kernels as lowering runs them (also in the unit that
+    /// produces the logits), and the logit elements they read on one rank:
+    /// what another loss implementation is priced against.
+    pub loss: Vec<OpWork>,
+    pub loss_elements: f64,
     /// Element type of the products (sets the peak FLOP/s).
     pub compute_dtype: DType,
     /// Forward and backward FLOPs of the whole model for one micro-batch on
@@ -212,7 +217,7 @@ impl Workload {
         }
         b.store_tied_alike();
         b.add_loss_comms();
-        b.add_loss_kernels();
+        let (loss, loss_elements) = b.add_loss_kernels();
         b.add_sequence_parallel_grad_comms();
         let output_bytes = graph.outputs.iter().map(|&t| b.loss_input_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
@@ -229,6 +234,8 @@ impl Workload {
             post,
             boundary_bytes,
             output_bytes,
+            loss,
+            loss_elements,
             compute_dtype: b.compute_dtype.unwrap_or(DType::F32),
             model_flops,
             micro_batch: bindings
@@ -466,6 +473,28 @@ mod tests {
             .comms
             .iter()
             .all(|c| c.bytes > 2.0 * per_token));
+    }
+
+    /// The loss's kernels read the rank's share of the logits: two rows of
+    /// 16 tokens over 100 words, half the words a rank at tp 2; Megatron-LM's
+    /// f32 cross-entropy moves 38 bytes a bf16 logit forward, 14 back.
+    #[test]
+    fn the_loss_reads_the_ranks_logits() {
+        let whole = build(GPT, 1, false, 1);
+        assert_eq!(whole.loss_elements, 2.0 * 16.0 * 100.0);
+        assert_eq!(whole.loss.len(), 1);
+        assert!(whole.post.ops.contains(&whole.loss[0]));
+        assert_eq!(build(GPT, 2, false, 1).loss_elements, 2.0 * 16.0 * 50.0);
+        let megatron = kernels::megatron_cross_entropy(100.0, DType::Bf16);
+        assert_eq!(
+            (megatron.forward_bytes, megatron.backward_bytes),
+            (3800.0, 1400.0)
+        );
+        let f32_logits = kernels::megatron_cross_entropy(100.0, DType::F32);
+        assert_eq!(
+            (f32_logits.forward_bytes, f32_logits.backward_bytes),
+            (3200.0, 800.0)
+        );
     }
 
     #[test]
