@@ -156,8 +156,9 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const
     }
     float m = -F32_INF, l = 0.0f;
     const MaskLine<T> bias = mask.keys(hd.b, hd.h, min(qi, Sq - 1));
-    // Keys past the last one any row of the tile sees are skipped.
-    const int last = qi < Sq ? flash_last_key(qpos, qi, Sk) : -1;
+    // The last key this row sees (-1 past the queries); keys past the last
+    // one any row of the tile sees are skipped.
+    const int last = qi >= Sq ? -1 : causal ? flash_last_key(qpos, qi, Sk) : Sk - 1;
     int k_end = Sk;
     if (causal) {
         k_end = 0;
@@ -173,8 +174,7 @@ __device__ __forceinline__ void flash_fwd(float* smem, T* o, float* stats, const
         for (int kk = 0; kk < BK; ++kk) {
             const float dot = group_sum(partial_dot(qr, ks + kk * DMAX, part));
             const int key = k0 + kk;
-            const bool visible = qi < Sq && key < Sk && (!causal || key <= last);
-            s[kk] = visible ? dot + bias.at(key) : -F32_INF;
+            s[kk] = key <= last ? dot + bias.at(key) : -F32_INF;
             m_new = fmaxf(m_new, s[kk]);
         }
         // All keys so far masked: keep exponents finite (every p is 0).
