@@ -587,12 +587,13 @@ pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
     }
     let _ = write!(
         s,
-        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}; {} ranks; predicted {} per step ({})",
+        ", ZeRO {}, micro-batch {} × {}, recompute {}, gradients by {}{}; {} ranks; predicted {} per step ({})",
         p.zero,
         p.micro_batch,
         p.micro_batches,
         p.recompute,
         p.grad_reduce,
+        p.grad_compression.map_or(String::new(), |d| format!(" in {d}")),
         ranks,
         seconds(summary.predicted_step_time_s),
         match summary.prediction_source {

@@ -397,6 +397,7 @@ fn model_state(life: &Lifetimes, program: &Program) -> Result<ModelState, Memory
                 params,
                 group,
                 micro_batch: Some(_),
+                ..
             } => sharded.extend(params.iter().map(|p| (p.as_str(), group.len() as u64))),
             _ => {}
         }

@@ -559,7 +559,8 @@ impl<'a> Evaluator<'a> {
             let dp = match sent.iter().find(|(k, _)| *k == kind) {
                 Some(&(_, dp)) => dp,
                 None => {
-                    let dp = self.data_parallel.sent(cfg, s)?;
+                    let ratio = cfg.grad_reduce.sent_per_weight_byte(w.compute_dtype);
+                    let dp = self.data_parallel.sent(cfg, s, ratio)?;
                     sent.push((kind, dp));
                     dp
                 }

@@ -10,7 +10,7 @@
 //! inline; the collectives are the same algorithms over the same endpoint,
 //! so results are bitwise those of running them inline.
 
-use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint};
+use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint, Wire};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
@@ -30,8 +30,9 @@ pub(super) struct Job {
 /// Which collective a [`Job`] runs.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum JobKind {
-    AllReduce(Algorithm),
-    ReduceScatter,
+    /// Sending 16-bit values when a [`Wire`] type is given.
+    AllReduce(Algorithm, Option<Wire>),
+    ReduceScatter(Option<Wire>),
     AllGather,
 }
 
@@ -205,10 +206,16 @@ fn collective(endpoint: &Endpoint, job: Job) -> Result<Buffer, CommError> {
         what,
     } = job;
     match kind {
-        JobKind::AllReduce(algorithm) => endpoint
+        JobKind::AllReduce(algorithm, None) => endpoint
             .all_reduce(&group, &mut data, algorithm, &tag, &what)
             .map(|()| data),
-        JobKind::ReduceScatter => endpoint.reduce_scatter(&group, &data, &tag, &what),
+        JobKind::AllReduce(_, Some(wire)) => endpoint
+            .all_reduce_narrow(&group, &mut data, wire, &tag, &what)
+            .map(|()| data),
+        JobKind::ReduceScatter(None) => endpoint.reduce_scatter(&group, &data, &tag, &what),
+        JobKind::ReduceScatter(Some(wire)) => {
+            endpoint.reduce_scatter_narrow(&group, &data, wire, &tag, &what)
+        }
         JobKind::AllGather => endpoint.all_gather(&group, &data, &tag, &what),
     }
 }

@@ -343,6 +343,7 @@ mod tests {
             params: vec![param.into()],
             group: group.to_vec(),
             reduction: Algorithm::Ring,
+            compression: None,
         }
     }
 

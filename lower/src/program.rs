@@ -5,7 +5,7 @@
 
 use super::training::Feed;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommKind, Graph, Node, Role, TensorId};
+use autopar_ir::{CommKind, DType, Graph, Node, Role, TensorId};
 use serde::{Deserialize, Serialize};
 
 /// A rank's place on the mesh.
@@ -119,6 +119,10 @@ pub enum Instr {
         params: Vec<String>,
         group: Vec<usize>,
         reduction: Algorithm,
+        /// The 16-bit float type the gradients cross the wire in, if
+        /// compressed (a ring's partial sums accumulate in their own type).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compression: Option<DType>,
     },
     /// Sum the gradients of `params` over `group` as one reduce-scatter (a
     /// bucket) and add this rank's shard of each sum into that parameter's
@@ -133,6 +137,9 @@ pub enum Instr {
         params: Vec<String>,
         group: Vec<usize>,
         micro_batch: Option<usize>,
+        /// As [`Instr::AllReduceGrad`]'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        compression: Option<DType>,
     },
     /// Update `param` (or this rank's shard of it) from its gradient.
     OptimizerStep {
@@ -414,13 +421,27 @@ impl Instr {
                 format!("accumulate grad of '{param}' (mb {micro_batch})")
             }
             Instr::AllReduceGrad {
-                params, reduction, ..
-            } => format!("all-reduce ({reduction:?}) {}", grads(params)),
+                params,
+                reduction,
+                compression,
+                ..
+            } => format!(
+                "all-reduce ({reduction:?}) {}{}",
+                grads(params),
+                sent_as(compression)
+            ),
             Instr::ReduceScatterGrad {
-                params, micro_batch, ..
+                params,
+                micro_batch,
+                compression,
+                ..
             } => match micro_batch {
-                Some(mb) => format!("reduce-scatter {} (mb {mb})", grads(params)),
-                None => format!("reduce-scatter {}", grads(params)),
+                Some(mb) => format!(
+                    "reduce-scatter {}{} (mb {mb})",
+                    grads(params),
+                    sent_as(compression)
+                ),
+                None => format!("reduce-scatter {}{}", grads(params), sent_as(compression)),
             },
             Instr::OptimizerStep { param, .. } => format!("optimizer step of '{param}'"),
             Instr::AllGatherParams { params, .. } => match params.as_slice() {
@@ -442,6 +463,23 @@ impl Instr {
 
 /// A bucket's gradients as descriptions name them: the one parameter's,
 /// or how many with the first and last (a bucket may hold hundreds).
+impl Instr {
+    /// The 16-bit type a data-parallel gradient reduction sends, if compressed.
+    pub fn compression(&self) -> Option<DType> {
+        match self {
+            Instr::AllReduceGrad { compression, .. } | Instr::ReduceScatterGrad { compression, .. } => {
+                *compression
+            }
+            _ => None,
+        }
+    }
+}
+
+/// ` in bf16` for a reduction sent compressed, else nothing.
+fn sent_as(compression: &Option<DType>) -> String {
+    compression.map_or(String::new(), |d| format!(" in {d}"))
+}
+
 fn grads(params: &[String]) -> String {
     match params {
         [param] => format!("grad of '{param}'"),
@@ -519,11 +557,13 @@ mod tests {
                 params: vec![p.clone()],
                 group: g.clone(),
                 reduction: Algorithm::ParameterServer,
+                compression: None,
             },
             Instr::ReduceScatterGrad {
                 params: vec![p.clone()],
                 group: g.clone(),
                 micro_batch: None,
+                compression: None,
             },
             Instr::OptimizerStep {
                 param: p.clone(),
@@ -547,6 +587,7 @@ mod tests {
                 params: vec!["a".into(), "b".into(), "c".into()],
                 group: g,
                 micro_batch: Some(1),
+                compression: Some(DType::Bf16),
             },
         ]
     }
@@ -591,7 +632,7 @@ mod tests {
             r#"send 'w' to rank 3 | group None | None | Some("to 3 w") | Nothing | params ["w"]"#,
             r#"recv 'w' from rank 3 | group None | None | Some("from 3 w") | Nothing | params ["w"]"#,
             r#"report loss x@mb0 | group None | None | None | Reads(Buf { tensor: "x", micro_batch: Some(0) }) | params []"#,
-            r#"reduce-scatter bucket of 3 grads ('a' … 'c') (mb 1) | group Some([0, 1]) | Some((ReduceScatter, Ring)) | None | Gradients { params: ["a", "b", "c"], micro_batch: 1 } | params ["a", "b", "c"]"#,
+            r#"reduce-scatter bucket of 3 grads ('a' … 'c') in bf16 (mb 1) | group Some([0, 1]) | Some((ReduceScatter, Ring)) | None | Gradients { params: ["a", "b", "c"], micro_batch: 1 } | params ["a", "b", "c"]"#,
         ];
         assert_eq!(table(), expected);
     }

@@ -5,6 +5,7 @@
 use super::program::Coord;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
+use autopar_ir::DType;
 use autopar_planner::spec::OpSharding;
 use autopar_planner::Plan;
 
@@ -25,6 +26,9 @@ pub struct Strategy {
     pub micro_batch: usize,
     pub micro_batches: usize,
     pub reduction: Algorithm,
+    /// The 16-bit float type data-parallel gradient reductions send
+    /// (`parallel.grad_compression`); `None` sends them as they are.
+    pub compression: Option<autopar_ir::DType>,
     /// Gradients are reduced in buckets of at least this many bytes, in the
     /// order the backward pass completes them; 0: one collective per parameter.
     pub bucket_bytes: usize,
@@ -83,6 +87,7 @@ impl Strategy {
             micro_batch,
             micro_batches,
             reduction: Algorithm::Ring,
+            compression: None,
             bucket_bytes: autopar_cost_models::GradReduce::default().bucket_bytes(),
             prefetch: DEFAULT_PREFETCH,
             stage_layers,
@@ -154,11 +159,21 @@ impl Strategy {
                 "tensor-parallel communication overlapped with the GEMMs (parallel.tp_comm_overlap)".into(),
             ));
         }
-        if let Some(dtype) = p.grad_compression {
-            return Err(StrategyError::NotLowered(format!(
-                "gradient compression to {dtype} (parallel.grad_compression)"
-            )));
-        }
+        let compression = match p.grad_compression {
+            None => None,
+            Some(DType::Bf16 | DType::F16) if reduction == Algorithm::ParameterServer => {
+                return Err(StrategyError::NotLowered(
+                    "gradient compression with a parameter server (parallel.grad_compression with parallel.grad_reduce 'ps')".into(),
+                ))
+            }
+            Some(d @ (DType::Bf16 | DType::F16)) => Some(d),
+            Some(other) => {
+                return Err(field(
+                    "parallel.grad_compression",
+                    format!("'{other}' is not a 16-bit float type to send gradients in (bf16 or f16)"),
+                ))
+            }
+        };
         let stage_layers = plan
             .stages
             .iter()
@@ -206,6 +221,7 @@ impl Strategy {
             micro_batch: p.micro_batch,
             micro_batches: p.micro_batches,
             reduction,
+            compression,
             bucket_bytes: autopar_cost_models::GradReduce {
                 bucket_mib: p.grad_bucket_mib,
                 ..Default::default()
@@ -370,13 +386,21 @@ mod tests {
             matches!(&err, StrategyError::NotLowered(what) if what.contains("gradient reduction 'tree'")),
             "{err}"
         );
+        // 16-bit gradient compression on a ring is lowered; with a
+        // parameter server, or to a type that is not a 16-bit float, it is not.
         plan.parallel.grad_reduce = Algorithm::Ring;
-        plan.parallel.grad_compression = Some(autopar_ir::DType::Bf16);
+        plan.parallel.grad_compression = Some(DType::Bf16);
+        assert_eq!(Strategy::from_plan(&plan).unwrap().compression, Some(DType::Bf16));
+        plan.parallel.grad_reduce = Algorithm::ParameterServer;
         let err = Strategy::from_plan(&plan).unwrap_err();
         assert!(
-            matches!(&err, StrategyError::NotLowered(what) if what.contains("compression to bf16")),
+            matches!(&err, StrategyError::NotLowered(what) if what.contains("compression with a parameter server")),
             "{err}"
         );
+        plan.parallel.grad_reduce = Algorithm::Ring;
+        plan.parallel.grad_compression = Some(DType::F32);
+        let err = Strategy::from_plan(&plan).unwrap_err();
+        assert!(err.to_string().contains("parallel.grad_compression"), "{err}");
     }
 
     #[test]

@@ -446,7 +446,11 @@ impl Builder<'_, '_> {
                 }
             }
             writes.push(self.slot(p, write));
-            bytes += ix.bytes(p);
+            // A compressed reduction sends each element in its 16-bit type.
+            let sent = instr.compression().map_or(1.0, |d| {
+                (d.size_bits() as f64 / ix.dtype(p).size_bits() as f64).min(1.0)
+            });
+            bytes += ix.bytes(p) * sent;
         }
         let busy = Busy {
             seconds: self.c.pricing.collective(collective, algorithm, bytes, group),

@@ -16,23 +16,23 @@ use std::ops::Range;
 
 /// A validated group and this rank's position in it (ring order = group
 /// order).
-struct Ring<'a> {
+pub(super) struct Ring<'a> {
     group: &'a [usize],
-    pos: usize,
+    pub(super) pos: usize,
 }
 
 impl Ring<'_> {
-    fn n(&self) -> usize {
+    pub(super) fn n(&self) -> usize {
         self.group.len()
     }
 
     /// Global rank at `offset` positions after this one (wrapping).
-    fn after(&self, offset: usize) -> usize {
+    pub(super) fn after(&self, offset: usize) -> usize {
         self.group[(self.pos + offset) % self.n()]
     }
 
     /// Global rank at `offset` positions before this one (wrapping).
-    fn before(&self, offset: usize) -> usize {
+    pub(super) fn before(&self, offset: usize) -> usize {
         self.group[(self.pos + self.n() - offset % self.n()) % self.n()]
     }
 }
@@ -40,7 +40,7 @@ impl Ring<'_> {
 impl Endpoint {
     /// Checks `group` (non-empty, distinct ranks on this fabric, including
     /// this one) and finds this rank's position in it.
-    fn ring<'a>(&self, group: &'a [usize], what: &str) -> Result<Ring<'a>, CommError> {
+    pub(super) fn ring<'a>(&self, group: &'a [usize], what: &str) -> Result<Ring<'a>, CommError> {
         let bad = |reason: String| CommError::BadGroup {
             rank: self.rank(),
             what: what.to_string(),
@@ -71,7 +71,7 @@ impl Endpoint {
 
     /// Chunk boundaries: chunk `c` of a buffer split into `lengths` is
     /// `bounds[c]..bounds[c + 1]`.
-    fn bounds(lengths: &[usize]) -> Vec<usize> {
+    pub(super) fn bounds(lengths: &[usize]) -> Vec<usize> {
         std::iter::once(0)
             .chain(lengths.iter().scan(0, |end, &l| {
                 *end += l;
@@ -82,7 +82,7 @@ impl Endpoint {
 
     /// The bounds of `len` elements in `n` equal chunks, or an error naming
     /// the uneven split (reduce-scatter and all-to-all need equal chunks).
-    fn even_bounds(&self, len: usize, n: usize, what: &str) -> Result<Vec<usize>, CommError> {
+    pub(super) fn even_bounds(&self, len: usize, n: usize, what: &str) -> Result<Vec<usize>, CommError> {
         Buffer::even_lengths(len, n)
             .map(|lengths| Self::bounds(&lengths))
             .ok_or_else(|| CommError::Uneven {
@@ -363,6 +363,6 @@ impl Endpoint {
 }
 
 /// Chunk `c`'s range within `bounds`.
-fn span(bounds: &[usize], c: usize) -> Range<usize> {
+pub(super) fn span(bounds: &[usize], c: usize) -> Range<usize> {
     bounds[c]..bounds[c + 1]
 }

@@ -527,3 +527,66 @@ fn a_rank_whose_process_exits_aborts_its_peers() {
         other => panic!("{other}"),
     }
 }
+
+/// 16-bit reductions: exact inputs (quarters, sums below 2^8) are bf16 and
+/// f16 values, so the sums are exact; every member gets the same bits; a
+/// rank sends half the bytes of the f32 reduction; and values that do not
+/// fit in 16 bits end rounded, the same on every member.
+#[test]
+fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
+    for wire in [Wire::Bf16, Wire::F16] {
+        for group in GROUPS {
+            for f64 in [false, true] {
+                let len = 24;
+                let (got, bytes) = split(run(group, long(), |ep, _| {
+                    let mut data = exact_input(ep.rank(), len, f64);
+                    ep.all_reduce_narrow(group, &mut data, wire, "n0", "narrow all-reduce")
+                        .unwrap();
+                    data
+                }));
+                let want = direct_sum(group, len, f64);
+                assert!(got.iter().all(|g| *g == want), "{wire:?} {group:?}");
+                let f32_bytes = (len * 4) as u64;
+                let half = |b: Vec<u64>| b.into_iter().map(|x| x / 2).collect::<Vec<_>>();
+                let model_bytes = model(Collective::AllReduce, Algorithm::Ring, group.len(), f32_bytes);
+                assert_eq!(bytes, half(model_bytes), "{wire:?} {group:?}");
+                let (shares, bytes) = split(run(group, long(), |ep, _| {
+                    let data = exact_input(ep.rank(), len, f64);
+                    ep.reduce_scatter_narrow(group, &data, wire, "n1", "narrow reduce-scatter")
+                        .unwrap()
+                }));
+                let chunk = len / group.len();
+                for (pos, share) in shares.iter().enumerate() {
+                    let mut whole = want.clone();
+                    with_elements!(&mut whole, w => {
+                        let mine: Vec<_> = w[pos * chunk..(pos + 1) * chunk].to_vec();
+                        w.clear();
+                        w.extend(mine);
+                    });
+                    assert_eq!(*share, whole, "{wire:?} {group:?} position {pos}");
+                }
+                let model_bytes = model(Collective::ReduceScatter, Algorithm::Ring, group.len(), f32_bytes);
+                assert_eq!(bytes, half(model_bytes), "{wire:?} {group:?}");
+            }
+        }
+    }
+    // Sums that round: every member agrees, within bf16's precision of the f64 sum.
+    let group = &[0, 1, 2, 3][..];
+    let (got, _) = split(run(group, long(), |ep, _| {
+        let mut data = rounding_input(ep.rank(), 10);
+        ep.all_reduce_narrow(group, &mut data, Wire::Bf16, "n2", "rounded")
+            .unwrap();
+        data
+    }));
+    assert!(got.windows(2).all(|w| w[0] == w[1]));
+    let Buffer::F32(sum) = &got[0] else { panic!("f32") };
+    for (i, &s) in sum.iter().enumerate() {
+        let exact: f64 = (0..4)
+            .map(|r| 0.1 * (r + 1) as f64 + (i as f64).sin() / 3.0)
+            .sum();
+        assert!(
+            (s as f64 - exact).abs() <= 0.02 * exact.abs().max(1.0),
+            "{i}: {s} vs {exact}"
+        );
+    }
+}

@@ -447,7 +447,9 @@ impl Traffic {
     /// ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and ZeRO-2 once
     /// per micro-batch, both then all-gather the weights; ZeRO-3 gathers
     /// twice and reduce-scatters once per micro-batch; plus the tied sum.
-    pub(super) fn sent(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<f64, CommError> {
+    /// Gradients send `ratio` bytes per weight byte (compressed, or f32
+    /// main gradients); weights go as they are.
+    pub(super) fn sent(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<f64, CommError> {
         let params = self.stage_params(stage);
         let m = cfg.micro_batches() as f64;
         let mut total = 0.0;
@@ -456,11 +458,12 @@ impl Traffic {
             let n = span.ranks();
             let one = |c: Collective, a: Algorithm| comm::bytes_sent(c, a, n, bytes).map(|b| b[0]);
             let ring = Algorithm::Ring;
+            let grads = |c: Collective, a: Algorithm| one(c, a).map(|b| b * ratio);
             total += match cfg.zero {
-                0 => one(Collective::AllReduce, cfg.grad_reduce.algorithm)?,
-                1 => one(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
-                2 => m * one(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
-                _ => m * (2.0 * one(Collective::AllGather, ring)? + one(Collective::ReduceScatter, ring)?),
+                0 => grads(Collective::AllReduce, cfg.grad_reduce.algorithm)?,
+                1 => grads(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
+                2 => m * grads(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
+                _ => m * (2.0 * one(Collective::AllGather, ring)? + grads(Collective::ReduceScatter, ring)?),
             };
         }
         if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {

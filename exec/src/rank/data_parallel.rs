@@ -12,7 +12,7 @@ use crate::overlap::{CommStream, Done, Job, JobKind};
 use crate::trace::Stream;
 use crate::zero_parts::shard_of;
 use autopar_comm::collective::values::{to_buffer, unpad};
-use autopar_comm::collective::Buffer;
+use autopar_comm::collective::{Buffer, Wire};
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::{DType, Value};
 use autopar_lower::{Buf, Instr, Shard};
@@ -257,7 +257,10 @@ impl<B: Backend> RankRun<'_, B> {
         sum: GradSum,
         at: At<'_>,
     ) -> Result<(), Failure> {
-        if self.reduce_on_device(params, group, sum)? {
+        // A compressed reduction runs on the host's collectives, which
+        // send 16-bit values (the backends' own collectives do not yet).
+        let wire = instr.compression().and_then(Wire::of);
+        if wire.is_none() && self.reduce_on_device(params, group, sum)? {
             self.on_device.extend(params.iter().cloned());
             return Ok(());
         }
@@ -281,7 +284,7 @@ impl<B: Backend> RankRun<'_, B> {
                     members: members.collect(),
                 };
                 (
-                    JobKind::AllReduce(algorithm),
+                    JobKind::AllReduce(algorithm, wire),
                     buckets::concat(values)?,
                     into,
                     "ar",
@@ -297,7 +300,7 @@ impl<B: Backend> RankRun<'_, B> {
                     members: members.collect(),
                 };
                 (
-                    JobKind::ReduceScatter,
+                    JobKind::ReduceScatter(wire),
                     buckets::interleave(values, n)?,
                     into,
                     "rs",

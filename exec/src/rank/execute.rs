@@ -71,12 +71,14 @@ impl<B: Backend> RankRun<'_, B> {
                 params,
                 group,
                 reduction,
+                ..
             } => self.reduce_grads(instr, params, group, GradSum::AllReduce(*reduction), at)?,
             Instr::SumTiedGrads { key, params, group } => self.sum_tied(key, params, group, at)?,
             Instr::ReduceScatterGrad {
                 params,
                 group,
                 micro_batch,
+                ..
             } => self.reduce_grads(instr, params, group, GradSum::ReduceScatter(*micro_batch), at)?,
             Instr::OptimizerStep { param, shard } => self.step(param, *shard, at.step, grads_out)?,
             Instr::AllGatherParams { params, group } => self.all_gather_params(instr, params, group, at)?,

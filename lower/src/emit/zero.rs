@@ -61,11 +61,13 @@ impl Emitter<'_, '_> {
                 params,
                 group,
                 reduction: s.reduction,
+                compression: s.compression,
             },
             _ => Instr::ReduceScatterGrad {
                 params,
                 group,
                 micro_batch: mb,
+                compression: s.compression,
             },
         }
     }
