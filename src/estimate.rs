@@ -46,6 +46,8 @@ pub struct Request {
     pub f32_main_grads: bool,
     /// The loss as Megatron-LM computes it (logits cast to f32).
     pub f32_cross_entropy: bool,
+    /// Gradient reductions sent compressed.
+    pub grad_compression: Option<autopar_cost_models::GradCompression>,
     pub calibration: Option<PathBuf>,
 }
 
@@ -133,6 +135,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         grad_reduce: autopar_cost_models::GradReduce {
             bucket_mib: r.grad_bucket_mib,
             f32_main_grads: r.f32_main_grads,
+            compression: r.grad_compression,
             ..Default::default()
         },
         tp_comm_overlap: r.tp_comm_overlap,

@@ -314,6 +314,10 @@ struct EstimateArgs {
     /// here does it).
     #[arg(long)]
     f32_cross_entropy: bool,
+    /// Data-parallel gradient reductions sent compressed: bf16 or fp16
+    /// (16-bit values, partial sums in the gradients' own type).
+    #[arg(long, value_name = "METHOD")]
+    grad_compression: Option<autopar_cost_models::GradCompression>,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -491,12 +495,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         dropout: a.dropout,
         calibration: a.calibration,
         output: a.output.clone(),
-        // Gradient compression is priced but not lowered yet: a plan with
-        // it could not run, so the search leaves it out.
-        limits: autopar_planner::DegreeLimits {
-            grad_compression: false,
-            ..autopar_planner::DegreeLimits::NONE
-        },
+        limits: autopar_planner::DegreeLimits::NONE,
         tp_comm_overlap: a.tp_comm_overlap,
         verify: a.verify,
     };
@@ -547,6 +546,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         overlap_param_gather: a.overlap_param_gather,
         f32_main_grads: a.f32_main_grads,
         f32_cross_entropy: a.f32_cross_entropy,
+        grad_compression: a.grad_compression,
         calibration: a.calibration,
     })?;
     if a.json {

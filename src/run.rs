@@ -248,10 +248,8 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                 dropout: false,
                 calibration: None,
                 output: r.save_plan.clone().unwrap_or_default(),
-                // What the CPU runtime lowers: no gradient compression yet.
                 limits: DegreeLimits {
                     ep: if fused_experts { usize::MAX } else { 1 },
-                    grad_compression: false,
                     ..DegreeLimits::NONE
                 },
                 tp_comm_overlap: false,

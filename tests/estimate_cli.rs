@@ -267,3 +267,32 @@ fn bad_calibration_file_is_named() {
         &["cal.json", "memory.bandwidth_fraction"],
     );
 }
+
+/// `--grad-compression` prices 16-bit gradient reductions: on f32 weights
+/// a ZeRO-0 rank sends half the gradient bytes; other methods are refused
+/// with the ones there are.
+#[test]
+fn grad_compression_halves_f32_gradient_bytes() {
+    let f32_gpt = "gpt:layers=2,hidden=256,heads=4,vocab=1024,seq=128";
+    let bytes = |extra: &[&str]| {
+        let mut args = vec!["estimate", f32_gpt, "--cluster", "dgx-a100-80g"];
+        args.extend_from_slice(&["--gpus", "16", "--global-batch", "16", "--json"]);
+        args.extend_from_slice(extra);
+        let (code, out, err) = autopar(&args);
+        assert_eq!(code, 0, "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["comm_bytes_per_gpu"].as_f64().unwrap()
+    };
+    let plain = bytes(&[]);
+    for method in ["bf16", "fp16"] {
+        let packed = bytes(&["--grad-compression", method]);
+        assert!(
+            (packed - plain / 2.0).abs() <= 1e-9 * plain,
+            "{method}: {packed} vs {plain}"
+        );
+    }
+    common::assert_usage_error(
+        &estimate_args(&["--gpus", "8", "--global-batch", "8", "--grad-compression", "int8"]),
+        &["int8", "bf16, fp16"],
+    );
+}

@@ -37,6 +37,7 @@ fn published_request(r: &PublishedRun) -> Request {
         overlap_param_gather: cfg.overlap_param_gather,
         f32_main_grads: cfg.grad_reduce.f32_main_grads,
         f32_cross_entropy: cfg.f32_cross_entropy,
+        grad_compression: cfg.grad_reduce.compression,
         calibration: None,
     }
 }

@@ -3,12 +3,13 @@
 //! stage follow the uncompressed losses within 16-bit precision, and a
 //! rank sends half the gradient bytes: what the estimate counts.
 
-use autopar_cost_models::{estimate, Calibration, Cluster, GradReduce, TrainingConfig, Workload};
+use autopar_cost_models::{
+    estimate, Calibration, Cluster, GradCompression, GradReduce, TrainingConfig, Workload,
+};
 use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
-use autopar_ir::DType;
 use autopar_lower::{lower, training_graph, Strategy};
 use std::time::Duration;
 
@@ -26,10 +27,10 @@ fn gpt() -> autopar_ir::Graph {
     g
 }
 
-fn run(zero: u8, compression: Option<DType>) -> TrainReport {
+fn run(zero: u8, compression: Option<GradCompression>) -> TrainReport {
     let mut s = Strategy::new(4, 1, 2, 1, 2);
     s.zero = zero;
-    s.compression = compression;
+    s.compression = compression.map(GradCompression::wire_dtype);
     let t = training_graph(&gpt(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
     let programs = lower(&t, &s).unwrap();
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(3e-3), STEPS);
@@ -38,7 +39,7 @@ fn run(zero: u8, compression: Option<DType>) -> TrainReport {
 }
 
 /// The bytes a rank sends per step by the estimate of the same run.
-fn estimated_bytes(zero: u8, compression: Option<DType>) -> f64 {
+fn estimated_bytes(zero: u8, compression: Option<GradCompression>) -> f64 {
     let mut opts = common::workload_options(SEQ, 1, false);
     opts.micro_batch = Some(1);
     let w = Workload::build(&gpt(), &opts).unwrap();
@@ -66,7 +67,7 @@ fn sixteen_bit_reductions_train_like_f32_and_send_half_the_gradient_bytes() {
         let plain = run(zero, None);
         let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss).collect::<Vec<_>>();
         let sent = |r: &TrainReport| r.ranks[0].bytes_sent as f64;
-        for (dtype, tolerance) in [(DType::Bf16, 2e-3), (DType::F16, 1e-4)] {
+        for (dtype, tolerance) in [(GradCompression::Bf16, 2e-3), (GradCompression::Fp16, 1e-4)] {
             let packed = run(zero, Some(dtype));
             let (a, b) = (losses(&plain), losses(&packed));
             assert!(b[STEPS - 1] < 0.8 * b[0], "ZeRO {zero} {dtype}: {b:?}");

@@ -85,6 +85,26 @@ keyword_enum!(Recompute, "recompute policy", "none" => Recompute::None, "selecti
 keyword_enum!(Schedule, "schedule", "gpipe" => Schedule::Gpipe, "1f1b" => Schedule::OneFOneB, "interleaved" => Schedule::Interleaved);
 keyword_enum!(AttentionKernel, "attention kernel", "fused" => AttentionKernel::Fused, "unfused" => AttentionKernel::Unfused);
 keyword_enum!(MeshOrder, "mesh order", "dp-inner" => MeshOrder::DataInner, "pp-inner" => MeshOrder::PipelineInner);
+keyword_enum!(GradCompression, "gradient compression", "bf16" => GradCompression::Bf16, "fp16" => GradCompression::Fp16);
+
+/// How data-parallel gradient reductions compress what they send
+/// (`parallel.grad_compression`, `--grad-compression`): a 16-bit float
+/// type, partial sums accumulated in the gradients' own type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum GradCompression {
+    Bf16,
+    Fp16,
+}
+
+impl GradCompression {
+    /// The type the values cross the wire in.
+    pub fn wire_dtype(self) -> autopar_ir::DType {
+        match self {
+            GradCompression::Bf16 => autopar_ir::DType::Bf16,
+            GradCompression::Fp16 => autopar_ir::DType::F16,
+        }
+    }
+}
 
 /// Everything that defines one training step's execution. Degrees multiply:
 /// `dp · tp · pp · cp` ranks; `ep` divides `dp` (experts are spread over
@@ -156,8 +176,8 @@ pub struct StageSpec {
 pub struct GradReduce {
     /// Ring all-reduce or a parameter server.
     pub algorithm: crate::comm::Algorithm,
-    /// Gradients sent in this narrower float type (bf16 or f16), if any.
-    pub compression: Option<autopar_ir::DType>,
+    /// Gradients sent compressed, if at all.
+    pub compression: Option<GradCompression>,
     /// Gradients accumulated over micro-batches and reduced in f32 beside
     /// 16-bit weights (Megatron-LM's default for bf16: `main_grad`
     /// buffers), so they take twice the weights' bytes in memory and on the
@@ -196,8 +216,8 @@ impl GradReduce {
     /// `weights`: the held gradients, or fewer in the compressed type.
     pub fn sent_per_weight_byte(&self, weights: autopar_ir::DType) -> f64 {
         let held = self.held_per_weight_byte(weights);
-        self.compression.map_or(held, |d| {
-            (d.size_bits() as f64 / weights.size_bits() as f64).min(held)
+        self.compression.map_or(held, |c| {
+            (c.wire_dtype().size_bits() as f64 / weights.size_bits() as f64).min(held)
         })
     }
 

@@ -274,7 +274,7 @@ mod tests {
         assert_eq!(f32_grads.held_per_weight_byte(DType::F32), 1.0);
         // Compression narrows what is sent, not what is held.
         let compressed = crate::GradReduce {
-            compression: Some(DType::Bf16),
+            compression: Some(crate::GradCompression::Bf16),
             ..f32_grads
         };
         assert_eq!(compressed.held_per_weight_byte(DType::Bf16), 2.0);

@@ -5,7 +5,6 @@
 use super::program::Coord;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
-use autopar_ir::DType;
 use autopar_planner::spec::OpSharding;
 use autopar_planner::Plan;
 
@@ -160,19 +159,12 @@ impl Strategy {
             ));
         }
         let compression = match p.grad_compression {
-            None => None,
-            Some(DType::Bf16 | DType::F16) if reduction == Algorithm::ParameterServer => {
+            Some(_) if reduction == Algorithm::ParameterServer => {
                 return Err(StrategyError::NotLowered(
-                    "gradient compression with a parameter server (parallel.grad_compression with parallel.grad_reduce 'ps')".into(),
+                    "gradient compression with a parameter server (parallel.grad_compression with parallel.grad_reduce 'parameter-server')".into(),
                 ))
             }
-            Some(d @ (DType::Bf16 | DType::F16)) => Some(d),
-            Some(other) => {
-                return Err(field(
-                    "parallel.grad_compression",
-                    format!("'{other}' is not a 16-bit float type to send gradients in (bf16 or f16)"),
-                ))
-            }
+            c => c.map(|c| c.wire_dtype()),
         };
         let stage_layers = plan
             .stages
@@ -387,20 +379,22 @@ mod tests {
             "{err}"
         );
         // 16-bit gradient compression on a ring is lowered; with a
-        // parameter server, or to a type that is not a 16-bit float, it is not.
+        // parameter server it is not.
+        use autopar_cost_models::GradCompression;
         plan.parallel.grad_reduce = Algorithm::Ring;
-        plan.parallel.grad_compression = Some(DType::Bf16);
-        assert_eq!(Strategy::from_plan(&plan).unwrap().compression, Some(DType::Bf16));
+        for (c, wire) in [
+            (GradCompression::Bf16, autopar_ir::DType::Bf16),
+            (GradCompression::Fp16, autopar_ir::DType::F16),
+        ] {
+            plan.parallel.grad_compression = Some(c);
+            assert_eq!(Strategy::from_plan(&plan).unwrap().compression, Some(wire));
+        }
         plan.parallel.grad_reduce = Algorithm::ParameterServer;
         let err = Strategy::from_plan(&plan).unwrap_err();
         assert!(
             matches!(&err, StrategyError::NotLowered(what) if what.contains("compression with a parameter server")),
             "{err}"
         );
-        plan.parallel.grad_reduce = Algorithm::Ring;
-        plan.parallel.grad_compression = Some(DType::F32);
-        let err = Strategy::from_plan(&plan).unwrap_err();
-        assert!(err.to_string().contains("parallel.grad_compression"), "{err}");
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use crate::spec::OpSharding;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Estimate, MeshOrder, Recompute, Schedule, TrainingConfig};
-use autopar_ir::DType;
 use serde::{Deserialize, Serialize};
 
 /// The `format` tag of plan files.
@@ -129,7 +128,7 @@ pub struct Parallel {
     /// How gradients cross the data-parallel group.
     pub grad_reduce: Algorithm,
     /// Gradients sent as this type, if compressed.
-    pub grad_compression: Option<DType>,
+    pub grad_compression: Option<autopar_cost_models::GradCompression>,
     /// Gradient buckets of about this many MiB, each reduced as soon as the
     /// backward pass completes it; 0: one collective per parameter tensor.
     /// Files written before buckets existed read as the default.

@@ -31,7 +31,7 @@ use autopar_cost_models::{
     AttentionKernel, Calibration, Cluster, Estimate, EstimateError, Evaluator, GradReduce, Mesh, MeshOrder,
     Recompute, Schedule, Sharding, TrainingConfig, Workload, WorkloadError, WorkloadOptions,
 };
-use autopar_ir::{DType, Graph, Op};
+use autopar_ir::{Graph, Op};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -65,8 +65,8 @@ pub struct SearchOptions {
 
 impl SearchOptions {
     /// What the runtime runs, keeping the `top` fastest: fused attention,
-    /// no dropout, 90 % of each GPU's memory, and no gradient compression
-    /// (priced, not yet lowered).
+    /// no dropout, 90 % of each GPU's memory, 16-bit gradient reductions
+    /// where the gradients are wider.
     pub fn runnable(global_batch: usize, top: usize) -> SearchOptions {
         SearchOptions {
             global_batch,
@@ -75,10 +75,7 @@ impl SearchOptions {
             attention: AttentionKernel::Fused,
             dropout: false,
             top,
-            limits: DegreeLimits {
-                grad_compression: false,
-                ..DegreeLimits::NONE
-            },
+            limits: DegreeLimits::NONE,
             tp_comm_overlap: false,
         }
     }
@@ -277,19 +274,18 @@ fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool
         return vec![GradReduce::default()];
     }
     let mut out = Vec::new();
-    let compressions: &[Option<DType>] = if weight_bits > 16 && compress {
-        &[None, Some(DType::Bf16)]
-    } else {
-        &[None]
-    };
     for algorithm in [Algorithm::Ring, Algorithm::ParameterServer] {
-        for &compression in compressions {
-            out.push(GradReduce {
-                algorithm,
-                compression,
-                ..GradReduce::default()
-            });
-        }
+        out.push(GradReduce {
+            algorithm,
+            ..GradReduce::default()
+        });
+    }
+    // 16-bit reductions of wider gradients, on rings (as lowering runs them).
+    if weight_bits > 16 && compress {
+        out.push(GradReduce {
+            compression: Some(autopar_cost_models::GradCompression::Bf16),
+            ..GradReduce::default()
+        });
     }
     out
 }
@@ -651,6 +647,11 @@ mod tests {
         assert_eq!(grad_reductions(1, 8, 32, true).len(), 1);
         assert_eq!(grad_reductions(0, 1, 32, true).len(), 1);
         assert_eq!(grad_reductions(0, 8, 16, true).len(), 2);
-        assert_eq!(grad_reductions(0, 8, 32, true).len(), 4);
+        // Compression on rings only, as lowering runs it.
+        let wide = grad_reductions(0, 8, 32, true);
+        assert_eq!(wide.len(), 3);
+        assert!(wide
+            .iter()
+            .all(|r| r.compression.is_none() || r.algorithm == Algorithm::Ring));
     }
 }

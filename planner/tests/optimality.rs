@@ -10,7 +10,7 @@ use autopar_cost_models::{
     Sharding, StageSpec, TrainingConfig, Workload, WorkloadOptions,
 };
 use autopar_import::ModelSpec;
-use autopar_ir::{DType, Graph};
+use autopar_ir::Graph;
 use autopar_planner::{search, SearchOptions};
 
 fn divisors(n: usize) -> Vec<usize> {
@@ -144,7 +144,7 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
                                             },
                                             GradReduce {
                                                 algorithm: Algorithm::Ring,
-                                                compression: Some(DType::Bf16),
+                                                compression: Some(autopar_cost_models::GradCompression::Bf16),
                                                 ..GradReduce::default()
                                             },
                                         ]
