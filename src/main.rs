@@ -495,7 +495,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         dropout: a.dropout,
         calibration: a.calibration,
         output: a.output.clone(),
-        limits: autopar_planner::DegreeLimits::NONE,
+        limits: autopar_planner::DegreeLimits::RUNNABLE,
         tp_comm_overlap: a.tp_comm_overlap,
         verify: a.verify,
     };

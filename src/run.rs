@@ -250,7 +250,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                 output: r.save_plan.clone().unwrap_or_default(),
                 limits: DegreeLimits {
                     ep: if fused_experts { usize::MAX } else { 1 },
-                    ..DegreeLimits::NONE
+                    ..DegreeLimits::RUNNABLE
                 },
                 tp_comm_overlap: false,
                 verify: 0,

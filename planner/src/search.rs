@@ -65,8 +65,8 @@ pub struct SearchOptions {
 
 impl SearchOptions {
     /// What the runtime runs, keeping the `top` fastest: fused attention,
-    /// no dropout, 90 % of each GPU's memory, 16-bit gradient reductions
-    /// where the gradients are wider.
+    /// no dropout, 90 % of each GPU's memory, no gradient compression (see
+    /// [`DegreeLimits::RUNNABLE`]).
     pub fn runnable(global_batch: usize, top: usize) -> SearchOptions {
         SearchOptions {
             global_batch,
@@ -75,7 +75,7 @@ impl SearchOptions {
             attention: AttentionKernel::Fused,
             dropout: false,
             top,
-            limits: DegreeLimits::NONE,
+            limits: DegreeLimits::RUNNABLE,
             tp_comm_overlap: false,
         }
     }
@@ -99,6 +99,15 @@ impl DegreeLimits {
         cp: usize::MAX,
         ep: usize::MAX,
         grad_compression: true,
+    };
+
+    /// What the backends run as priced: no caps on the degrees, and no
+    /// gradient compression, which the CPU backend runs as priced but the
+    /// CUDA backend still stages through the host instead of sending
+    /// 16-bit values with NCCL. A plan file may ask for it.
+    pub const RUNNABLE: DegreeLimits = DegreeLimits {
+        grad_compression: false,
+        ..DegreeLimits::NONE
     };
 }
 
