@@ -1,13 +1,14 @@
 //! Reductions that send their elements in a 16-bit float type (gradient
-//! compression): ring reduce-scatter and all-reduce as in [`super::ops`],
-//! with every value that crosses the wire rounded to the [`Wire`] type and
-//! two of them packed in each 32-bit word, so a rank sends half the bytes
-//! of an f32 reduction. Partial sums accumulate in the buffer's own type;
-//! each rank's share of the sum is rounded to the wire type before anyone
-//! reads it, so every member ends with the same bits.
+//! compression): the ring reduce-scatter and all-reduce of [`super::ops`]
+//! with [`Wire`] as their carrier, which rounds every value that crosses
+//! the wire to its type and packs two in each 32-bit word, so a rank sends
+//! half the bytes of an f32 reduction. Partial sums accumulate in the
+//! buffer's own type; each rank's share of the sum is rounded to the wire
+//! type before anyone reads it, so every member ends with the same bits. A
+//! group of one sends nothing and rounds nothing.
 
 use super::buffer::{with_elements, Element};
-use super::ops::{span, Ring};
+use super::ops::{Carrier, Hop};
 use super::{Buffer, CommError, Endpoint};
 use half::{bf16, f16};
 
@@ -100,6 +101,30 @@ impl Float for f64 {
     }
 }
 
+impl<T: Float> Carrier<T> for Wire {
+    fn send_slice(&self, to: Hop, data: &[T]) -> Result<(), CommError> {
+        to.ep.send(to.peer, to.tag, Buffer::F32(self.pack(data)), to.what)
+    }
+    fn send_vec(&self, to: Hop, data: Vec<T>) -> Result<(), CommError> {
+        self.send_slice(to, &data)?;
+        to.ep.recycle(data);
+        Ok(())
+    }
+    fn recv(&self, from: Hop, len: usize) -> Result<Vec<T>, CommError> {
+        let words = from
+            .ep
+            .recv_elements::<f32>(from.peer, from.tag, len.div_ceil(2), from.what)?;
+        let values = self.unpack(&words, len);
+        from.ep.recycle(words);
+        Ok(values)
+    }
+    fn settle(&self, sum: &mut [T]) {
+        for x in sum {
+            *x = self.round(*x);
+        }
+    }
+}
+
 impl Endpoint {
     /// [`Endpoint::all_reduce`] on a ring sending `wire` values: every
     /// element ends as the same `wire` value on every member.
@@ -112,12 +137,11 @@ impl Endpoint {
         what: &str,
     ) -> Result<(), CommError> {
         let ring = self.ring(group, what)?;
-        let bounds = Self::bounds(&Buffer::balanced_lengths(data.len(), ring.n()));
-        with_elements!(data, v => {
-            let own = self.narrow_reduce_scatter(&ring, v, &bounds, wire, tag, what)?;
-            v[span(&bounds, ring.pos)].copy_from_slice(&own);
-            self.narrow_all_gather(&ring, v, &bounds, wire, tag, what)
-        })
+        if ring.n() == 1 {
+            // Nothing crosses a wire, nothing is rounded: as the plain ring.
+            return Ok(());
+        }
+        with_elements!(data, v => self.ring_all_reduce(&ring, v, wire, tag, what))
     }
 
     /// [`Endpoint::reduce_scatter`] sending `wire` values: this rank's
@@ -132,73 +156,11 @@ impl Endpoint {
     ) -> Result<Buffer, CommError> {
         let ring = self.ring(group, what)?;
         let bounds = self.even_bounds(data.len(), ring.n(), what)?;
+        if ring.n() == 1 {
+            return Ok(data.clone());
+        }
         with_elements!(data, v => {
-            self.narrow_reduce_scatter(&ring, v, &bounds, wire, tag, what).map(Element::wrap)
+            self.ring_reduce_scatter(&ring, v, &bounds, &wire, tag, what).map(Element::wrap)
         })
-    }
-
-    /// The ring reduce-scatter of [`Endpoint::ring_reduce_scatter`], each
-    /// partial sum sent packed as `wire` values and added to the receiver's
-    /// own term in `T`; returns this rank's chunk of the sum, rounded.
-    fn narrow_reduce_scatter<T: Float>(
-        &self,
-        ring: &Ring,
-        data: &[T],
-        bounds: &[usize],
-        wire: Wire,
-        tag: &str,
-        what: &str,
-    ) -> Result<Vec<T>, CommError> {
-        let (n, p) = (ring.n(), ring.pos);
-        let (next, prev) = (ring.after(1), ring.before(1));
-        let chunk = |c: usize| &data[span(bounds, c)];
-        let mut partial: Option<Vec<T>> = None;
-        for s in 0..n - 1 {
-            let step_tag = format!("{tag}/rs{s}");
-            let sent = match &partial {
-                None => wire.pack(chunk((p + n - 1) % n)),
-                Some(sum) => wire.pack(sum),
-            };
-            self.send(next, &step_tag, Buffer::F32(sent), what)?;
-            let own = chunk((p + 2 * n - s - 2) % n);
-            let words = self.recv_elements::<f32>(prev, &step_tag, own.len().div_ceil(2), what)?;
-            let got: Vec<T> = wire.unpack(&words, own.len());
-            self.recycle(words);
-            partial = Some(got.iter().zip(own).map(|(&g, &x)| g + x).collect());
-        }
-        let sum = partial.unwrap_or_else(|| chunk(p).to_vec());
-        Ok(sum.into_iter().map(|x| wire.round(x)).collect())
-    }
-
-    /// Ring all-gather of the rounded chunks, sent packed as `wire` values
-    /// (exact: every chunk already is one).
-    fn narrow_all_gather<T: Float>(
-        &self,
-        ring: &Ring,
-        data: &mut [T],
-        bounds: &[usize],
-        wire: Wire,
-        tag: &str,
-        what: &str,
-    ) -> Result<(), CommError> {
-        let (n, p) = (ring.n(), ring.pos);
-        let (next, prev) = (ring.after(1), ring.before(1));
-        let mut last = p;
-        for s in 0..n - 1 {
-            let step_tag = format!("{tag}/ag{s}");
-            self.send(
-                next,
-                &step_tag,
-                Buffer::F32(wire.pack(&data[span(bounds, last)])),
-                what,
-            )?;
-            let c = (p + 2 * n - s - 1) % n;
-            let into = &mut data[span(bounds, c)];
-            let words = self.recv_elements::<f32>(prev, &step_tag, into.len().div_ceil(2), what)?;
-            into.copy_from_slice(&wire.unpack::<T>(&words, into.len()));
-            self.recycle(words);
-            last = c;
-        }
-        Ok(())
     }
 }

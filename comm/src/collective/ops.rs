@@ -115,7 +115,7 @@ impl Endpoint {
                 algorithm,
             }),
             _ if ring.n() == 1 => Ok(()),
-            Algorithm::Ring => with_elements!(data, v => self.ring_all_reduce(&ring, v, tag, what)),
+            Algorithm::Ring => with_elements!(data, v => self.ring_all_reduce(&ring, v, AsIs, tag, what)),
             Algorithm::ParameterServer => {
                 with_elements!(data, v => self.parameter_server_all_reduce(&ring, v, tag, what))
             }
@@ -134,7 +134,7 @@ impl Endpoint {
         let ring = self.ring(group, what)?;
         let bounds = self.even_bounds(data.len(), ring.n(), what)?;
         with_elements!(data, v => {
-            self.ring_reduce_scatter(&ring, v, &bounds, tag, what).map(Element::wrap)
+            self.ring_reduce_scatter(&ring, v, &bounds, &AsIs, tag, what).map(Element::wrap)
         })
     }
 
@@ -152,7 +152,7 @@ impl Endpoint {
         with_elements!(chunk, v => {
             let mut all = vec![bytemuck::Zeroable::zeroed(); bounds[ring.n()]];
             all[span(&bounds, ring.pos)].copy_from_slice(v);
-            self.ring_all_gather(&ring, &mut all, &bounds, tag, what)?;
+            self.ring_all_gather(&ring, &mut all, &bounds, &AsIs, tag, what)?;
             Ok(Element::wrap(all))
         })
     }
@@ -197,33 +197,37 @@ impl Endpoint {
         with_elements!(data, v => self.chain_broadcast(&ring, root, v, tag, what))
     }
 
-    /// Ring all-reduce in place over chunks of balanced lengths.
-    fn ring_all_reduce<T: Element>(
+    /// Ring all-reduce in place over chunks of balanced lengths, moving
+    /// elements as `carrier` does.
+    pub(super) fn ring_all_reduce<T: Element>(
         &self,
         ring: &Ring,
         data: &mut [T],
+        carrier: impl Carrier<T>,
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
         let bounds = Self::bounds(&Buffer::balanced_lengths(data.len(), ring.n()));
-        let sum = self.ring_reduce_scatter(ring, data, &bounds, tag, what)?;
+        let sum = self.ring_reduce_scatter(ring, data, &bounds, &carrier, tag, what)?;
         data[span(&bounds, ring.pos)].copy_from_slice(&sum);
         self.recycle(sum);
-        self.ring_all_gather(ring, data, &bounds, tag, what)
+        self.ring_all_gather(ring, data, &bounds, &carrier, tag, what)
     }
 
     /// Ring reduce-scatter of `data`'s chunks (bounds every member agrees
-    /// on); returns the sum of chunk `p`, this rank's position. At step `s`
-    /// this rank sends its partial sum of chunk `p-s-1` to the next member
-    /// (at step 0 its own chunk; later what it received the step before,
-    /// with its term added) and receives the partial sum of chunk `p-s-2`
-    /// from the previous one. Chunk `c` is summed along the ring starting at
-    /// position `c+1`, the same order every run.
-    fn ring_reduce_scatter<T: Element>(
+    /// on); returns the sum of chunk `p`, this rank's position, as
+    /// `carrier` settles it. At step `s` this rank sends its partial sum of
+    /// chunk `p-s-1` to the next member (at step 0 its own chunk; later
+    /// what it received the step before, with its term added) and receives
+    /// the partial sum of chunk `p-s-2` from the previous one. Chunk `c` is
+    /// summed along the ring starting at position `c+1`, the same order
+    /// every run.
+    pub(super) fn ring_reduce_scatter<T: Element>(
         &self,
         ring: &Ring,
         data: &[T],
         bounds: &[usize],
+        carrier: &impl Carrier<T>,
         tag: &str,
         what: &str,
     ) -> Result<Vec<T>, CommError> {
@@ -233,28 +237,37 @@ impl Endpoint {
         let mut partial: Option<Vec<T>> = None;
         for s in 0..n - 1 {
             let step_tag = format!("{tag}/rs{s}");
+            let to = Hop {
+                ep: self,
+                peer: next,
+                tag: &step_tag,
+                what,
+            };
             match partial.take() {
-                None => self.send_slice(next, &step_tag, chunk((p + n - 1) % n), what)?,
-                Some(sum) => self.send(next, &step_tag, T::wrap(sum), what)?,
+                None => carrier.send_slice(to, chunk((p + n - 1) % n))?,
+                Some(sum) => carrier.send_vec(to, sum)?,
             }
             let own = chunk((p + 2 * n - s - 2) % n);
-            let mut got = self.recv_elements::<T>(prev, &step_tag, own.len(), what)?;
+            let mut got = carrier.recv(Hop { peer: prev, ..to }, own.len())?;
             // Float addition commutes bitwise: received + own is own + received.
             got.iter_mut().zip(own).for_each(|(g, &x)| *g = *g + x);
             partial = Some(got);
         }
-        Ok(partial.unwrap_or_else(|| chunk(p).to_vec()))
+        let mut sum = partial.unwrap_or_else(|| chunk(p).to_vec());
+        carrier.settle(&mut sum);
+        Ok(sum)
     }
 
     /// Ring all-gather in place: `data` holds this rank's chunk `p` (of
     /// `bounds`) and ends holding every member's. At step `s` this rank
     /// forwards chunk `p-s` to the next member (its own at step 0, then the
     /// one it received the step before) and receives chunk `p-s-1`.
-    fn ring_all_gather<T: Element>(
+    pub(super) fn ring_all_gather<T: Element>(
         &self,
         ring: &Ring,
         data: &mut [T],
         bounds: &[usize],
+        carrier: &impl Carrier<T>,
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
@@ -263,12 +276,18 @@ impl Endpoint {
         let mut last: Option<Vec<T>> = None;
         for s in 0..n - 1 {
             let step_tag = format!("{tag}/ag{s}");
+            let to = Hop {
+                ep: self,
+                peer: next,
+                tag: &step_tag,
+                what,
+            };
             match last.take() {
-                None => self.send_slice(next, &step_tag, &data[span(bounds, p)], what)?,
-                Some(piece) => self.send(next, &step_tag, T::wrap(piece), what)?,
+                None => carrier.send_slice(to, &data[span(bounds, p)])?,
+                Some(piece) => carrier.send_vec(to, piece)?,
             }
             let into = &mut data[span(bounds, (p + 2 * n - s - 1) % n)];
-            let got = self.recv_elements::<T>(prev, &step_tag, into.len(), what)?;
+            let got = carrier.recv(Hop { peer: prev, ..to }, into.len())?;
             into.copy_from_slice(&got);
             last = Some(got);
         }
@@ -360,6 +379,45 @@ impl Endpoint {
         }
         Ok(())
     }
+}
+
+/// One message of a ring step: this rank's endpoint, the peer, the
+/// step's tag and the instruction (for errors).
+#[derive(Clone, Copy)]
+pub(super) struct Hop<'a> {
+    pub ep: &'a Endpoint,
+    pub peer: usize,
+    pub tag: &'a str,
+    pub what: &'a str,
+}
+
+/// How a ring moves elements between members: as they are ([`AsIs`]),
+/// or rounded to a 16-bit type and packed ([`super::Wire`]).
+pub(super) trait Carrier<T: Element> {
+    /// Sends a copy of `data`.
+    fn send_slice(&self, to: Hop, data: &[T]) -> Result<(), CommError>;
+    /// Sends `data`, which it may reuse.
+    fn send_vec(&self, to: Hop, data: Vec<T>) -> Result<(), CommError>;
+    /// Receives `len` elements.
+    fn recv(&self, from: Hop, len: usize) -> Result<Vec<T>, CommError>;
+    /// Makes a rank's share of a sum what every member will read of it.
+    fn settle(&self, sum: &mut [T]);
+}
+
+/// Elements moved as they are.
+pub(super) struct AsIs;
+
+impl<T: Element> Carrier<T> for AsIs {
+    fn send_slice(&self, to: Hop, data: &[T]) -> Result<(), CommError> {
+        to.ep.send_slice(to.peer, to.tag, data, to.what)
+    }
+    fn send_vec(&self, to: Hop, data: Vec<T>) -> Result<(), CommError> {
+        to.ep.send(to.peer, to.tag, T::wrap(data), to.what)
+    }
+    fn recv(&self, from: Hop, len: usize) -> Result<Vec<T>, CommError> {
+        from.ep.recv_elements(from.peer, from.tag, len, from.what)
+    }
+    fn settle(&self, _: &mut [T]) {}
 }
 
 /// Chunk `c`'s range within `bounds`.
