@@ -208,7 +208,7 @@ fn grads(p: &Parallel) -> String {
 
 fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
     format!(
-        "{}, {} schedule{}, ZeRO {}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
+        "{}, {} schedule{}, ZeRO {}{}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
         degrees(p),
         p.schedule,
         if p.virtual_stages > 1 {
@@ -217,6 +217,8 @@ fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
             String::new()
         },
         p.zero,
+        p.grad_compression
+            .map_or(String::new(), |c| format!(", gradients sent in {c}")),
         p.micro_batch,
         p.micro_batches,
         seconds(e.step_time_s),
