@@ -100,6 +100,10 @@ pub enum TrainingError {
 /// tensor-parallel group when `s.tp > 1`, with the loss normalised by the
 /// global batch's tokens.
 pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingGraph, TrainingError> {
+    // Without pipeline or tensor parallelism a tied weight's two readers
+    // run on one rank and read it whole: one parameter, whose gradient
+    // autodiff sums over both, is reduced and stepped once.
+    let copies = s.pp > 1 || s.tp > 1;
     build(
         model,
         s.micro_batch,
@@ -107,6 +111,7 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
         s.global_batch() * seq,
         (s.tp, s.sp, s.cp, s.ep),
         &s.sharding,
+        copies,
     )
 }
 
@@ -120,7 +125,15 @@ pub fn training_graph(
     seq: usize,
     global_tokens: usize,
 ) -> Result<TrainingGraph, TrainingError> {
-    build(model, micro_batch, seq, global_tokens, (1, false, 1, 1), &[])
+    build(
+        model,
+        micro_batch,
+        seq,
+        global_tokens,
+        (1, false, 1, 1),
+        &[],
+        true,
+    )
 }
 
 fn build(
@@ -130,11 +143,15 @@ fn build(
     global_tokens: usize,
     (tp, sp, cp, ep): (usize, bool, usize, usize),
     sharding: &[OpSharding],
+    copies: bool,
 ) -> Result<TrainingGraph, TrainingError> {
     let mut g = model.clone();
     g.bindings.insert("batch".into(), micro_batch);
     g.bindings.insert("seq".into(), seq);
-    let tied = tie_copies(&mut g);
+    let tied = match copies {
+        true => tie_copies(&mut g),
+        false => Vec::new(),
+    };
     let mut feeds = classify_inputs(&g)?;
     let tokens = feeds
         .iter()
