@@ -731,15 +731,19 @@ mod tests {
         assert!(exposed(4, 3, ratio).abs() < 1e-9);
     }
 
+    /// A unit whose backward pass takes `seconds` and nothing else.
+    fn backward_only(seconds: f64) -> UnitTime {
+        UnitTime {
+            backward: seconds,
+            ..UnitTime::default()
+        }
+    }
+
     #[test]
     fn an_interleaved_stage_reduces_its_last_chunk_while_the_first_drains() {
         let t = traffic();
         let stage = one_stage(4, 0, 1);
-        let layer = UnitTime {
-            backward: 1.0,
-            ..UnitTime::default()
-        };
-        let none = UnitTime::default();
+        let (layer, none) = (backward_only(1.0), UnitTime::default());
         let ar = |bytes: f64| all_reduce(&t, bytes);
         // Each 1 MB gradient takes 0.75 s to reduce; the tied 2 MB one `tied`.
         let ratio = (0.75 - ar(0.0)) / (ar(1e6) - ar(0.0));
@@ -789,11 +793,7 @@ mod tests {
     fn buckets_hide_under_the_backward_pass_but_what_follows_it() {
         let t = traffic();
         let stage = one_stage(4, 0, 1);
-        let layer = UnitTime {
-            backward: 1.0,
-            ..UnitTime::default()
-        };
-        let none = UnitTime::default();
+        let (layer, none) = (backward_only(1.0), UnitTime::default());
         let ar = |bytes: f64| all_reduce(&t, bytes);
         // One collective per tensor: each layer's two hide under the next
         // layer's second of backward; the last layer's and the tied

@@ -259,8 +259,8 @@ impl<B: Backend> RankRun<'_, B> {
     ) -> Result<(), Failure> {
         // A compressed reduction runs on the host's collectives, which
         // send 16-bit values (the backends' own collectives do not yet).
-        let wire = instr.compression().and_then(Wire::of);
-        if wire.is_none() && self.reduce_on_device(params, group, sum)? {
+        let narrow = instr.compression().and_then(Wire::of);
+        if narrow.is_none() && self.reduce_on_device(params, group, sum)? {
             self.on_device.extend(params.iter().cloned());
             return Ok(());
         }
@@ -284,7 +284,7 @@ impl<B: Backend> RankRun<'_, B> {
                     members: members.collect(),
                 };
                 (
-                    JobKind::AllReduce(algorithm, wire),
+                    JobKind::AllReduce(algorithm, narrow),
                     buckets::concat(values)?,
                     into,
                     "ar",
@@ -300,7 +300,7 @@ impl<B: Backend> RankRun<'_, B> {
                     members: members.collect(),
                 };
                 (
-                    JobKind::ReduceScatter(wire),
+                    JobKind::ReduceScatter(narrow),
                     buckets::interleave(values, n)?,
                     into,
                     "rs",

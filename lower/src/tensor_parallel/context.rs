@@ -262,11 +262,12 @@ impl Rewriter<'_> {
     /// `x` moved along the sequence (its dim `axis`) by `kind` through the
     /// balanced order. A slice of a tensor no gradient reaches through it
     /// (tokens, constants) or of one made from weights alone (a position
-    /// table) gathers the rank's positions: the latter's gradient is the
-    /// rank's rows with zeros elsewhere, a share the sum of weight
-    /// gradients over the ranks completes. A slice of a computed float
-    /// tensor, or a reduce-scatter, puts it in the balanced order first; a
-    /// gather puts the gathered chunks back in sequence order.
+    /// table: no layout) gathers the rank's positions: the latter's
+    /// gradient is the rank's rows with zeros elsewhere, a share the sum of
+    /// weight gradients over the ranks completes. A slice of a float
+    /// tensor computed from the step's data, or a reduce-scatter, puts it
+    /// in the balanced order first; a gather puts the gathered chunks back
+    /// in sequence order.
     pub(super) fn balanced_comm(
         &mut self,
         x: TensorId,
@@ -284,7 +285,7 @@ impl Rewriter<'_> {
         let what = format!("{kind:?}").to_lowercase();
         let at = Op::Gather { axis: axis as i64 };
         match kind {
-            CommKind::Slice if self.weight_derived(x) || !self.carries_gradient(x) => {
+            CommKind::Slice if self.layout(x).is_none() || !self.carries_gradient(x) => {
                 let mine = self.rank_positions(self.dims(x)[axis], &name)?;
                 self.helper("own_rows", at, vec![Some(x), Some(mine)])
             }
@@ -305,8 +306,8 @@ impl Rewriter<'_> {
         }
     }
 
-    /// True for a float tensor computed from the step's data (a gradient
-    /// flows back through it).
+    /// True for a float tensor other than a constant or an input: a
+    /// gradient flows back through it.
     fn carries_gradient(&self, x: TensorId) -> bool {
         let t = self.g.tensor(x);
         t.ty.dtype.is_float() && !matches!(t.role, Role::Constant | Role::Input)
@@ -373,14 +374,6 @@ impl Rewriter<'_> {
         );
         self.balanced.mine.insert((n, self.block), mine);
         Ok(mine)
-    }
-
-    /// True for a float tensor computed from weights alone (no layout, not
-    /// a constant): its gradient flows to weights, which context
-    /// parallelism sums over its ranks.
-    pub(super) fn weight_derived(&self, x: TensorId) -> bool {
-        let t = self.g.tensor(x);
-        self.layout(x).is_none() && t.ty.dtype.is_float() && t.role != autopar_ir::Role::Constant
     }
 
     /// True when input 0 is split along a dim before its last (the one a
