@@ -27,7 +27,7 @@ fn gpt() -> autopar_ir::Graph {
 fn run(zero: u8, compression: Option<GradCompression>) -> TrainReport {
     let mut s = Strategy::new(4, 1, 2, 1, 2);
     s.zero = zero;
-    s.compression = compression.map(GradCompression::wire_dtype);
+    s.compression = compression;
     let t = for_strategy(&gpt(), &s, SEQ).unwrap();
     let programs = lower(&t, &s).unwrap();
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(3e-3), STEPS);

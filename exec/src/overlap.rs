@@ -10,7 +10,8 @@
 //! inline; the collectives are the same algorithms over the same endpoint,
 //! so results are bitwise those of running them inline.
 
-use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint, Wire};
+use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint};
+use autopar_cost_models::GradCompression;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc;
@@ -30,9 +31,9 @@ pub(super) struct Job {
 /// Which collective a [`Job`] runs.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum JobKind {
-    /// Sending 16-bit values when a [`Wire`] type is given.
-    AllReduce(Algorithm, Option<Wire>),
-    ReduceScatter(Option<Wire>),
+    /// Sending 16-bit values when compressed.
+    AllReduce(Algorithm, Option<GradCompression>),
+    ReduceScatter(Option<GradCompression>),
     AllGather,
 }
 

@@ -5,7 +5,8 @@
 
 use super::training::Feed;
 use autopar_cost_models::comm::{Algorithm, Collective};
-use autopar_ir::{CommKind, DType, Graph, Node, Role, TensorId};
+use autopar_cost_models::GradCompression;
+use autopar_ir::{CommKind, Graph, Node, Role, TensorId};
 use serde::{Deserialize, Serialize};
 
 /// A rank's place on the mesh.
@@ -122,7 +123,7 @@ pub enum Instr {
         /// The 16-bit float type the gradients cross the wire in, if
         /// compressed (a ring's partial sums accumulate in their own type).
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        compression: Option<DType>,
+        compression: Option<GradCompression>,
     },
     /// Sum the gradients of `params` over `group` as one reduce-scatter (a
     /// bucket) and add this rank's shard of each sum into that parameter's
@@ -139,7 +140,7 @@ pub enum Instr {
         micro_batch: Option<usize>,
         /// As [`Instr::AllReduceGrad`]'s.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        compression: Option<DType>,
+        compression: Option<GradCompression>,
     },
     /// Update `param` (or this rank's shard of it) from its gradient.
     OptimizerStep {
@@ -465,7 +466,7 @@ impl Instr {
 /// or how many with the first and last (a bucket may hold hundreds).
 impl Instr {
     /// The 16-bit type a data-parallel gradient reduction sends, if compressed.
-    pub fn compression(&self) -> Option<DType> {
+    pub fn compression(&self) -> Option<GradCompression> {
         match self {
             Instr::AllReduceGrad { compression, .. } | Instr::ReduceScatterGrad { compression, .. } => {
                 *compression
@@ -476,7 +477,7 @@ impl Instr {
 }
 
 /// ` in bf16` for a reduction sent compressed, else nothing.
-fn sent_as(compression: &Option<DType>) -> String {
+fn sent_as(compression: &Option<GradCompression>) -> String {
     compression.map_or(String::new(), |d| format!(" in {d}"))
 }
 
@@ -587,7 +588,7 @@ mod tests {
                 params: vec!["a".into(), "b".into(), "c".into()],
                 group: g,
                 micro_batch: Some(1),
-                compression: Some(DType::Bf16),
+                compression: Some(GradCompression::Bf16),
             },
         ]
     }

@@ -27,7 +27,7 @@ pub struct Strategy {
     pub reduction: Algorithm,
     /// The 16-bit float type data-parallel gradient reductions send
     /// (`parallel.grad_compression`); `None` sends them as they are.
-    pub compression: Option<autopar_ir::DType>,
+    pub compression: Option<autopar_cost_models::GradCompression>,
     /// Gradients are reduced in buckets of at least this many bytes, in the
     /// order the backward pass completes them; 0: one collective per parameter.
     pub bucket_bytes: usize,
@@ -164,7 +164,7 @@ impl Strategy {
                     "gradient compression with a parameter server (parallel.grad_compression with parallel.grad_reduce 'parameter-server')".into(),
                 ))
             }
-            c => c.map(|c| c.wire_dtype()),
+            c => c,
         };
         let stage_layers = plan
             .stages
@@ -382,12 +382,9 @@ mod tests {
         // parameter server it is not.
         use autopar_cost_models::GradCompression;
         plan.parallel.grad_reduce = Algorithm::Ring;
-        for (c, wire) in [
-            (GradCompression::Bf16, autopar_ir::DType::Bf16),
-            (GradCompression::Fp16, autopar_ir::DType::F16),
-        ] {
+        for c in [GradCompression::Bf16, GradCompression::Fp16] {
             plan.parallel.grad_compression = Some(c);
-            assert_eq!(Strategy::from_plan(&plan).unwrap().compression, Some(wire));
+            assert_eq!(Strategy::from_plan(&plan).unwrap().compression, Some(c));
         }
         plan.parallel.grad_reduce = Algorithm::ParameterServer;
         let err = Strategy::from_plan(&plan).unwrap_err();

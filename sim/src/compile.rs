@@ -447,8 +447,8 @@ impl Builder<'_, '_> {
             }
             writes.push(self.slot(p, write));
             // A compressed reduction sends each element in its 16-bit type.
-            let sent = instr.compression().map_or(1.0, |d| {
-                (d.size_bits() as f64 / ix.dtype(p).size_bits() as f64).min(1.0)
+            let sent = instr.compression().map_or(1.0, |c| {
+                (c.wire_dtype().size_bits() as f64 / ix.dtype(p).size_bits() as f64).min(1.0)
             });
             bytes += ix.bytes(p) * sent;
         }

@@ -28,7 +28,6 @@ pub use autopar_cost_models::comm::{Algorithm, Collective};
 pub(crate) use buffer::with_elements;
 pub use buffer::{Buffer, LayoutMismatch};
 pub use fabric::{fabric, Endpoint};
-pub use narrow::Wire;
 pub use tcp::{connect, MeshError};
 pub use watchdog::Watchdog;
 

@@ -1,6 +1,6 @@
 //! Reductions that send their elements in a 16-bit float type (gradient
 //! compression): the ring reduce-scatter and all-reduce of [`super::ops`]
-//! with [`Wire`] as their carrier, which rounds every value that crosses
+//! with a [`GradCompression`] type as their carrier, which rounds every value that crosses
 //! the wire to its type and packs two in each 32-bit word, so a rank sends
 //! half the bytes of an f32 reduction. Partial sums accumulate in the
 //! buffer's own type; each rank's share of the sum is rounded to the wire
@@ -10,38 +10,27 @@
 use super::buffer::{with_elements, Element};
 use super::ops::{Carrier, Hop};
 use super::{Buffer, CommError, Endpoint};
+use autopar_cost_models::GradCompression;
 use half::{bf16, f16};
 
-/// The 16-bit float type a compressed reduction sends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Wire {
-    Bf16,
-    F16,
-}
+/// A compressed reduction's carrier: the 16-bit float type it sends.
+#[derive(Clone, Copy)]
+struct Narrow(GradCompression);
 
-impl Wire {
-    /// The wire type of a 16-bit float `dtype` (`None` for any other).
-    pub fn of(dtype: autopar_ir::DType) -> Option<Wire> {
-        match dtype {
-            autopar_ir::DType::Bf16 => Some(Wire::Bf16),
-            autopar_ir::DType::F16 => Some(Wire::F16),
-            _ => None,
-        }
-    }
-
+impl Narrow {
     /// `x` rounded to the nearest value of this type, as its bits.
     fn bits(self, x: f64) -> u16 {
-        match self {
-            Wire::Bf16 => bf16::from_f64(x).to_bits(),
-            Wire::F16 => f16::from_f64(x).to_bits(),
+        match self.0 {
+            GradCompression::Bf16 => bf16::from_f64(x).to_bits(),
+            GradCompression::Fp16 => f16::from_f64(x).to_bits(),
         }
     }
 
     /// The value of `bits` of this type.
     fn value(self, bits: u16) -> f64 {
-        match self {
-            Wire::Bf16 => bf16::from_bits(bits).to_f64(),
-            Wire::F16 => f16::from_bits(bits).to_f64(),
+        match self.0 {
+            GradCompression::Bf16 => bf16::from_bits(bits).to_f64(),
+            GradCompression::Fp16 => f16::from_bits(bits).to_f64(),
         }
     }
 
@@ -101,7 +90,7 @@ impl Float for f64 {
     }
 }
 
-impl<T: Float> Carrier<T> for Wire {
+impl<T: Float> Carrier<T> for Narrow {
     fn send_slice(&self, to: Hop, data: &[T]) -> Result<(), CommError> {
         to.ep.send(to.peer, to.tag, Buffer::F32(self.pack(data)), to.what)
     }
@@ -132,7 +121,7 @@ impl Endpoint {
         &self,
         group: &[usize],
         data: &mut Buffer,
-        wire: Wire,
+        wire: GradCompression,
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
@@ -141,7 +130,7 @@ impl Endpoint {
             // Nothing crosses a wire, nothing is rounded: as the plain ring.
             return Ok(());
         }
-        with_elements!(data, v => self.ring_all_reduce(&ring, v, wire, tag, what))
+        with_elements!(data, v => self.ring_all_reduce(&ring, v, Narrow(wire), tag, what))
     }
 
     /// [`Endpoint::reduce_scatter`] sending `wire` values: this rank's
@@ -150,7 +139,7 @@ impl Endpoint {
         &self,
         group: &[usize],
         data: &Buffer,
-        wire: Wire,
+        wire: GradCompression,
         tag: &str,
         what: &str,
     ) -> Result<Buffer, CommError> {
@@ -160,7 +149,7 @@ impl Endpoint {
             return Ok(data.clone());
         }
         with_elements!(data, v => {
-            self.ring_reduce_scatter(&ring, v, &bounds, &wire, tag, what).map(Element::wrap)
+            self.ring_reduce_scatter(&ring, v, &bounds, &Narrow(wire), tag, what).map(Element::wrap)
         })
     }
 }

@@ -392,7 +392,7 @@ pub(super) struct Hop<'a> {
 }
 
 /// How a ring moves elements between members: as they are ([`AsIs`]),
-/// or rounded to a 16-bit type and packed ([`super::Wire`]).
+/// or rounded to a 16-bit type and packed (`narrow.rs`).
 pub(super) trait Carrier<T: Element> {
     /// Sends a copy of `data`.
     fn send_slice(&self, to: Hop, data: &[T]) -> Result<(), CommError>;

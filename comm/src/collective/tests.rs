@@ -4,6 +4,7 @@
 use super::*;
 use crate::launch::LaunchEnv;
 use autopar_cost_models::comm::bytes_sent;
+use autopar_cost_models::GradCompression;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
@@ -534,7 +535,7 @@ fn a_rank_whose_process_exits_aborts_its_peers() {
 /// fit in 16 bits end rounded, the same on every member.
 #[test]
 fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
-    for wire in [Wire::Bf16, Wire::F16] {
+    for wire in [GradCompression::Bf16, GradCompression::Fp16] {
         for group in GROUPS {
             for f64 in [false, true] {
                 let len = 24;
@@ -574,7 +575,7 @@ fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
     let group = &[0, 1, 2, 3][..];
     let (got, _) = split(run(group, long(), |ep, _| {
         let mut data = rounding_input(ep.rank(), 10);
-        ep.all_reduce_narrow(group, &mut data, Wire::Bf16, "n2", "rounded")
+        ep.all_reduce_narrow(group, &mut data, GradCompression::Bf16, "n2", "rounded")
             .unwrap();
         data
     }));

@@ -12,7 +12,7 @@ use crate::overlap::{CommStream, Done, Job, JobKind};
 use crate::trace::Stream;
 use crate::zero_parts::shard_of;
 use autopar_comm::collective::values::{to_buffer, unpad};
-use autopar_comm::collective::{Buffer, Wire};
+use autopar_comm::collective::Buffer;
 use autopar_cost_models::comm::Algorithm;
 use autopar_ir::{DType, Value};
 use autopar_lower::{Buf, Instr, Shard};
@@ -259,7 +259,7 @@ impl<B: Backend> RankRun<'_, B> {
     ) -> Result<(), Failure> {
         // A compressed reduction runs on the host's collectives, which
         // send 16-bit values (the backends' own collectives do not yet).
-        let narrow = instr.compression().and_then(Wire::of);
+        let narrow = instr.compression();
         if narrow.is_none() && self.reduce_on_device(params, group, sum)? {
             self.on_device.extend(params.iter().cloned());
             return Ok(());
