@@ -300,13 +300,19 @@ fn expert_parallel() {
         train(ON, &t, &programs, &TokenSource::synthetic(64, 3), &opts)
     };
     let single = Strategy::new(1, 1, 2, 1, 4);
+    // Expert parallelism alone (2 and 4 ways), and with data, tensor and
+    // pipeline parallelism.
     for s in [
         with(Strategy::new(2, 1, 2, 1, 2), |s| s.ep = 2),
+        with(Strategy::new(4, 1, 2, 1, 1), |s| s.ep = 4),
         with(Strategy::new(4, 1, 2, 1, 1), |s| {
             s.ep = 2;
             s.zero = 1;
         }),
+        with(Strategy::new(2, 1, 2, 1, 2).with_tp(2, false), |s| s.ep = 2),
+        with(Strategy::new(2, 2, 2, 1, 2), |s| s.ep = 2),
     ] {
+        eprintln!("dp {} tp {} pp {} ep {}", s.dp, s.tp, s.pp, s.ep);
         assert_same_step(
             &run(&single, Optimizer::sgd(0.1), 1),
             &run(&s, Optimizer::sgd(0.1), 1),

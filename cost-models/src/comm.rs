@@ -55,8 +55,22 @@ pub fn of_comm(kind: autopar_ir::CommKind) -> Option<Collective> {
         CommKind::AllReduce => Some(Collective::AllReduce),
         CommKind::AllGather | CommKind::GatherForCompute => Some(Collective::AllGather),
         CommKind::ReduceScatter => Some(Collective::ReduceScatter),
+        CommKind::AllToAll | CommKind::Dispatch | CommKind::Combine => Some(Collective::AllToAll),
         CommKind::Copy | CommKind::Slice => None,
     }
+}
+
+/// Whether a graph's comm op is priced by its output rather than its input:
+/// the full tensor an all-gather assembles, and the packed rows a
+/// `Combine` returns (its input is a dispatch's padded blocks). Bytes are
+/// [`bytes_sent`] of that tensor; for the counted exchanges this is the
+/// volume routed evenly, the planner's expectation of a data-dependent one.
+pub fn priced_by_output(kind: autopar_ir::CommKind) -> bool {
+    use autopar_ir::CommKind;
+    matches!(
+        kind,
+        CommKind::AllGather | CommKind::GatherForCompute | CommKind::Combine
+    )
 }
 
 /// Bytes each of the `n` ranks sends (index = position in the group).

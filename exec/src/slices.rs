@@ -93,6 +93,39 @@ fn gather_ranges(data: &Data, ranges: &[(usize, usize)]) -> Data {
     }
 }
 
+/// A tensor of `rows` rows (dim 0), zero but for `v`'s rows moved by each
+/// `(from, to, count)`: how a counted all-to-all packs the rows it sends
+/// and spreads the rows it receives into blocks.
+pub fn move_rows(v: &Value, moves: &[(usize, usize, usize)], rows: usize) -> Value {
+    fn place<T: Clone + Default>(
+        x: &[T],
+        row: usize,
+        moves: &[(usize, usize, usize)],
+        rows: usize,
+    ) -> Vec<T> {
+        let mut out = vec![T::default(); rows * row];
+        for &(from, to, count) in moves {
+            out[to * row..(to + count) * row].clone_from_slice(&x[from * row..(from + count) * row]);
+        }
+        out
+    }
+    let row: usize = v.shape.iter().skip(1).product();
+    let data = match &v.data {
+        Data::F32(x) => Data::F32(place(x, row, moves, rows)),
+        Data::F64(x) => Data::F64(place(x, row, moves, rows)),
+        Data::I64(x) => Data::I64(place(x, row, moves, rows)),
+        Data::Bool(x) => Data::Bool(place(x, row, moves, rows)),
+        Data::Str(x) => Data::Str(place(x, row, moves, rows)),
+    };
+    let mut shape = v.shape.clone();
+    shape[0] = rows;
+    Value {
+        dtype: v.dtype,
+        shape,
+        data,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +142,17 @@ mod tests {
         let rows = take(&v, 0, 1, 1, 2);
         assert_eq!(rows.data, Data::F32((6..12).map(|x| x as f32).collect()));
         assert_eq!(join(&[take(&v, 0, 1, 0, 2), rows], 0, 1), v);
+    }
+
+    #[test]
+    fn rows_move_into_zeroed_blocks() {
+        let v = Value::f32(vec![3, 2], (1..7).map(|x| x as f32).collect()).unwrap();
+        let spread = move_rows(&v, &[(0, 0, 1), (1, 2, 2)], 4);
+        assert_eq!(spread.shape, vec![4, 2]);
+        assert_eq!(
+            spread.data,
+            Data::F32(vec![1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 5.0, 6.0])
+        );
+        assert_eq!(move_rows(&spread, &[(0, 0, 1), (2, 1, 2)], 3), v);
     }
 }

@@ -213,12 +213,21 @@ impl Value {
 
     /// A tensor of `dtype` filled with zeros.
     pub fn zeros(dtype: DType, shape: Vec<usize>) -> Value {
+        Value::filled(dtype, shape, false)
+    }
+
+    /// A tensor of `dtype` filled with ones (true; strings stay empty).
+    pub fn ones(dtype: DType, shape: Vec<usize>) -> Value {
+        Value::filled(dtype, shape, true)
+    }
+
+    fn filled(dtype: DType, shape: Vec<usize>, one: bool) -> Value {
         let n = numel(&shape);
         let data = match storage_for(dtype, 0) {
-            Data::F32(_) => Data::F32(vec![0.0; n]),
-            Data::F64(_) => Data::F64(vec![0.0; n]),
-            Data::I64(_) => Data::I64(vec![0; n]),
-            Data::Bool(_) => Data::Bool(vec![false; n]),
+            Data::F32(_) => Data::F32(vec![f32::from(u8::from(one)); n]),
+            Data::F64(_) => Data::F64(vec![f64::from(u8::from(one)); n]),
+            Data::I64(_) => Data::I64(vec![i64::from(one); n]),
+            Data::Bool(_) => Data::Bool(vec![one; n]),
             Data::Str(_) => Data::Str(vec![String::new(); n]),
         };
         Value { dtype, shape, data }

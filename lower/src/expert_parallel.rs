@@ -1,20 +1,24 @@
-//! Expert parallelism as a graph rewrite: each rank of an expert-parallel
-//! group (runs of `ep` data-parallel ranks) stores `1/ep` of every MoE
-//! layer's experts. At each `MoeExperts` node the group's tokens (with their
-//! routing weights and expert indices) are gathered, each rank applies its
-//! own experts to the tokens routed to them, and the partial outputs are
-//! reduce-scattered back to the ranks that own the tokens; autodiff derives
-//! the backward exchange from the conjugate comm ops.
+//! Expert parallelism as a graph rewrite, as Megatron-Core and DeepSpeed-MoE
+//! dispatch tokens: each rank of an expert-parallel group (runs of `ep`
+//! data-parallel ranks) stores `1/ep` of every MoE layer's experts. At each
+//! `MoeExperts` node a rank sorts its tokens' assignments by expert
+//! (`MoeSort`), tells every rank how many it sends to each of its experts
+//! (an all-to-all of the counts), sends each token row only to the rank of
+//! its chosen expert (`Dispatch`), runs its own experts on the rows it
+//! received (`MoeSlots` numbers them; the rest of each padded block is −1),
+//! sends the results back (`Combine`), and puts them back in token order,
+//! weighted and summed over the token's experts. Nothing is dropped, so the
+//! losses are one rank's. Autodiff derives the backward exchange from the
+//! conjugate comm ops (the counts swapped).
 //!
-//! The exchange is dense — every token travels to every rank of the group,
-//! an all-gather and a reduce-scatter — where Megatron-style dispatch sends
-//! each token only to the ranks of its chosen experts with an all-to-all of
-//! data-dependent size. Results are identical; bytes are higher by the
-//! routing sparsity.
+//! Shapes are static, so a rank's received rows live in blocks padded to
+//! what one rank could send (`n·k` rows each); only the routed rows
+//! travel, and the cost model counts only those (`MoeExperts::sources`).
 
 use super::tensor_parallel::{TpError, WeightSlice};
 use autopar_ir::{
-    BinaryOp, CommGroup, CommKind, DType, Graph, NodeIndex, Op, Role, Shape, TensorId, TensorType, Value,
+    BinaryOp, CommGroup, CommKind, DType, Graph, InferInput, NodeIndex, Op, ReduceKind, Role, Shape,
+    TensorId, TensorType, Value,
 };
 use std::collections::BTreeMap;
 
@@ -46,6 +50,8 @@ struct Adder<'g> {
     prefix: String,
     block: Option<usize>,
     count: usize,
+    /// The expert-parallel degree.
+    parts: usize,
 }
 
 impl Adder<'_> {
@@ -65,21 +71,99 @@ impl Adder<'_> {
         Ok(out)
     }
 
-    fn comm(&mut self, x: TensorId, kind: CommKind, parts: usize) -> Result<TensorId, TpError> {
-        let mut ty = self.g.tensor(x).ty.clone();
-        let d = ty.shape.0[0].fixed().unwrap_or(0);
-        let d = match kind {
-            CommKind::AllGather | CommKind::GatherForCompute => d * parts,
-            _ => d / parts,
+    /// A node with `outputs` outputs typed by the op's own inference.
+    fn add_many(&mut self, op: Op, inputs: &[TensorId], outputs: usize) -> Result<Vec<TensorId>, TpError> {
+        self.count += 1;
+        let name = format!("{}/ep{}", self.prefix, self.count);
+        let types = {
+            let tys: Vec<Option<InferInput>> = inputs
+                .iter()
+                .map(|&t| {
+                    let tensor = self.g.tensor(t);
+                    Some(InferInput {
+                        ty: &tensor.ty,
+                        value: tensor.data.as_deref(),
+                    })
+                })
+                .collect();
+            op.infer(&tys).map_err(|e| TpError::Node {
+                node: name.clone(),
+                message: e.to_string(),
+            })?
         };
-        ty.shape.0[0] = autopar_ir::Dim::Fixed(d);
+        let outs: Vec<TensorId> = (0..outputs)
+            .map(|i| {
+                let ty = types.get(i).cloned().unwrap_or_else(|| types[0].clone());
+                self.g
+                    .add_tensor(format!("{name}.{i}"), ty, Role::Activation, None)
+            })
+            .collect();
+        self.g.add_node(
+            name.clone(),
+            op,
+            inputs.iter().copied().map(Some).collect(),
+            outs.clone(),
+        )?;
+        if let Some(b) = self.block {
+            self.g.blocks[b].nodes.push(name);
+        }
+        Ok(outs)
+    }
+
+    fn dims(&self, t: TensorId) -> Vec<usize> {
+        self.g
+            .tensor(t)
+            .ty
+            .shape
+            .0
+            .iter()
+            .map(|d| d.fixed().unwrap_or(0))
+            .collect()
+    }
+
+    fn reshape(&mut self, x: TensorId, dims: &[usize]) -> Result<TensorId, TpError> {
+        let target = self
+            .constant(Value::i64(vec![dims.len()], dims.iter().map(|&d| d as i64).collect()).expect("shape"));
+        let ty = TensorType {
+            dtype: self.g.tensor(x).ty.dtype,
+            shape: Shape::fixed(dims),
+        };
+        self.add(Op::Reshape { allowzero: false }, &[x, target], ty)
+    }
+
+    /// Rows `index` of `x` (dim 0).
+    fn gather(&mut self, x: TensorId, index: TensorId) -> Result<TensorId, TpError> {
+        let mut dims = self.dims(x);
+        dims[0] = self.dims(index)[0];
+        let ty = TensorType {
+            dtype: self.g.tensor(x).ty.dtype,
+            shape: Shape::fixed(&dims),
+        };
+        self.add(Op::Gather { axis: 0 }, &[x, index], ty)
+    }
+
+    /// A counted exchange (`Dispatch` or `Combine`) of `x`'s rows, `rows` out.
+    fn counted(
+        &mut self,
+        kind: CommKind,
+        x: TensorId,
+        sent: TensorId,
+        received: TensorId,
+        rows: usize,
+    ) -> Result<TensorId, TpError> {
+        let mut dims = self.dims(x);
+        dims[0] = rows;
+        let ty = TensorType {
+            dtype: self.g.tensor(x).ty.dtype,
+            shape: Shape::fixed(&dims),
+        };
         let op = Op::Comm {
             kind,
             axis: 0,
-            parts,
+            parts: self.parts,
             group: CommGroup::Expert,
         };
-        self.add(op, &[x], ty)
+        self.add(op, &[x, sent, received], ty)
     }
 
     fn binary(
@@ -221,57 +305,62 @@ fn split_node(
         prefix: node.name.clone(),
         block,
         count: 0,
+        parts: ep,
     };
-    // Everyone's tokens, routing weights and chosen experts.
-    let xs = a.comm(x, CommKind::GatherForCompute, ep)?;
-    let ws = a.comm(weights, CommKind::GatherForCompute, ep)?;
-    let is = a.comm(indices, CommKind::AllGather, ep)?;
-    // This rank's experts are [first, first + local): `first` is its slice of 0..experts.
-    let all_ids = a.constant(Value::i64(vec![experts], (0..experts as i64).collect()).expect("ids"));
-    let ids_ty = TensorType {
-        dtype: DType::I64,
-        shape: Shape::fixed(&[local]),
-    };
-    let mine = a.add(
-        Op::Comm {
-            kind: CommKind::Slice,
-            axis: 0,
-            parts: ep,
-            group: CommGroup::Expert,
-        },
-        &[all_ids],
-        ids_ty,
-    )?;
-    let zero = a.constant(Value::i64(vec![1], vec![0]).expect("index"));
-    let first_ty = TensorType {
-        dtype: DType::I64,
-        shape: Shape::fixed(&[1]),
-    };
-    let first = a.add(Op::Gather { axis: 0 }, &[mine, zero], first_ty)?;
-    let shifted = a.binary(BinaryOp::Sub, is, first, DType::I64)?;
-    let lo = a.constant(Value::scalar_i64(0));
-    let hi = a.constant(Value::scalar_i64(local as i64));
-    let above = a.binary(BinaryOp::GreaterOrEqual, shifted, lo, DType::Bool)?;
-    let below = a.binary(BinaryOp::Less, shifted, hi, DType::Bool)?;
-    let ours = a.binary(BinaryOp::And, above, below, DType::Bool)?;
-    let wdtype = a.g.tensor(ws).ty.dtype;
-    let wzero = a.constant(Value::zeros(wdtype, vec![]));
-    let wshape = a.g.tensor(ws).ty.clone();
-    let local_weights = a.add(Op::Where, &[ours, ws, wzero], wshape)?;
-    let ishape = a.g.tensor(shifted).ty.clone();
-    let local_indices = a.add(Op::Where, &[ours, shifted, lo], ishape)?;
-    // This rank's experts on everyone's tokens: a share of each token's output.
-    let mut inputs = vec![Some(xs), Some(local_weights), Some(local_indices)];
-    inputs.extend(node.inputs[3..].iter().copied());
-    let share_ty = a.g.tensor(xs).ty.clone();
-    let share =
-        a.g.add_tensor(format!("{}.share", node.name), share_ty, Role::Activation, None);
-    a.g.add_node(node.name.clone(), node.op.clone(), inputs, vec![share])?;
-    let summed = Op::Comm {
-        kind: CommKind::ReduceScatter,
+    let x_dims = a.dims(x);
+    let h = *x_dims.last().unwrap_or(&1);
+    let k = *a.dims(indices).last().unwrap_or(&1);
+    let n = x_dims.iter().product::<usize>() / h.max(1);
+    let rows = n * k;
+    // Assignments sorted by expert, and how many go to each of a rank's experts.
+    let sorted = a.add_many(Op::MoeSort { experts }, &[indices], 3)?;
+    let (order, position) = (sorted[0], sorted[1]);
+    let sent = a.reshape(sorted[2], &[ep, local])?;
+    let count_exchange = Op::Comm {
+        kind: CommKind::AllToAll,
         axis: 0,
         parts: ep,
         group: CommGroup::Expert,
+    };
+    let received = a.add(count_exchange, &[sent], a.g.tensor(sent).ty.clone())?;
+    // Each token row, once per chosen expert, packed by destination rank.
+    let tokens = a.reshape(x, &[n, h])?;
+    let packed = a.gather(tokens, order)?;
+    let dispatched = a.counted(CommKind::Dispatch, packed, sent, received, rows * ep)?;
+    // This rank's experts on the rows it received; padding is routed nowhere.
+    let slots = a.add_many(Op::MoeSlots { rows }, &[received], 1)?[0];
+    let slots = a.reshape(slots, &[ep * rows, 1])?;
+    let wdtype = a.g.tensor(weights).ty.dtype;
+    let ones = a.constant(Value::ones(wdtype, vec![ep * rows, 1]));
+    let Op::MoeExperts { activation, .. } = node.op else {
+        return Err(fail("not an experts node".into()));
+    };
+    let mut inputs = vec![Some(dispatched), Some(ones), Some(slots)];
+    inputs.extend(node.inputs[3..].iter().copied());
+    let share_ty = a.g.tensor(dispatched).ty.clone();
+    let share =
+        a.g.add_tensor(format!("{}.share", node.name), share_ty, Role::Activation, None);
+    let experts_op = Op::MoeExperts {
+        activation,
+        sources: ep,
+    };
+    a.g.add_node(node.name.clone(), experts_op, inputs, vec![share])?;
+    // The results back to the tokens' ranks, in assignment order, weighted
+    // by the router and summed over each token's experts.
+    let returned = a.counted(CommKind::Combine, share, received, sent, rows)?;
+    let ordered = a.gather(returned, position)?;
+    let mut lead = x_dims[..x_dims.len() - 1].to_vec();
+    lead.extend([k, h]);
+    let per_expert = a.reshape(ordered, &lead)?;
+    let mut wshape = a.dims(weights);
+    wshape.push(1);
+    let wcol = a.reshape(weights, &wshape)?;
+    let weighted = a.binary(BinaryOp::Mul, per_expert, wcol, wdtype)?;
+    let sum = Op::Reduce {
+        kind: ReduceKind::Sum,
+        axes: Some(vec![-2]),
+        keepdims: false,
+        noop_with_empty_axes: false,
     };
     // The combined output takes the original's place (and name) in the graph.
     let out_name = a.g.tensor(out).name.clone();
@@ -279,7 +368,7 @@ fn split_node(
     let out_ty = a.g.tensor(out).ty.clone();
     let combined = a.g.add_tensor(out_name, out_ty, Role::Activation, None);
     let name = format!("{}/combine", node.name);
-    a.g.add_node(name.clone(), summed, vec![Some(share)], vec![combined])?;
+    a.g.add_node(name.clone(), sum, vec![Some(weighted)], vec![combined])?;
     a.g.replace_uses(out, combined);
     if let Some(b) = block {
         a.g.blocks[b].nodes.push(name);

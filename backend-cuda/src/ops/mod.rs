@@ -65,6 +65,8 @@ macro_rules! host_ops {
             | Op::MoeRouter { .. }
             | Op::MoeExperts { .. }
             | Op::MoeExpertsGrad { .. }
+            | Op::MoeSort { .. }
+            | Op::MoeSlots { .. }
             | Op::Comm { .. }
             | Op::ArgMax { .. }
             | Op::TopK { .. }

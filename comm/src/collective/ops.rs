@@ -170,7 +170,36 @@ impl Endpoint {
     ) -> Result<Buffer, CommError> {
         let ring = self.ring(group, what)?;
         let bounds = self.even_bounds(data.len(), ring.n(), what)?;
-        with_elements!(data, v => self.pairwise_all_to_all(&ring, v, &bounds, tag, what).map(Element::wrap))
+        with_elements!(data, v => self.pairwise_all_to_all(&ring, v, &bounds, &bounds, tag, what).map(Element::wrap))
+    }
+
+    /// All-to-all of pieces of any length: `data` is the pieces for each
+    /// member in group order, `send[i]` elements for position `i`, and the
+    /// result the pieces received, `recv[i]` elements from position `i`, in
+    /// group order. Every member's `send` must match its peers' `recv`
+    /// (expert parallelism exchanges its counts first). Only the pieces
+    /// travel, so the bytes sent are what was routed to other members.
+    pub fn all_to_all_v(
+        &self,
+        group: &[usize],
+        data: &Buffer,
+        send: &[usize],
+        recv: &[usize],
+        tag: &str,
+        what: &str,
+    ) -> Result<Buffer, CommError> {
+        let ring = self.ring(group, what)?;
+        let total: usize = send.iter().sum();
+        if send.len() != ring.n() || recv.len() != ring.n() || total != data.len() {
+            return Err(CommError::Uneven {
+                rank: self.rank(),
+                what: what.to_string(),
+                len: data.len(),
+                parts: ring.n(),
+            });
+        }
+        let (from, to) = (Self::bounds(send), Self::bounds(recv));
+        with_elements!(data, v => self.pairwise_all_to_all(&ring, v, &from, &to, tag, what).map(Element::wrap))
     }
 
     /// Copies the buffer of the member at position `root` to every member,
@@ -297,22 +326,25 @@ impl Endpoint {
         Ok(())
     }
 
-    /// Pairwise-exchange all-to-all of `data`'s equal chunks.
+    /// Pairwise-exchange all-to-all: chunk `i` of `data` (`from` bounds)
+    /// goes to position `i`, and the chunk from position `i` fills `to`'s
+    /// span `i` of the result.
     fn pairwise_all_to_all<T: Element>(
         &self,
         ring: &Ring,
         data: &[T],
-        bounds: &[usize],
+        from: &[usize],
+        to: &[usize],
         tag: &str,
         what: &str,
     ) -> Result<Vec<T>, CommError> {
         let (n, p) = (ring.n(), ring.pos);
-        let mut out = vec![T::zeroed(); data.len()];
-        out[span(bounds, p)].copy_from_slice(&data[span(bounds, p)]);
+        let mut out = vec![T::zeroed(); to.last().copied().unwrap_or(0)];
+        out[span(to, p)].copy_from_slice(&data[span(from, p)]);
         for s in 1..n {
             let step_tag = format!("{tag}/a2a{s}");
-            self.send_slice(ring.after(s), &step_tag, &data[span(bounds, (p + s) % n)], what)?;
-            let into = &mut out[span(bounds, (p + n - s) % n)];
+            self.send_slice(ring.after(s), &step_tag, &data[span(from, (p + s) % n)], what)?;
+            let into = &mut out[span(to, (p + n - s) % n)];
             let got = self.recv_elements::<T>(ring.before(s), &step_tag, into.len(), what)?;
             into.copy_from_slice(&got);
             self.recycle(got);

@@ -591,3 +591,32 @@ fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
         );
     }
 }
+
+#[test]
+fn all_to_all_v_moves_pieces_of_any_length() {
+    for group in GROUPS {
+        let n = group.len();
+        // Position p sends p + q + 1 elements to position q, valued 100·p + q.
+        let (got, bytes) = split(run(group, long(), |ep, _| {
+            let p = group.iter().position(|&r| r == ep.rank()).unwrap();
+            let send: Vec<usize> = (0..n).map(|q| p + q + 1).collect();
+            let recv: Vec<usize> = (0..n).map(|q| q + p + 1).collect();
+            let data: Vec<f64> = (0..n)
+                .flat_map(|q| vec![(100 * p + q) as f64; p + q + 1])
+                .collect();
+            ep.all_to_all_v(group, &Buffer::F64(data), &send, &recv, "t", "all-to-all-v test")
+                .unwrap()
+        }));
+        for (p, result) in got.iter().enumerate() {
+            let want: Vec<f64> = (0..n)
+                .flat_map(|q| vec![(100 * q + p) as f64; q + p + 1])
+                .collect();
+            assert_eq!(*result, Buffer::F64(want), "{group:?} position {p}");
+        }
+        // Only what leaves a rank counts.
+        for (p, &sent) in bytes.iter().enumerate() {
+            let off_rank: usize = (0..n).filter(|&q| q != p).map(|q| p + q + 1).sum();
+            assert_eq!(sent, (off_rank * 8) as u64, "{group:?} position {p}");
+        }
+    }
+}

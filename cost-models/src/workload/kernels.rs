@@ -171,6 +171,8 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
         | Op::MoeRouter { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }
@@ -409,6 +411,8 @@ pub fn saved_tensors(
         | Op::RotaryEmbedding { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }
@@ -490,6 +494,8 @@ pub fn saved_extra_bytes(ctx: &Context) -> (f64, f64) {
         | Op::MoeRouter { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }

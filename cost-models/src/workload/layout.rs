@@ -202,6 +202,8 @@ fn rule(op: &Op) -> Rule {
         | Op::RotaryEmbedding { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }

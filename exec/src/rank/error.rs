@@ -53,6 +53,12 @@ pub enum RankError {
     UnevenGather,
     #[error("nothing to reduce-scatter")]
     NothingToScatter,
+    /// A counted exchange's rows do not fit its tensors (a bad count).
+    #[error("'{0}': its row counts do not fit its tensors")]
+    BadCounts(String),
+    /// Only whole leading-dim blocks are exchanged all-to-all.
+    #[error("'{0}': an all-to-all exchanges blocks of dim 0 only")]
+    AllToAllAxis(String),
     /// The test hook of [`crate::TrainOptions::fault`].
     #[error("injected failure (test hook)")]
     Injected,

@@ -94,6 +94,8 @@ fn special_inputs(op: &Op) -> Special {
         | Op::MoeExperts { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }

@@ -100,6 +100,7 @@ fn experts(
     let up = b.param(format!("{p}.experts.w3"), &[e, h, f]);
     let op = Op::MoeExperts {
         activation: Activation::Silu,
+        sources: 1,
     };
     let inputs = [x, routed[0], routed[1], up, down, gate];
     let ty = b.token_type(&[h]);

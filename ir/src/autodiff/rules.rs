@@ -62,21 +62,32 @@ pub fn input_grads(
             axis,
             parts,
             group,
-        } => match grads[0] {
-            Some(g) if wants[0] => {
+        } => {
+            let mut out = Ctx::no_grads(node);
+            if let (Some(g), true) = (grads[0], wants[0]) {
                 let op = Op::Comm {
                     kind: kind.conjugate(),
                     axis: *axis,
                     parts: *parts,
                     group: *group,
                 };
-                Ok(vec![Some(ctx.emit1(op, &[g])?)])
+                // A counted exchange runs backward with the counts swapped:
+                // what a rank received it sends back.
+                let mut inputs = vec![g];
+                if kind.counted() {
+                    inputs.extend(node.inputs[1..].iter().rev().flatten());
+                }
+                out[0] = Some(ctx.emit1(op, &inputs)?);
             }
-            _ => Ok(vec![None]),
-        },
-        // Integer-valued or data-independent results carry no gradient.
-        Op::ArgMax { .. } | Op::Shape { .. } | Op::Size | Op::ConstantOfShape { .. } | Op::Range => {
-            Ok(Ctx::no_grads(node))
+            Ok(out)
         }
+        // Integer-valued or data-independent results carry no gradient.
+        Op::ArgMax { .. }
+        | Op::Shape { .. }
+        | Op::Size
+        | Op::ConstantOfShape { .. }
+        | Op::Range
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. } => Ok(Ctx::no_grads(node)),
     }
 }

@@ -198,7 +198,25 @@ pub enum Op {
     /// each token's output is `Σ_k weights · expert_{indices}(x)` where an
     /// expert is `act(x·w_in) · w_out`, or `(act(x·w_gate) ⊙ x·w_in) · w_out`
     /// when gated.
-    MoeExperts { activation: Activation } => moe, Linear, 1, io;
+    /// An index of −1 routes nothing (padding). `sources` is 1 for a rank's
+    /// own tokens; under expert parallelism it is the ranks whose dispatched
+    /// rows `x` holds, each block padded to what one rank could send, so on
+    /// average one row in `sources` is routed: the rows the cost counts.
+    MoeExperts {
+        activation: Activation,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        sources: usize,
+    } => moe, Linear, 1, io;
+    /// `(indices[..., k] i64)` → `(order[n·k], position[n·k], counts[experts])`,
+    /// all i64, over the `n` tokens' `k` assignments sorted by expert (ties
+    /// in assignment order): the token each sorted row reads, the sorted row
+    /// of each assignment, and the rows of each expert. Expert parallelism's
+    /// permutation before its dispatch.
+    MoeSort { experts: usize } => moe, MoeRouting, 3, io;
+    /// `(counts[parts, local] i64)` → `[parts·rows]` i64: the local expert of
+    /// each row of a dispatch's output (block `s` holds `Σ counts[s]` rows
+    /// sorted by expert, then padding, marked −1).
+    MoeSlots { rows: usize } => moe, MoeRouting, 1, io;
 
     // ---- adjoints of the fused ops (backward passes) --------------------------
     /// `(q, k, v, dout, mask?)` → `(dq, dk, dv, dmask?)`: the gradient of
@@ -215,7 +233,12 @@ pub enum Op {
     /// `(dx, dweights, dw_in, dw_out, dw_gate?)`: the gradient of
     /// `MoeExperts { activation }` for the output gradient `dout`. `gated`
     /// says whether `w_gate` is given, which fixes the output count.
-    MoeExpertsGrad { activation: Activation, gated: bool } => moe, Linear, 4 + usize::from(*gated), io;
+    MoeExpertsGrad {
+        activation: Activation,
+        gated: bool,
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        sources: usize,
+    } => moe, Linear, 4 + usize::from(*gated), io;
     /// `(x, scale, dout)` → `(dx, dout·x̂)`: the gradient of `LayerNorm`
     /// (`centre`) or `RmsNorm` over the dims `axis..` with respect to `x`,
     /// and the product whose sums over the dims `scale` is broadcast along
@@ -342,6 +365,20 @@ pub enum CommKind {
     GatherForCompute,
     /// Sum of pending shares, keeping this rank's slice; backward: `GatherForCompute`.
     ReduceScatter,
+    /// Block `r` of `axis` goes to the group's `r`-th rank, and the block
+    /// received from rank `s` takes its place (equal blocks); backward: itself.
+    AllToAll,
+    /// `(x, sent, received)`: expert parallelism's token dispatch. `x`'s rows
+    /// along `axis` are packed by destination, `sent[r, ..]` summing to the
+    /// rows for rank `r`; the rows from rank `s` (`received[s, ..]` summing
+    /// to their count) land at the start of block `s` of an output `parts`
+    /// times as long, the rest zero. Only routed rows travel. Backward: `Combine`.
+    Dispatch,
+    /// `(y, sent, received)`: the reverse of `Dispatch`. The first
+    /// `sent[r, ..]`-sum rows of block `r` of `y` go back to rank `r`; the
+    /// rows from each rank land packed, in rank order, in an output
+    /// `parts` times shorter. Backward: `Dispatch`.
+    Combine,
 }
 
 impl CommKind {
@@ -354,7 +391,17 @@ impl CommKind {
             CommKind::Slice => CommKind::AllGather,
             CommKind::GatherForCompute => CommKind::ReduceScatter,
             CommKind::ReduceScatter => CommKind::GatherForCompute,
+            CommKind::AllToAll => CommKind::AllToAll,
+            CommKind::Dispatch => CommKind::Combine,
+            CommKind::Combine => CommKind::Dispatch,
         }
+    }
+
+    /// Whether the op takes row counts after its data (`Dispatch` and
+    /// `Combine`: the rows sent to and received from each rank), which its
+    /// conjugate takes swapped.
+    pub fn counted(self) -> bool {
+        matches!(self, CommKind::Dispatch | CommKind::Combine)
     }
 }
 
@@ -383,6 +430,14 @@ fn yes() -> bool {
 
 fn is_yes(b: &bool) -> bool {
     *b
+}
+
+fn one() -> usize {
+    1
+}
+
+fn is_one(n: &usize) -> bool {
+    *n == 1
 }
 
 fn is_default<T: Default + PartialEq>(v: &T) -> bool {

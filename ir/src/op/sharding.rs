@@ -377,6 +377,7 @@ mod tests {
         );
         let op = Op::MoeExperts {
             activation: crate::Activation::Silu,
+            sources: 1,
         };
         let all = strategies(&op, &v);
         assert_eq!(names(&all), ["replicate", "expert", "ffn", "dim1"]);

@@ -302,7 +302,13 @@ impl Rewriter<'_> {
                 let joined = self.helper(&what, comm(kind), vec![Some(x)])?;
                 self.helper("in_order", at, vec![Some(joined), Some(inverse)])
             }
-            CommKind::AllReduce | CommKind::Copy => unreachable!("{kind:?} does not move along the sequence"),
+            CommKind::AllReduce
+            | CommKind::Copy
+            | CommKind::AllToAll
+            | CommKind::Dispatch
+            | CommKind::Combine => {
+                unreachable!("{kind:?} does not move along the sequence")
+            }
         }
     }
 

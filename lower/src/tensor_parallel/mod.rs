@@ -496,6 +496,8 @@ impl Rewriter<'_> {
             | Op::MoeExperts { .. }
             | Op::AttentionGrad { .. }
             | Op::MoeExpertsGrad { .. }
+            | Op::MoeSort { .. }
+            | Op::MoeSlots { .. }
             | Op::NormGrad { .. }
             | Op::ActivationGrad { .. }
             | Op::SoftmaxGrad { .. }

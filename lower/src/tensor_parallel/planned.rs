@@ -174,6 +174,8 @@ fn local_rule(op: &Op, s: &Strategy, bias: bool, rank: usize) -> Local {
         | Op::GatherElements { .. }
         | Op::AttentionGrad { .. }
         | Op::MoeExpertsGrad { .. }
+        | Op::MoeSort { .. }
+        | Op::MoeSlots { .. }
         | Op::NormGrad { .. }
         | Op::ActivationGrad { .. }
         | Op::SoftmaxGrad { .. }
@@ -375,9 +377,11 @@ impl Rewriter<'_> {
                 CommKind::AllGather => self.comm(x, kind, axis, Layout::Replicated)?,
                 CommKind::AllReduce => self.settle(x, kind, axis, Layout::Replicated)?,
                 CommKind::ReduceScatter => self.settle(x, kind, axis, split)?,
-                CommKind::Copy | CommKind::GatherForCompute => {
-                    return Err(self.err(at, format!("{kind:?} is not a layout move")))
-                }
+                CommKind::Copy
+                | CommKind::GatherForCompute
+                | CommKind::AllToAll
+                | CommKind::Dispatch
+                | CommKind::Combine => return Err(self.err(at, format!("{kind:?} is not a layout move"))),
             };
         }
         Ok(x)

@@ -314,6 +314,7 @@ fn emit(g: &mut Graph, name: &str, m: &Experts) -> Result<TensorId, RewriteError
     let w_out = transposed(g, format!("{name}/w_out_transpose"), m.down)?;
     let op = Op::MoeExperts {
         activation: m.activation,
+        sources: 1,
     };
     let inputs = [m.x, m.weights, m.indices, w_in, w_out, w_gate];
     add(g, name.to_string(), op, &inputs)

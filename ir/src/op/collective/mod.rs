@@ -23,7 +23,20 @@ pub(super) fn infer(
     axis: i64,
     parts: usize,
 ) -> Result<Vec<TensorType>, OpError> {
-    cx.arity(1, 1)?;
+    if kind.counted() {
+        cx.arity(3, 3)?;
+        for i in [1, 2] {
+            cx.int(i)?;
+            if cx.ty(i)?.shape.0.first().and_then(Dim::fixed) != Some(parts) {
+                return Err(invalid(
+                    cx.op,
+                    format!("row counts must have {parts} rows, one per rank"),
+                ));
+            }
+        }
+    } else {
+        cx.arity(1, 1)?;
+    }
     let x = cx.ty(0)?;
     if parts == 0 {
         return Err(invalid(cx.op, "a group needs at least one part"));
@@ -34,7 +47,10 @@ pub(super) fn infer(
     }
     let a = norm_axis(cx.op, axis, x.shape.rank())?;
     out.shape.0[a] = match (&x.shape.0[a], kind) {
-        (Dim::Fixed(n), CommKind::AllGather | CommKind::GatherForCompute) => Dim::Fixed(n * parts),
+        (Dim::Fixed(n), CommKind::AllGather | CommKind::GatherForCompute | CommKind::Dispatch) => {
+            Dim::Fixed(n * parts)
+        }
+        (Dim::Fixed(n), CommKind::AllToAll) if n % parts == 0 => Dim::Fixed(*n),
         (Dim::Fixed(n), _) if n % parts == 0 => Dim::Fixed(n / parts),
         (d, _) => {
             return Err(invalid(

@@ -20,7 +20,7 @@ pub fn backward(
     match node.op {
         Op::MoeRouter { .. } if Ctx::wanted(wants, 0) => out[0] = Some(router(ctx, node, dy)?),
         Op::MoeRouter { .. } => {}
-        Op::MoeExperts { activation } => {
+        Op::MoeExperts { activation, sources } => {
             let w_gate = node.inputs.get(5).copied().flatten();
             let mut inputs: Vec<Option<TensorId>> = (0..5)
                 .map(|i| Ctx::input(node, i).map(Some))
@@ -30,6 +30,7 @@ pub fn backward(
             let op = Op::MoeExpertsGrad {
                 activation,
                 gated: w_gate.is_some(),
+                sources,
             };
             let adjoint = ctx.emit(op, &inputs)?;
             // Gradients of x, weights, w_in, w_out and w_gate; indices get none.
@@ -91,7 +92,10 @@ mod tests {
             Activation::GeluTanh,
             Activation::Relu,
         ] {
-            let op = Op::MoeExperts { activation };
+            let op = Op::MoeExperts {
+                activation,
+                sources: 1,
+            };
             let mut inputs = vec![
                 Some(random(&[2, 3, h], 1)),
                 Some(random(&[2, 3, 2], 2)),

@@ -100,10 +100,11 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T
 }
 
 /// The assignments (flat routing slots) of each of the `e` experts, in slot
-/// order; an index outside `0..e` is an error naming it.
-fn assignments(op: &str, ids: &[i64], e: usize) -> Result<Vec<Vec<usize>>, OpError> {
+/// order; −1 is padding, routed nowhere, and any other index outside `0..e`
+/// is an error naming it.
+pub(super) fn assignments(op: &str, ids: &[i64], e: usize) -> Result<Vec<Vec<usize>>, OpError> {
     let mut slots: Vec<Vec<usize>> = vec![Vec::new(); e];
-    for (slot, &id) in ids.iter().enumerate() {
+    for (slot, &id) in ids.iter().enumerate().filter(|(_, &id)| id != -1) {
         let ex = usize::try_from(id)
             .ok()
             .filter(|&ex| ex < e)
@@ -305,15 +306,16 @@ impl<T: Real> Experts<'_, T> {
 
 /// FLOPs: each assignment's products recomputed (two, three when gated)
 /// and their gradients (twice as many), plus the element-wise work.
-pub(super) fn flops(inputs: &[Option<&TensorType>]) -> f64 {
+pub(super) fn flops(inputs: &[Option<&TensorType>], sources: usize) -> f64 {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (Some(x), Some(ids), Some(win)) = (get(0), get(2), get(3)) else {
         return 0.0;
     };
-    let assignments = numel(ids);
+    let share = sources.max(1) as f64;
+    let assignments = numel(ids) / share;
     let (h, f) = (dim(win, 1), dim(win, 2));
     let products = if get(6).is_some() { 3.0 } else { 2.0 };
-    3.0 * assignments * products * 2.0 * h * f + assignments * f * HIDDEN_FLOPS + numel(x) * 4.0
+    3.0 * assignments * products * 2.0 * h * f + assignments * f * HIDDEN_FLOPS + numel(x) * 4.0 / share
 }
 
 #[cfg(test)]
@@ -327,6 +329,7 @@ mod tests {
         Op::MoeExpertsGrad {
             activation: Activation::Relu,
             gated,
+            sources: 1,
         }
     }
 

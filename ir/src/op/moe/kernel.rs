@@ -68,17 +68,13 @@ fn experts_kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<T>, OpEr
     };
     let ids = idv.as_i64().unwrap_or_default();
     let (e, h, f) = (winv.shape[0], winv.shape[1], winv.shape[2]);
-    let k = idv.shape.last().copied().unwrap_or(1);
+    let k = idv.shape.last().copied().unwrap_or(1).max(1);
     let tokens = prod(&xv.shape) / h.max(1);
     // Tokens routed to each expert, with their weights.
-    let mut routed: Vec<Vec<(usize, T)>> = vec![Vec::new(); e];
-    for (slot, &id) in ids.iter().enumerate() {
-        let ex = usize::try_from(id)
-            .ok()
-            .filter(|&ex| ex < e)
-            .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{e}")))?;
-        routed[ex].push((slot / k.max(1), w[slot]));
-    }
+    let routed: Vec<Vec<(usize, T)>> = super::grad::assignments(cx.op, ids, e)?
+        .into_iter()
+        .map(|slots| slots.into_iter().map(|s| (s / k, w[s])).collect())
+        .collect();
     let mut out = vec![T::zero(); tokens * h];
     for (ex, list) in routed.iter().enumerate().filter(|(_, l)| !l.is_empty()) {
         let n = list.len();
@@ -149,4 +145,72 @@ pub(super) fn eval_experts(cx: &EvalCtx, act: Activation) -> Result<Vec<Value>, 
     let x = cx.input(0)?;
     let data = float_kernel!(cx.op, x, T => experts_kernel::<T>(cx, act)?);
     Ok(vec![finish(x.dtype, x.shape.clone(), data)])
+}
+
+fn ints(cx: &EvalCtx, i: usize) -> Result<Vec<i64>, OpError> {
+    cx.input(i)?
+        .as_i64()
+        .map(<[i64]>::to_vec)
+        .ok_or_else(|| invalid(cx.op, format!("input {i} must be integers")))
+}
+
+fn i64_value(cx: &EvalCtx, out: usize, data: Vec<i64>) -> Result<Value, OpError> {
+    Value::i64(cx.out_shape(out)?, data).map_err(|e| invalid(cx.op, e.to_string()))
+}
+
+/// Reference kernel for `MoeSort`: a stable counting sort of the
+/// assignments by expert.
+pub(super) fn eval_sort(cx: &EvalCtx, experts: usize) -> Result<Vec<Value>, OpError> {
+    let ids = ints(cx, 0)?;
+    let k = cx.input(0)?.shape.last().copied().unwrap_or(1).max(1);
+    let mut counts = vec![0i64; experts];
+    for &id in &ids {
+        let e = usize::try_from(id)
+            .ok()
+            .filter(|&e| e < experts)
+            .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{experts}")))?;
+        counts[e] += 1;
+    }
+    let mut next: Vec<usize> = counts
+        .iter()
+        .scan(0usize, |start, &c| {
+            let first = *start;
+            *start += c as usize;
+            Some(first)
+        })
+        .collect();
+    let (mut order, mut position) = (vec![0i64; ids.len()], vec![0i64; ids.len()]);
+    for (slot, &id) in ids.iter().enumerate() {
+        let row = &mut next[id as usize];
+        order[*row] = (slot / k) as i64;
+        position[slot] = *row as i64;
+        *row += 1;
+    }
+    Ok(vec![
+        i64_value(cx, 0, order)?,
+        i64_value(cx, 1, position)?,
+        i64_value(cx, 2, counts)?,
+    ])
+}
+
+/// Reference kernel for `MoeSlots`: each block's rows numbered by local
+/// expert, the padding after them −1.
+pub(super) fn eval_slots(cx: &EvalCtx, rows: usize) -> Result<Vec<Value>, OpError> {
+    let counts = ints(cx, 0)?;
+    let local = cx.input(0)?.shape.get(1).copied().unwrap_or(1).max(1);
+    let mut ids = Vec::with_capacity(counts.len() / local * rows);
+    for block in counts.chunks(local) {
+        let start = ids.len();
+        for (e, &c) in block.iter().enumerate() {
+            ids.extend(std::iter::repeat_n(e as i64, c.max(0) as usize));
+        }
+        if ids.len() - start > rows {
+            return Err(invalid(
+                cx.op,
+                format!("a block of {} rows overflows {rows}", ids.len() - start),
+            ));
+        }
+        ids.resize(start + rows, -1);
+    }
+    Ok(vec![i64_value(cx, 0, ids)?])
 }

@@ -1,6 +1,8 @@
 //! Mixture-of-experts ops: `MoeRouter` (softmax → top-k → renormalise, as in
-//! Mixtral) and `MoeExperts` (per-token weighted sum of expert MLPs). The
-//! expert products go through `matrixmultiply`, one gathered batch per expert.
+//! Mixtral), `MoeExperts` (per-token weighted sum of expert MLPs) and the
+//! integer bookkeeping of expert parallelism's dispatch (`MoeSort`,
+//! `MoeSlots`). The expert products go through `matrixmultiply`, one
+//! gathered batch per expert.
 
 use super::context::{invalid, tensor, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
@@ -14,7 +16,7 @@ pub(crate) mod backward;
 mod kernel;
 pub(super) mod shard;
 pub(super) use kernel::top_indices;
-use kernel::{eval_experts, eval_router};
+use kernel::{eval_experts, eval_router, eval_slots, eval_sort};
 
 /// `MoeRouter(logits[..., e])` → `(weights[..., k], indices[..., k] i64)`.
 pub(super) fn infer_router(cx: &InferCtx, top_k: usize) -> Result<Vec<TensorType>, OpError> {
@@ -70,18 +72,46 @@ pub(super) fn infer_experts(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
     Ok(vec![x.clone()])
 }
 
-/// FLOPs of the routed expert MLPs: each of `tokens·k` assignments runs two
-/// (three when gated) `h×f` products; backward doubles the products.
-pub(super) fn experts_flops(inputs: &[Option<&TensorType>]) -> (f64, f64) {
+/// `MoeSort(indices[..., k])` → `(order[n·k], position[n·k], counts[experts])`.
+fn infer_sort(cx: &InferCtx, experts: usize) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(1, 1)?;
+    let ids = cx.int(0)?;
+    if experts == 0 || ids.shape.rank() == 0 {
+        return Err(invalid(cx.op, "needs experts and a routing dim"));
+    }
+    let n = ids.shape.0.iter().map(Dim::fixed).product::<Option<usize>>();
+    let rows = n.map_or(Dim::Sym("assignments".into()), Dim::Fixed);
+    Ok(vec![
+        tensor(DType::I64, vec![rows.clone()]),
+        tensor(DType::I64, vec![rows]),
+        tensor(DType::I64, vec![Dim::Fixed(experts)]),
+    ])
+}
+
+/// `MoeSlots(counts[parts, local])` → `[parts·rows]`.
+fn infer_slots(cx: &InferCtx, rows: usize) -> Result<Vec<TensorType>, OpError> {
+    cx.arity(1, 1)?;
+    let counts = cx.rank(0, 2)?;
+    cx.int(0)?;
+    let parts = counts[0]
+        .fixed()
+        .ok_or_else(|| invalid(cx.op, "counts need a fixed rank dim"))?;
+    Ok(vec![tensor(DType::I64, vec![Dim::Fixed(parts * rows)])])
+}
+
+/// FLOPs of the routed expert MLPs: each of `tokens·k` assignments (one
+/// row in `sources` of a dispatch's padded blocks) runs two (three when
+/// gated) `h×f` products; backward doubles the products.
+pub(super) fn experts_flops(inputs: &[Option<&TensorType>], sources: usize) -> (f64, f64) {
     let get = |i: usize| inputs.get(i).copied().flatten();
     let (Some(x), Some(ids), Some(win)) = (get(0), get(2), get(3)) else {
         return (0.0, 0.0);
     };
-    let assignments = numel(ids);
+    let assignments = numel(ids) / sources.max(1) as f64;
     let (h, f) = (dim(win, 1), dim(win, 2));
     let products = if get(5).is_some() { 3.0 } else { 2.0 };
     let mm = assignments * products * 2.0 * h * f;
-    let ew = assignments * f * 4.0 + numel(x) * 2.0;
+    let ew = assignments * f * 4.0 + numel(x) * 2.0 / sources.max(1) as f64;
     (mm + ew, 2.0 * mm + ew)
 }
 
@@ -91,6 +121,8 @@ pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpErro
         Op::MoeRouter { top_k } => infer_router(cx, *top_k),
         Op::MoeExperts { .. } => infer_experts(cx),
         Op::MoeExpertsGrad { gated, .. } => grad::infer(cx, *gated),
+        Op::MoeSort { experts } => infer_sort(cx, *experts),
+        Op::MoeSlots { rows } => infer_slots(cx, *rows),
         other => Err(not_in_family(cx.op, other, "mixture-of-experts")),
     }
 }
@@ -102,8 +134,10 @@ pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&Ten
         Op::MoeRouter { .. } => {
             super::norm::flops(super::norm::NormKind::Softmax, inputs.first().copied().flatten())
         }
-        Op::MoeExperts { .. } => experts_flops(inputs),
-        Op::MoeExpertsGrad { .. } => (grad::flops(inputs), 0.0),
+        Op::MoeExperts { sources, .. } => experts_flops(inputs, *sources),
+        Op::MoeExpertsGrad { sources, .. } => (grad::flops(inputs, *sources), 0.0),
+        // Integer bookkeeping: a counting sort, no floating-point work.
+        Op::MoeSort { .. } | Op::MoeSlots { .. } => (0.0, 0.0),
         other => misrouted(other, "mixture-of-experts"),
     }
 }
@@ -112,7 +146,9 @@ pub(super) fn flops_op(op: &Op, inputs: &[Option<&TensorType>], _outputs: &[&Ten
 pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
     match op {
         Op::MoeRouter { top_k } => eval_router(cx, *top_k),
-        Op::MoeExperts { activation } => eval_experts(cx, *activation),
+        Op::MoeExperts { activation, .. } => eval_experts(cx, *activation),
+        Op::MoeSort { experts } => eval_sort(cx, *experts),
+        Op::MoeSlots { rows } => eval_slots(cx, *rows),
         Op::MoeExpertsGrad { activation, .. } => float_outputs(
             cx,
             || grad::kernel::<f32>(cx, *activation),

@@ -11,8 +11,9 @@ pub(in crate::op) fn strategies(op: &Op, v: &NodeView) -> Vec<Strategy> {
         // Routing needs each token's whole row of expert logits.
         Op::MoeRouter { .. } => keep_dims(v, |j, r| j + 1 < r),
         Op::MoeExperts { .. } => experts(v),
-        // The adjoint runs where its forward op ran: replicated only.
-        Op::MoeExpertsGrad { .. } => vec![],
+        // The adjoint runs where its forward op ran, and expert parallelism's
+        // bookkeeping is inserted after sharding: replicated only.
+        Op::MoeExpertsGrad { .. } | Op::MoeSort { .. } | Op::MoeSlots { .. } => vec![],
         other => misrouted(other, "mixture-of-experts"),
     }
 }
