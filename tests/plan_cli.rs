@@ -172,11 +172,14 @@ fn plan_snapshots() {
     }
 }
 
-/// Expert parallelism is priced as lowering runs it today: every rank's
-/// experts on the whole group's tokens (`ep` times the expert work) after a
-/// gather of the group's tokens, for `1/ep` of the expert weights. So a
-/// planner short of memory shards the experts with ZeRO instead, and its
-/// plan still carries the experts' per-op sharding.
+/// Expert parallelism is priced as lowering runs it: each token row is
+/// dispatched all-to-all to its experts' rank and back, and each rank runs
+/// `1/ep` of the experts on the rows routed to them (the expert work of one
+/// rank's tokens, in larger products), for `1/ep` of the expert weights and
+/// their gradients' reduction. So ep 2 moves bytes in all-to-alls, computes
+/// no more, reduces fewer gradient bytes and needs less memory, and the
+/// planner picks expert parallelism for this model, its plan carrying the
+/// experts' per-op sharding.
 #[test]
 fn moe_plans_price_expert_parallelism_as_it_is_lowered() {
     let spec = "moe:layers=8,hidden=2048,ffn=8192,heads=16,kv_heads=4,experts=16,top_k=2,vocab=32000,seq=2048,dtype=bf16";
@@ -203,12 +206,13 @@ fn moe_plans_price_expert_parallelism_as_it_is_lowered() {
     let (one, two) = (estimate("1"), estimate("2"));
     let part = |v: &serde_json::Value, k: &str| v["breakdown"][k].as_f64().unwrap();
     assert!(
-        part(&two, "compute_s") > part(&one, "compute_s"),
+        part(&two, "compute_s") <= part(&one, "compute_s"),
         "{two} vs {one}"
     );
     assert!(part(&two, "ep_comm_s") > 0.0 && part(&one, "ep_comm_s") == 0.0);
-    let memory = |v: &serde_json::Value| v["memory_per_gpu_bytes"].as_f64().unwrap();
-    assert!(memory(&two) < memory(&one));
+    let number = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!(number(&two, "comm_bytes_per_gpu") < number(&one, "comm_bytes_per_gpu"));
+    assert!(number(&two, "memory_per_gpu_bytes") < number(&one, "memory_per_gpu_bytes"));
     let v = plan_json(
         &[
             spec,
@@ -218,11 +222,10 @@ fn moe_plans_price_expert_parallelism_as_it_is_lowered() {
             "16",
             "--global-batch",
             "64",
-            "--max-memory-fraction",
-            "0.2",
         ],
         "moe.json",
     );
+    assert!(v["parallel"]["ep"].as_u64().unwrap() > 1, "{}", v["parallel"]);
     assert!(v["sharding"]
         .as_array()
         .unwrap()

@@ -589,10 +589,13 @@ impl Builder<'_, '_> {
         match (instr.group(), f.comm) {
             (Some(group), Some(which)) => {
                 let collective = instr.collective();
-                // An all-gather moves its output, the others their input.
-                let tensor = match collective {
-                    Some((Collective::AllGather, _)) => f.outputs.first(),
-                    _ => f.inputs.first(),
+                let by_output = match instr {
+                    Instr::Collective { kind, .. } => autopar_cost_models::comm::priced_by_output(*kind),
+                    _ => false,
+                };
+                let tensor = match by_output {
+                    true => f.outputs.first(),
+                    false => f.inputs.first(),
                 };
                 let seconds = collective.map_or(0.0, |(coll, algorithm)| {
                     let bytes = tensor.map_or(0.0, |&t| ix.bytes(t));

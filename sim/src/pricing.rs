@@ -133,6 +133,7 @@ fn node_kernels(
         head_div: 1.0,
         seq_div: 1.0,
         tp: 1.0,
+        ep: 1.0,
         // Every linear is whole on this rank; `Columns` at tp 1 prices it as one GEMM over all rows.
         split: if matches!(op, Op::Linear) {
             ProductSplit::Columns

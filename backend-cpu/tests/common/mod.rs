@@ -4,11 +4,11 @@
 
 #![allow(dead_code)] // Each test file uses its own part.
 
-use autopar_cost_models::comm::{bytes_sent, of_comm, Algorithm};
+use autopar_cost_models::comm::{bytes_sent, of_comm, priced_by_output, Algorithm};
 use autopar_cost_models::workload::{Group, Unit};
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster, Sharding, Workload, WorkloadOptions};
 use autopar_exec::train::initialize;
-use autopar_ir::{CommKind, Graph};
+use autopar_ir::Graph;
 use autopar_lower::{Instr, Program, TrainingGraph};
 use autopar_planner::layer_sharding;
 use autopar_planner::sharding::{self, ShardingError, ShardingProblem};
@@ -84,9 +84,9 @@ pub fn lowered_bytes(t: &TrainingGraph, program: &Program, tp: usize) -> HashMap
         ) {
             continue;
         }
-        let buffer = match kind {
-            CommKind::ReduceScatter => n.inputs[0].unwrap(),
-            _ => n.outputs[0],
+        let buffer = match priced_by_output(*kind) {
+            true => n.outputs[0],
+            false => n.inputs[0].unwrap(),
         };
         let ty = &g.tensor(buffer).ty;
         let numel: usize = ty.shape.0.iter().map(|d| d.fixed().unwrap()).product();

@@ -245,17 +245,11 @@ impl<'g> Builder<'g> {
         let graph = self.graph;
         let node = graph.node(idx);
         let s = self.opts.sharding;
-        let mut work_div = match ways {
+        let work_div = match ways {
             Some(ways) => (ways * s.cp) as f64,
             None if d.weight_sharded => (s.tp * s.cp) as f64,
             None => self.divisor(d.output),
         };
-        if matches!(node.op, Op::MoeExperts { .. }) {
-            // Lowering's expert parallelism runs each rank's experts on the
-            // whole group's tokens, the ones routed elsewhere masked out
-            // (`lower::expert_parallel`): `ep` times one rank's tokens.
-            work_div /= s.ep as f64;
-        }
         let head_div = if d.output.is_sharded() { s.tp } else { 1 };
         let resolved = |t: TensorId| TensorType {
             dtype: graph.tensor(t).ty.dtype,
@@ -279,6 +273,11 @@ impl<'g> Builder<'g> {
             head_div: head_div as f64,
             seq_div: s.cp as f64,
             tp: s.tp as f64,
+            ep: if matches!(node.op, Op::MoeExperts { .. }) {
+                s.ep
+            } else {
+                1
+            } as f64,
             split,
             attention: self.opts.attention,
             dropout: self.opts.dropout,
@@ -511,44 +510,140 @@ impl<'g> Builder<'g> {
                     }
                 }
             }
-            Op::MoeExperts { .. } if s.ep > 1 => {
-                // Lowering's dense exchange (`lower::expert_parallel`): the
-                // group's tokens, routing weights and chosen experts are
-                // gathered, and each rank's share of every output is
-                // reduce-scattered back; backward, the conjugates.
-                let ep = s.ep as f64;
-                let gathered = |t: Option<TensorId>| t.map_or(0.0, |t| self.rank_bytes(t) * ep);
-                let input = |i: usize| node.inputs.get(i).copied().flatten();
-                let exchanges = [
-                    (
-                        Collective::AllGather,
-                        Some(Collective::ReduceScatter),
-                        gathered(input(0)),
-                    ),
-                    (
-                        Collective::AllGather,
-                        Some(Collective::ReduceScatter),
-                        gathered(input(1)),
-                    ),
-                    (Collective::AllGather, None, gathered(input(2))),
-                    (
-                        Collective::ReduceScatter,
-                        Some(Collective::AllGather),
-                        gathered(input(0)),
-                    ),
-                ];
-                for (forward, backward, bytes) in exchanges {
-                    self.units[u].comms.push(CommWork {
-                        group: Group::Expert,
-                        forward: Some(forward),
-                        backward,
-                        bytes,
-                        regathered: false,
-                    });
-                }
-            }
+            Op::MoeExperts { .. } if s.ep > 1 => self.dispatch(node, u),
             _ => {}
         }
+    }
+
+    /// Expert parallelism's token dispatch around an experts node, as
+    /// `lower::expert_parallel` lowers it: the rank's `n` tokens' `k`
+    /// assignments sorted by expert, the counts exchanged, the rows sent to
+    /// their experts' ranks and back (an all-to-all each way, forward and
+    /// backward, routed evenly in expectation), and put back in token order,
+    /// weighted and summed. Its kernels are priced as the same ops, and the
+    /// rows received (blocks padded to what one rank could send), the
+    /// returned rows and the permutations are kept for backward.
+    fn dispatch(&mut self, node: &autopar_ir::Node, u: usize) {
+        let s = self.opts.sharding;
+        let input = |i: usize| node.inputs.get(i).copied().flatten();
+        let (Some(x), Some(w_in), Some(ids)) = (input(0), input(3), input(2)) else {
+            return;
+        };
+        let x_dims = &self.dims[x.index()];
+        let h = x_dims.last().copied().unwrap_or(1);
+        let k = self.dims[ids.index()].last().copied().unwrap_or(1);
+        let experts = self.dims[w_in.index()].first().copied().unwrap_or(1);
+        let read = self.reads.first().copied().flatten().unwrap_or(s.cp as f64);
+        let n = ((x_dims.iter().product::<usize>() / h.max(1)) as f64 / read).round() as usize;
+        let (rows, ep, local) = (n * k, s.ep, experts / s.ep);
+        let dtype = self.graph.tensor(x).ty.dtype;
+        let float = |dims: &[usize]| TensorType {
+            dtype,
+            shape: Shape::fixed(dims),
+        };
+        let int = |dims: &[usize]| TensorType {
+            dtype: DType::I64,
+            shape: Shape::fixed(dims),
+        };
+        let sum = Op::Reduce {
+            kind: autopar_ir::ReduceKind::Sum,
+            axes: Some(vec![-2]),
+            keepdims: false,
+            noop_with_empty_axes: false,
+        };
+        let kernels = [
+            (
+                Op::MoeSort { experts },
+                vec![int(&[n, k])],
+                vec![int(&[rows]), int(&[rows]), int(&[experts])],
+            ),
+            (
+                Op::Gather { axis: 0 },
+                vec![float(&[n, h]), int(&[rows])],
+                vec![float(&[rows, h])],
+            ),
+            (
+                Op::MoeSlots { rows },
+                vec![int(&[ep, local])],
+                vec![int(&[ep * rows])],
+            ),
+            (
+                Op::Gather { axis: 0 },
+                vec![float(&[rows, h]), int(&[rows])],
+                vec![float(&[rows, h])],
+            ),
+            (
+                Op::Binary {
+                    func: autopar_ir::BinaryOp::Mul,
+                },
+                vec![float(&[n, k, h]), float(&[n, k, 1])],
+                vec![float(&[n, k, h])],
+            ),
+            (sum, vec![float(&[n, k, h])], vec![float(&[n, h])]),
+        ];
+        let name = format!("{}/dispatch", node.name);
+        for (op, inputs, outputs) in kernels {
+            let priced = self.synthetic(&op, &name, inputs, &outputs, 1.0);
+            self.units[u].ops.extend(priced);
+        }
+        let width = dtype.size_bits() as f64 / 8.0;
+        let routed = (rows * h) as f64 * width;
+        self.units[u].saved_bytes += (ep + 1) as f64 * routed + ((ep + 2) * rows * 8) as f64;
+        let exchanges = [
+            // The counts (i64, which the collectives carry as 8 bytes).
+            (Some(Collective::AllToAll), None, (experts * 8) as f64),
+            (Some(Collective::AllToAll), Some(Collective::AllToAll), routed),
+            (Some(Collective::AllToAll), Some(Collective::AllToAll), routed),
+        ];
+        for (forward, backward, bytes) in exchanges {
+            self.units[u].comms.push(CommWork {
+                group: Group::Expert,
+                forward,
+                backward,
+                bytes,
+                regathered: false,
+            });
+        }
+    }
+
+    /// The kernels of an op lowering adds beside the graph's own, at one
+    /// rank's shapes divided `work_div` ways.
+    fn synthetic(
+        &self,
+        op: &Op,
+        name: &str,
+        inputs: Vec<TensorType>,
+        outputs: &[TensorType],
+        work_div: f64,
+    ) -> Vec<kernels::OpWork> {
+        let inputs: Vec<Option<TensorType>> = inputs.into_iter().map(Some).collect();
+        let dtype = outputs
+            .iter()
+            .chain(inputs.iter().flatten())
+            .map(|t| t.dtype)
+            .find(|d| d.is_float())
+            .unwrap_or(DType::F32);
+        let ctx = kernels::Context {
+            op,
+            name,
+            input_types: &inputs,
+            output_types: outputs,
+            dtype,
+            work_div,
+            head_div: 1.0,
+            seq_div: self.opts.sharding.cp as f64,
+            tp: self.opts.sharding.tp as f64,
+            ep: 1.0,
+            split: ProductSplit::Whole,
+            attention: self.opts.attention,
+            dropout: false,
+            residual_add: false,
+        };
+        let ir = op.cost(
+            &inputs.iter().map(Option::as_ref).collect::<Vec<_>>(),
+            &outputs.iter().collect::<Vec<_>>(),
+        );
+        kernels::price(&ctx, &ir)
     }
 
     /// The kernels of the token cross-entropy lowering adds on each graph
@@ -567,26 +662,9 @@ impl<'g> Builder<'g> {
                 shape: Shape::fixed(&self.dims[t.index()]),
             };
             let op = Op::LogSoftmax { axis: -1 };
-            let inputs = [Some(ty.clone())];
-            let outputs = [ty.clone()];
-            let ctx = kernels::Context {
-                op: &op,
-                name: "loss/log_softmax",
-                input_types: &inputs,
-                output_types: &outputs,
-                dtype: ty.dtype,
-                work_div: self.divisor(self.layouts[t.index()]),
-                head_div: 1.0,
-                seq_div: self.opts.sharding.cp as f64,
-                tp: self.opts.sharding.tp as f64,
-                split: ProductSplit::Whole,
-                attention: self.opts.attention,
-                dropout: false,
-                residual_add: false,
-            };
-            let ir = op.cost(&[Some(&ty)], &[&ty]);
-            let priced = kernels::price(&ctx, &ir);
-            elements += self.dims[t.index()].iter().product::<usize>() as f64 / ctx.work_div;
+            let work_div = self.divisor(self.layouts[t.index()]);
+            let priced = self.synthetic(&op, "loss/log_softmax", vec![ty.clone()], &[ty], work_div);
+            elements += self.dims[t.index()].iter().product::<usize>() as f64 / work_div;
             all.extend(priced.iter().cloned());
             self.units[u].ops.extend(priced);
         }

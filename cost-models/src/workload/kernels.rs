@@ -82,6 +82,9 @@ pub struct Context<'a> {
     pub seq_div: f64,
     /// Tensor-parallel degree.
     pub tp: f64,
+    /// Expert-parallel degree an experts node is split over: the rank runs
+    /// `1/ep` of the experts on as many routed rows (1 on one rank's graph).
+    pub ep: f64,
     /// How a linear layer's weight is split.
     pub split: ProductSplit,
     pub attention: AttentionKernel,
@@ -284,7 +287,13 @@ fn experts(ctx: &Context, flops: (f64, f64)) -> OpWork {
         [e, h, f] => (*e, *h, *f),
         _ => (1.0, 1.0, 1.0),
     };
-    let tokens = x.iter().product::<f64>() / hidden.max(1.0) / ctx.seq_div;
+    // A dispatch's padded blocks route one row in `sources`.
+    let sources = match ctx.op {
+        Op::MoeExperts { sources, .. } => (*sources).max(1) as f64,
+        _ => 1.0,
+    };
+    let experts = experts / ctx.ep;
+    let tokens = x.iter().product::<f64>() / hidden.max(1.0) / ctx.seq_div / sources;
     let m = tokens * top_k / experts.max(1.0);
     let n = ffn / ctx.tp;
     let bytes = experts * (m * hidden + hidden * n + m * n) * elem_bytes(ctx.dtype);

@@ -1,0 +1,79 @@
+//! Expert parallelism sends what the planner prices: each token row
+//! travels only to the rank of its chosen expert and back (an all-to-all
+//! each way, forward and backward), plus the counts. Routing decides how
+//! many rows a rank sends, but when every rank routes alike (identical
+//! rows: a token file exactly one row long), the group sends
+//! `ep − 1` rank-loads in all, whatever the routing: the mean over the
+//! group equals the estimate's even routing, to the byte.
+
+use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, TrainingConfig, Workload};
+use autopar_cpu::train;
+use autopar_exec::train::{Optimizer, TokenSource};
+use autopar_exec::TrainOptions;
+use autopar_ir::interp::Precision;
+use autopar_lower::{for_strategy, lower, Strategy};
+use std::time::Duration;
+
+mod common;
+
+const SEQ: usize = 8;
+const VOCAB: usize = 64;
+const STEPS: usize = 3;
+
+fn moe() -> autopar_ir::Graph {
+    let spec = format!("moe:layers=2,hidden=32,ffn=48,heads=4,experts=4,top_k=2,vocab={VOCAB},seq={SEQ}");
+    let mut g = autopar_import::zoo::build(&spec).unwrap();
+    autopar_exec::train::initialize(&mut g, 5).unwrap();
+    g
+}
+
+/// Mean bytes a rank sends per step, by the run and by the estimate.
+fn measured_and_estimated(dp: usize, ep: usize) -> (f64, f64) {
+    let g = moe();
+    let mut s = Strategy::new(dp, 1, 2, 1, 2);
+    s.ep = ep;
+    let t = for_strategy(&g, &s, SEQ).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("row.bin");
+    let row: Vec<u8> = (0..=SEQ as u16).flat_map(|t| (3 * t + 1).to_le_bytes()).collect();
+    std::fs::write(&path, row).unwrap();
+    let data = TokenSource::open(&path, VOCAB, SEQ, 3).unwrap();
+    let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(3e-3), STEPS);
+    opts.timeout = Duration::from_secs(60);
+    let report = train(&t, &programs, &data, &opts, &|_| {}).unwrap();
+    let sent: u64 = report.ranks.iter().map(|r| r.bytes_sent).sum();
+    let measured = sent as f64 / report.ranks.len() as f64 / STEPS as f64;
+
+    let mut w_opts = common::workload_options(SEQ, 1, false);
+    w_opts.micro_batch = Some(1);
+    w_opts.sharding = Sharding {
+        ep,
+        ..w_opts.sharding
+    };
+    let w = Workload::build(&g, &w_opts).unwrap();
+    let cluster = Cluster::preset("cpu").and_then(|c| c.with_gpus(dp)).unwrap();
+    let cfg = TrainingConfig {
+        dp,
+        ep,
+        micro_batch: 1,
+        global_batch: 2 * dp,
+        ..TrainingConfig::default()
+    };
+    let estimated = estimate(&w, &cluster, &Calibration::default(), &cfg)
+        .unwrap()
+        .comm_bytes_per_gpu;
+    (measured, estimated)
+}
+
+#[test]
+fn dispatch_bytes_per_rank_are_the_estimates() {
+    for (dp, ep) in [(2, 2), (4, 4), (4, 2)] {
+        let (measured, estimated) = measured_and_estimated(dp, ep);
+        eprintln!("dp {dp} ep {ep}: {measured} bytes per rank per step, the estimate {estimated}");
+        assert!(
+            (measured - estimated).abs() <= 1e-9 * estimated,
+            "dp {dp} ep {ep}: {measured} bytes per rank per step, the estimate counts {estimated}"
+        );
+    }
+}
