@@ -30,6 +30,13 @@ const SAMPLE: &[(&str, &str, usize, usize)] = &[
         32,
         256,
     ),
+    // Its top candidates dispatch tokens to experts all-to-all (ep 4 and 8).
+    (
+        "moe:layers=8,hidden=2048,ffn=8192,heads=16,kv_heads=4,experts=16,top_k=2,vocab=32000,seq=2048,dtype=bf16",
+        "dgx-h100",
+        16,
+        64,
+    ),
     (
         "bert:layers=4,hidden=16384,heads=128,vocab=4096,seq=32768,dtype=bf16",
         "hgx-h200",
