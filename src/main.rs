@@ -220,6 +220,11 @@ struct PlanArgs {
     /// a plan is for comparing with Megatron-Core, not for `autopar run`.
     #[arg(long)]
     tp_comm_overlap: bool,
+    /// Also try the lossy gradient compressions at their default settings
+    /// (PowerSGD rank 32, top-k keeping 10 %), picked only where they make
+    /// the step faster. Training then differs from uncompressed.
+    #[arg(long)]
+    allow_lossy_compression: bool,
     /// Simulate the K fastest candidates (their programs replayed as the
     /// backends run them) and choose the fastest simulated; 0 trusts the
     /// estimate alone.
@@ -495,7 +500,10 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         dropout: a.dropout,
         calibration: a.calibration,
         output: a.output.clone(),
-        limits: autopar_planner::DegreeLimits::RUNNABLE,
+        limits: autopar_planner::DegreeLimits {
+            lossy_compression: a.allow_lossy_compression,
+            ..autopar_planner::DegreeLimits::RUNNABLE
+        },
         tp_comm_overlap: a.tp_comm_overlap,
         verify: a.verify,
     };

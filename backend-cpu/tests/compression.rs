@@ -114,3 +114,42 @@ fn sixteen_bit_reductions_train_like_f32_and_send_half_the_gradient_bytes() {
         }
     }
 }
+
+/// The lossy methods train (the loss falls over 20 steps), send a
+/// fraction of the gradient bytes, and send what the estimate counts;
+/// under ZeRO they are refused by name.
+#[test]
+fn lossy_compressions_train_and_send_what_the_estimate_counts() {
+    let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss).collect::<Vec<_>>();
+    let sent = |r: &TrainReport| r.ranks[0].bytes_sent as f64;
+    let plain = sent(&run(0, None));
+    for spelled in ["powersgd:4", "topk:0.05"] {
+        let c: GradCompression = spelled.parse().unwrap();
+        let report = run(0, Some(c));
+        let l = losses(&report);
+        assert!(l[STEPS - 1] < 0.8 * l[0], "{c}: {l:?}");
+        let priced = estimated_bytes(0, Some(c));
+        eprintln!(
+            "{c}: loss {:.4} → {:.4}, sends {} bytes (uncompressed {plain}), the estimate {priced}",
+            l[0],
+            l[STEPS - 1],
+            sent(&report)
+        );
+        assert!(sent(&report) < 0.5 * plain, "{c}: {} of {plain}", sent(&report));
+        assert!(
+            (sent(&report) - priced).abs() <= 0.01 * priced,
+            "{c}: sends {} bytes, the estimate counts {priced}",
+            sent(&report)
+        );
+        let mut plan_cfg = TrainingConfig {
+            dp: 4,
+            zero: 1,
+            micro_batch: 1,
+            global_batch: 8,
+            ..TrainingConfig::default()
+        };
+        plan_cfg.grad_reduce.compression = Some(c);
+        let err = plan_cfg.check(4).unwrap_err().to_string();
+        assert!(err.contains(spelled) && err.contains("ZeRO 1"), "{err}");
+    }
+}

@@ -57,6 +57,12 @@ impl<'a> Rates<'a> {
         self.time(w, w.forward_flops, w.forward_bytes, 1.0)
     }
 
+    /// Seconds of vector work: `flops` of element-wise arithmetic or
+    /// `bytes` of memory traffic, whichever takes longer (no launch).
+    pub fn vector(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / self.vector_peak).max(bytes / self.memory)
+    }
+
     /// Backward time of one kernel (a product's backward is two GEMMs).
     pub fn backward(&self, w: &OpWork) -> f64 {
         let launches = if matches!(w.kernel, Kernel::Matmul { .. }) {

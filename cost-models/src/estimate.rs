@@ -559,8 +559,10 @@ impl<'a> Evaluator<'a> {
             let dp = match sent.iter().find(|(k, _)| *k == kind) {
                 Some(&(_, dp)) => dp,
                 None => {
-                    let ratio = cfg.grad_reduce.sent_per_weight_byte(w.compute_dtype);
-                    let dp = self.data_parallel.sent(cfg, s, ratio)?;
+                    let wire =
+                        cfg.grad_reduce
+                            .wire(cfg.zero, w.compute_dtype, w.params_counted(), &self.rates);
+                    let dp = self.data_parallel.sent(cfg, s, wire)?;
                     sent.push((kind, dp));
                     dp
                 }
@@ -629,7 +631,12 @@ impl<'a> Evaluator<'a> {
             .unwrap_or(0);
         let mut dp_exposed: f64 = 0.0;
         let mut optimizer: f64 = 0.0;
-        let ratio = cfg.grad_reduce.sent_per_weight_byte(self.w.compute_dtype);
+        let wire = cfg.grad_reduce.wire(
+            cfg.zero,
+            self.w.compute_dtype,
+            self.w.params_counted(),
+            &self.rates,
+        );
         let mut priced = Vec::new();
         for s in stages {
             // Stages alike in what they hold price alike (middle stages of
@@ -643,7 +650,7 @@ impl<'a> Evaluator<'a> {
             let [pre, layer, post] = self.unit_times(cfg, s);
             let tail = self
                 .data_parallel
-                .after_pipeline(cfg, s, [&pre, &layer, &post], ratio)?;
+                .after_pipeline(cfg, s, [&pre, &layer, &post], wire)?;
             dp_exposed = dp_exposed.max(tail);
             optimizer = optimizer.max(self.optimizer_time(&params, cfg, s));
         }

@@ -24,8 +24,8 @@ pub mod workload;
 pub use calibration::{Calibration, CalibrationError};
 pub use cluster::{Cluster, ClusterError, Device, Link, PRESET_NAMES};
 pub use config::{
-    ConfigError, GradCompression, GradReduce, MeshOrder, Recompute, Schedule, StageSpec, TrainingConfig,
-    DEFAULT_BUCKET_MIB, DEFAULT_PREFETCH,
+    ConfigError, GradCompression, GradReduce, GradWire, MeshOrder, Recompute, Schedule, StageSpec,
+    TrainingConfig, DEFAULT_BUCKET_MIB, DEFAULT_PREFETCH,
 };
 pub use estimate::{estimate, Estimate, EstimateError, Evaluator, Mesh, TimeBreakdown};
 pub use workload::{AttentionKernel, Sharding, Workload, WorkloadError, WorkloadOptions};

@@ -247,6 +247,7 @@ mod tests {
     fn params(n: f64, expert: bool) -> ParamBytes {
         ParamBytes::of(&[ParamShard {
             elements: n,
+            rows: 1.0,
             dtype: DType::Bf16,
             expert,
         }])
@@ -305,6 +306,7 @@ mod tests {
     fn a_tied_weight_is_held_once_on_a_single_stage() {
         let table = ParamShard {
             elements: 100.0,
+            rows: 10.0,
             dtype: DType::F32,
             expert: false,
         };

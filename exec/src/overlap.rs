@@ -10,7 +10,7 @@
 //! inline; the collectives are the same algorithms over the same endpoint,
 //! so results are bitwise those of running them inline.
 
-use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint};
+use autopar_comm::collective::{Algorithm, Buffer, CommError, Endpoint, Feedback, Half};
 use autopar_cost_models::GradCompression;
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
@@ -26,12 +26,17 @@ pub(super) struct Job {
     pub tag: String,
     /// The instruction, for errors and the trace.
     pub what: String,
+    /// The gradients' `(rows, cols)` views one after another, for PowerSGD.
+    pub shapes: Vec<(usize, usize)>,
+    /// The bucket's name, under which a lossy compression keeps what a
+    /// rank did not send from step to step.
+    pub bucket: String,
 }
 
 /// Which collective a [`Job`] runs.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum JobKind {
-    /// Sending 16-bit values when compressed.
+    /// Compressed as the plan says, if at all.
     AllReduce(Algorithm, Option<GradCompression>),
     ReduceScatter(Option<GradCompression>),
     AllGather,
@@ -60,6 +65,7 @@ enum Runner {
     Inline {
         endpoint: Endpoint,
         results: VecDeque<Outcome>,
+        feedback: Kept,
     },
 }
 
@@ -81,8 +87,9 @@ impl<T> CommStream<T> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (reply, results) = mpsc::channel();
         let handle = std::thread::spawn(move || {
+            let mut feedback = Kept::new();
             for job in inbox {
-                if reply.send(run(&endpoint, job)).is_err() {
+                if reply.send(run(&endpoint, job, &mut feedback)).is_err() {
                     break;
                 }
             }
@@ -106,6 +113,7 @@ impl<T> CommStream<T> {
             runner: Runner::Inline {
                 endpoint,
                 results: VecDeque::new(),
+                feedback: Kept::new(),
             },
             pending: VecDeque::new(),
             waiting: HashMap::new(),
@@ -123,7 +131,11 @@ impl<T> CommStream<T> {
             // A worker that stopped leaves the job to fail in `next`.
             Runner::Worker { jobs: Some(jobs), .. } => drop(jobs.send(job)),
             Runner::Worker { jobs: None, .. } => {}
-            Runner::Inline { endpoint, results } => results.push_back(run(endpoint, job)),
+            Runner::Inline {
+                endpoint,
+                results,
+                feedback,
+            } => results.push_back(run(endpoint, job, feedback)),
         }
     }
 
@@ -189,34 +201,56 @@ impl<T> Drop for CommStream<T> {
 
 /// Runs `job`, timed. A failed collective aborts the fabric at once, so
 /// peers stop waiting.
-fn run(endpoint: &Endpoint, job: Job) -> Outcome {
+fn run(endpoint: &Endpoint, job: Job, feedback: &mut Kept) -> Outcome {
     let began = Instant::now();
-    let result = collective(endpoint, job);
+    let result = collective(endpoint, job, feedback);
     if let Err(e) = &result {
         endpoint.abort(&e.to_string());
     }
     (result, began, Instant::now())
 }
 
-fn collective(endpoint: &Endpoint, job: Job) -> Result<Buffer, CommError> {
+/// What a lossy compression kept back, by bucket.
+type Kept = HashMap<String, Feedback>;
+
+fn collective(endpoint: &Endpoint, job: Job, feedback: &mut Kept) -> Result<Buffer, CommError> {
     let Job {
         kind,
         group,
         mut data,
         tag,
         what,
+        shapes,
+        bucket,
     } = job;
     match kind {
         JobKind::AllReduce(algorithm, None) => endpoint
             .all_reduce(&group, &mut data, algorithm, &tag, &what)
             .map(|()| data),
-        JobKind::AllReduce(_, Some(wire)) => endpoint
-            .all_reduce_narrow(&group, &mut data, wire, &tag, &what)
-            .map(|()| data),
-        JobKind::ReduceScatter(None) => endpoint.reduce_scatter(&group, &data, &tag, &what),
-        JobKind::ReduceScatter(Some(wire)) => {
-            endpoint.reduce_scatter_narrow(&group, &data, wire, &tag, &what)
+        JobKind::AllReduce(_, Some(c)) => match (Half::of(c), c) {
+            (Some(wire), _) => endpoint.all_reduce_narrow(&group, &mut data, wire, &tag, &what),
+            (None, GradCompression::PowerSgd { rank }) => {
+                let state = feedback.entry(bucket).or_default();
+                endpoint.all_reduce_powersgd(&group, &mut data, &shapes, rank, state, &tag, &what)
+            }
+            (None, _) => {
+                let kept = c.kept(data.len());
+                let state = feedback.entry(bucket).or_default();
+                endpoint.all_reduce_topk(&group, &mut data, kept, state, &tag, &what)
+            }
         }
+        .map(|()| data),
+        JobKind::ReduceScatter(None) => endpoint.reduce_scatter(&group, &data, &tag, &what),
+        JobKind::ReduceScatter(Some(c)) => match Half::of(c) {
+            Some(wire) => endpoint.reduce_scatter_narrow(&group, &data, wire, &tag, &what),
+            // Lowering refuses a lossy compression under ZeRO.
+            None => Err(CommError::Unsupported {
+                rank: endpoint.rank(),
+                what,
+                collective: autopar_comm::collective::Collective::ReduceScatter,
+                algorithm: Algorithm::Ring,
+            }),
+        },
         JobKind::AllGather => endpoint.all_gather(&group, &data, &tag, &what),
     }
 }

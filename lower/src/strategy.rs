@@ -164,6 +164,12 @@ impl Strategy {
                     "gradient compression with a parameter server (parallel.grad_compression with parallel.grad_reduce 'parameter-server')".into(),
                 ))
             }
+            Some(c) if c.lossy() && p.zero > 0 => {
+                return Err(StrategyError::NotLowered(format!(
+                    "gradient compression '{c}' with ZeRO {} (lossy compression keeps each rank's unsent values and compresses the all-reduce of ZeRO 0; ZeRO 1-3 reduce-scatter, which only bf16 and fp16 compress)",
+                    p.zero
+                )))
+            }
             c => c,
         };
         let stage_layers = plan

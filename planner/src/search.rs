@@ -28,8 +28,8 @@ use crate::stages::{self, StageChoice};
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::workload::Layered;
 use autopar_cost_models::{
-    AttentionKernel, Calibration, Cluster, Estimate, EstimateError, Evaluator, GradReduce, Mesh, MeshOrder,
-    Recompute, Schedule, Sharding, TrainingConfig, Workload, WorkloadError, WorkloadOptions,
+    AttentionKernel, Calibration, Cluster, Estimate, EstimateError, Evaluator, GradCompression, GradReduce,
+    Mesh, MeshOrder, Recompute, Schedule, Sharding, TrainingConfig, Workload, WorkloadError, WorkloadOptions,
 };
 use autopar_ir::{Graph, Op};
 use rayon::prelude::*;
@@ -89,7 +89,12 @@ pub struct DegreeLimits {
     pub tp: usize,
     pub cp: usize,
     pub ep: usize,
+    /// 16-bit gradient reductions of wider gradients.
     pub grad_compression: bool,
+    /// The lossy gradient compressions (PowerSGD, top-k) at their default
+    /// settings ([`GradCompression::LOSSY_DEFAULTS`]): training differs from
+    /// uncompressed, so only when asked (`plan --allow-lossy-compression`).
+    pub lossy_compression: bool,
 }
 
 impl DegreeLimits {
@@ -99,6 +104,7 @@ impl DegreeLimits {
         cp: usize::MAX,
         ep: usize::MAX,
         grad_compression: true,
+        lossy_compression: false,
     };
 
     /// What the backends run as priced: no caps on the degrees, and no
@@ -277,8 +283,8 @@ fn schedules(pp: usize, layers: usize) -> Vec<(Schedule, usize)> {
     out
 }
 
-/// Gradient-reduction variants worth pricing.
-fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool) -> Vec<GradReduce> {
+/// Gradient-reduction variants worth pricing under `limits`.
+fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, limits: &DegreeLimits) -> Vec<GradReduce> {
     if zero > 0 || replicas == 1 {
         return vec![GradReduce::default()];
     }
@@ -290,9 +296,17 @@ fn grad_reductions(zero: u8, replicas: usize, weight_bits: usize, compress: bool
         });
     }
     // 16-bit reductions of wider gradients, on rings (as lowering runs them).
-    if weight_bits > 16 && compress {
+    let mut compressions = Vec::new();
+    if weight_bits > 16 && limits.grad_compression {
+        compressions.push(GradCompression::Bf16);
+    }
+    // Lossy methods at their default settings, when asked for.
+    if limits.lossy_compression {
+        compressions.extend(GradCompression::LOSSY_DEFAULTS);
+    }
+    for c in compressions {
         out.push(GradReduce {
-            compression: Some(autopar_cost_models::GradCompression::Bf16),
+            compression: Some(c),
             ..GradReduce::default()
         });
     }
@@ -555,9 +569,7 @@ fn search_mesh(
                 continue;
             }
             for &zero in &zeros {
-                for grad_reduce in
-                    grad_reductions(zero, replicas, facts.weight_bits, opts.limits.grad_compression)
-                {
+                for grad_reduce in grad_reductions(zero, replicas, facts.weight_bits, &opts.limits) {
                     let mut cfg = TrainingConfig {
                         zero,
                         grad_reduce,
@@ -653,14 +665,29 @@ mod tests {
 
     #[test]
     fn grad_reduction_variants() {
-        assert_eq!(grad_reductions(1, 8, 32, true).len(), 1);
-        assert_eq!(grad_reductions(0, 1, 32, true).len(), 1);
-        assert_eq!(grad_reductions(0, 8, 16, true).len(), 2);
+        let all = DegreeLimits::NONE;
+        assert_eq!(grad_reductions(1, 8, 32, &all).len(), 1);
+        assert_eq!(grad_reductions(0, 1, 32, &all).len(), 1);
+        assert_eq!(grad_reductions(0, 8, 16, &all).len(), 2);
         // Compression on rings only, as lowering runs it.
-        let wide = grad_reductions(0, 8, 32, true);
+        let wide = grad_reductions(0, 8, 32, &all);
         assert_eq!(wide.len(), 3);
         assert!(wide
             .iter()
             .all(|r| r.compression.is_none() || r.algorithm == Algorithm::Ring));
+        // The lossy methods only when asked, and never under ZeRO.
+        let lossy = DegreeLimits {
+            lossy_compression: true,
+            ..all
+        };
+        let asked = grad_reductions(0, 8, 16, &lossy);
+        assert_eq!(
+            asked
+                .iter()
+                .filter(|r| r.compression.is_some_and(GradCompression::lossy))
+                .count(),
+            2
+        );
+        assert_eq!(grad_reductions(1, 8, 16, &lossy).len(), 1);
     }
 }

@@ -6,6 +6,7 @@
 use super::pricing::{type_bytes, Pricing};
 use super::ranks::Representatives;
 use autopar_cost_models::comm::{Algorithm, Collective};
+use autopar_cost_models::GradCompression;
 use autopar_ir::{CommGroup, DType, Graph, Op};
 use autopar_lower::program::{operands, Operand, Payload, Transfer};
 use autopar_lower::{Buf, Instr, Program};
@@ -188,6 +189,8 @@ pub struct GraphIndex<'g> {
     tensor_id: HashMap<&'g str, u32>,
     tensor_bytes: Vec<f64>,
     tensor_dtype: Vec<DType>,
+    /// Each tensor's first dim (1 for a scalar).
+    rows: Vec<usize>,
     node: HashMap<&'g str, NodeFacts>,
     /// Gradient tensor of each parameter, by parameter tensor id.
     gradient: HashMap<u32, u32>,
@@ -217,6 +220,7 @@ impl<'g> GraphIndex<'g> {
         let mut tensor_id = HashMap::default();
         let mut tensor_bytes = Vec::new();
         let mut tensor_dtype = Vec::new();
+        let mut rows = Vec::new();
         let mut index_of = HashMap::default();
         for (id, tensor) in g.tensors() {
             let i = tensor_bytes.len() as u32;
@@ -224,6 +228,7 @@ impl<'g> GraphIndex<'g> {
             index_of.insert(id, i);
             tensor_bytes.push(type_bytes(&tensor.ty, g));
             tensor_dtype.push(tensor.ty.dtype);
+            rows.push(tensor.ty.shape.0.first().and_then(|d| d.fixed()).unwrap_or(1));
         }
         let forward: HashSet<&str> = t.forward.iter().map(String::as_str).collect();
         let mut node = HashMap::default();
@@ -263,6 +268,7 @@ impl<'g> GraphIndex<'g> {
             tensor_id,
             tensor_bytes,
             tensor_dtype,
+            rows,
             node,
             gradient,
             zero3: zero == 3,
@@ -281,6 +287,13 @@ impl<'g> GraphIndex<'g> {
     fn elements(&self, tensor: u32) -> f64 {
         let dtype = self.dtype(tensor);
         self.bytes(tensor) * 8.0 / dtype.size_bits() as f64
+    }
+
+    /// A parameter's `(rows, cols)` view: its first dim by the rest.
+    fn matrix(&self, tensor: u32) -> (usize, usize) {
+        let elements = self.elements(tensor).round() as usize;
+        let rows = self.rows.get(tensor as usize).copied().unwrap_or(1).max(1);
+        (rows, elements / rows)
     }
 
     fn dtype(&self, tensor: u32) -> DType {
@@ -434,6 +447,7 @@ impl Builder<'_, '_> {
         };
         let ix = self.c.index;
         let (mut reads, mut writes, mut bytes) = (Vec::new(), Vec::with_capacity(params.len()), 0.0);
+        let mut shapes = Vec::with_capacity(params.len());
         for param in params {
             let p = ix.tensor(param);
             match read {
@@ -446,14 +460,38 @@ impl Builder<'_, '_> {
                 }
             }
             writes.push(self.slot(p, write));
-            // A compressed reduction sends each element in its 16-bit type.
-            let sent = instr.compression().map_or(1.0, |c| {
-                (c.wire_dtype().size_bits() as f64 / ix.dtype(p).size_bits() as f64).min(1.0)
-            });
+            // A 16-bit reduction sends each element in its type.
+            let sent = instr
+                .compression()
+                .and_then(GradCompression::narrow)
+                .map_or(1.0, |wire| {
+                    (wire.size_bits() as f64 / ix.dtype(p).size_bits() as f64).min(1.0)
+                });
             bytes += ix.bytes(p) * sent;
+            shapes.push(ix.matrix(p));
         }
+        // A lossy one sends what its calls send, one after another.
+        let width = params
+            .first()
+            .map_or(4.0, |p| ix.dtype(ix.tensor(p)).size_bits() as f64 / 8.0);
+        let calls = instr
+            .compression()
+            .and_then(|c| c.lossy_calls(&shapes, width, group.len()))
+            .unwrap_or((collective, vec![bytes]));
+        let pricing = self.c.pricing;
+        let elements: usize = shapes.iter().map(|&(m, n)| m * n).sum();
+        let work = instr
+            .compression()
+            .filter(|_| group.len() > 1)
+            .map_or(0.0, |c| pricing.compression(c, elements as f64, width));
+        let seconds = work
+            + calls
+                .1
+                .iter()
+                .map(|&b| pricing.collective(calls.0, algorithm, b, group))
+                .sum::<f64>();
         let busy = Busy {
-            seconds: self.c.pricing.collective(collective, algorithm, bytes, group),
+            seconds,
             inter_node: self.c.pricing.spans_nodes(group),
         };
         let sync = self.meet(group);

@@ -19,7 +19,7 @@ use autopar_cost_models::measured::node_time;
 use autopar_cost_models::memory::optimizer_bytes_per_param;
 use autopar_cost_models::workload::kernels::{self, Context, ProductSplit};
 use autopar_cost_models::workload::{is_residual_add, AttentionKernel};
-use autopar_cost_models::{Calibration, Cluster};
+use autopar_cost_models::{Calibration, Cluster, GradCompression};
 use autopar_ir::interp::Precision;
 use autopar_ir::{DType, Graph, NodeIndex, Op, Role, TensorType, UnaryOp};
 use autopar_lower::TrainingGraph;
@@ -311,6 +311,13 @@ impl<'a> Pricing<'a> {
     /// A streaming pass over `bytes` (gradient accumulation, data loads).
     pub fn streaming(&self, bytes: f64) -> f64 {
         (bytes / self.rates.memory_bandwidth() + self.calibration.kernel_overhead_s) / self.core_share
+    }
+
+    /// A gradient compression's own work on `elements` values of
+    /// `elem_bytes` each ([`GradCompression::work`]).
+    pub fn compression(&self, c: GradCompression, elements: f64, elem_bytes: f64) -> f64 {
+        let (flops, bytes) = c.work(elements, elem_bytes);
+        self.rates.vector(flops, bytes) / self.core_share
     }
 
     /// Adding one micro-batch's gradient of `bytes` into the step's: a

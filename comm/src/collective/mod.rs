@@ -15,6 +15,7 @@
 
 mod buffer;
 mod fabric;
+mod lossy;
 mod narrow;
 mod ops;
 mod pool;
@@ -28,6 +29,8 @@ pub use autopar_cost_models::comm::{Algorithm, Collective};
 pub(crate) use buffer::with_elements;
 pub use buffer::{Buffer, LayoutMismatch};
 pub use fabric::{fabric, Endpoint};
+pub use lossy::Feedback;
+pub use narrow::Half;
 pub use tcp::{connect, MeshError};
 pub use watchdog::Watchdog;
 

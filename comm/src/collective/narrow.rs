@@ -13,24 +13,42 @@ use super::{Buffer, CommError, Endpoint};
 use autopar_cost_models::GradCompression;
 use half::{bf16, f16};
 
+/// The 16-bit float type a compressed reduction sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    Bf16,
+    F16,
+}
+
+impl Half {
+    /// The type a 16-bit compression sends; `None` for the lossy ones.
+    pub fn of(c: GradCompression) -> Option<Half> {
+        match c {
+            GradCompression::Bf16 => Some(Half::Bf16),
+            GradCompression::Fp16 => Some(Half::F16),
+            GradCompression::PowerSgd { .. } | GradCompression::TopK { .. } => None,
+        }
+    }
+}
+
 /// A compressed reduction's carrier: the 16-bit float type it sends.
 #[derive(Clone, Copy)]
-struct Narrow(GradCompression);
+struct Narrow(Half);
 
 impl Narrow {
     /// `x` rounded to the nearest value of this type, as its bits.
     fn bits(self, x: f64) -> u16 {
         match self.0 {
-            GradCompression::Bf16 => bf16::from_f64(x).to_bits(),
-            GradCompression::Fp16 => f16::from_f64(x).to_bits(),
+            Half::Bf16 => bf16::from_f64(x).to_bits(),
+            Half::F16 => f16::from_f64(x).to_bits(),
         }
     }
 
     /// The value of `bits` of this type.
     fn value(self, bits: u16) -> f64 {
         match self.0 {
-            GradCompression::Bf16 => bf16::from_bits(bits).to_f64(),
-            GradCompression::Fp16 => f16::from_bits(bits).to_f64(),
+            Half::Bf16 => bf16::from_bits(bits).to_f64(),
+            Half::F16 => f16::from_bits(bits).to_f64(),
         }
     }
 
@@ -121,7 +139,7 @@ impl Endpoint {
         &self,
         group: &[usize],
         data: &mut Buffer,
-        wire: GradCompression,
+        wire: Half,
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
@@ -139,7 +157,7 @@ impl Endpoint {
         &self,
         group: &[usize],
         data: &Buffer,
-        wire: GradCompression,
+        wire: Half,
         tag: &str,
         what: &str,
     ) -> Result<Buffer, CommError> {

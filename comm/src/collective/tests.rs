@@ -4,7 +4,6 @@
 use super::*;
 use crate::launch::LaunchEnv;
 use autopar_cost_models::comm::bytes_sent;
-use autopar_cost_models::GradCompression;
 use std::fmt::Debug;
 use std::time::{Duration, Instant};
 
@@ -535,7 +534,7 @@ fn a_rank_whose_process_exits_aborts_its_peers() {
 /// fit in 16 bits end rounded, the same on every member.
 #[test]
 fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
-    for wire in [GradCompression::Bf16, GradCompression::Fp16] {
+    for wire in [Half::Bf16, Half::F16] {
         for group in GROUPS {
             for f64 in [false, true] {
                 let len = 24;
@@ -575,7 +574,7 @@ fn narrow_reductions_sum_in_16_bits_and_send_half_the_bytes() {
     let group = &[0, 1, 2, 3][..];
     let (got, _) = split(run(group, long(), |ep, _| {
         let mut data = rounding_input(ep.rank(), 10);
-        ep.all_reduce_narrow(group, &mut data, GradCompression::Bf16, "n2", "rounded")
+        ep.all_reduce_narrow(group, &mut data, Half::Bf16, "n2", "rounded")
             .unwrap();
         data
     }));
@@ -617,6 +616,111 @@ fn all_to_all_v_moves_pieces_of_any_length() {
         for (p, &sent) in bytes.iter().enumerate() {
             let off_rank: usize = (0..n).filter(|&q| q != p).map(|q| p + q + 1).sum();
             assert_eq!(sent, (off_rank * 8) as u64, "{group:?} position {p}");
+        }
+    }
+}
+
+/// Top-k with error feedback: every member gets the same sum of what each
+/// sent (its `k` largest values), sends `k` values and indices to each
+/// other member, and keeps the rest for the next call, so two calls on
+/// the same inputs deliver everything the ranks held.
+#[test]
+fn top_k_sends_the_largest_values_and_keeps_the_rest_for_next_time() {
+    for group in GROUPS {
+        let n = group.len();
+        let len = 12;
+        let kept = 6;
+        let (got, bytes) = split(run(group, long(), |ep, _| {
+            let mut state = Feedback::default();
+            let input = exact_input(ep.rank(), len, false);
+            let mut first = input.clone();
+            ep.all_reduce_topk(group, &mut first, kept, &mut state, "k0", "top-k")
+                .unwrap();
+            // A zero gradient next: only what was kept back arrives.
+            let mut second = Buffer::F32(vec![0.0; len]);
+            ep.all_reduce_topk(group, &mut second, kept, &mut state, "k1", "top-k")
+                .unwrap();
+            let both: Vec<f32> = match (&first, &second) {
+                (Buffer::F32(a), Buffer::F32(b)) => a.iter().zip(b).map(|(x, y)| x + y).collect(),
+                _ => unreachable!(),
+            };
+            Buffer::F32(both)
+        }));
+        let want = direct_sum(group, len, false);
+        for g in &got {
+            assert_eq!(*g, want, "{group:?}");
+        }
+        if n > 1 {
+            // Two all-gathers of k values and k indices.
+            let each = model(
+                Collective::AllGather,
+                Algorithm::Ring,
+                n,
+                (n * 2 * kept * 4) as u64,
+            );
+            let twice: Vec<u64> = each.iter().map(|b| 2 * b).collect();
+            assert_eq!(bytes, twice, "{group:?}");
+        }
+    }
+}
+
+/// PowerSGD: a rank-1 matrix is found exactly by a rank-1 factorisation, so
+/// the sum of rank-1 inputs sharing a row space arrives whole (up to
+/// rounding), vectors go whole, and the bytes are the factors' and the
+/// vector's, in two all-reduces.
+#[test]
+fn power_sgd_sums_low_rank_gradients_in_factors() {
+    for group in GROUPS {
+        let n = group.len();
+        let (rows, cols) = (6, 5);
+        let (got, bytes) = split(run(group, long(), |ep, _| {
+            let scale = ep.rank() as f64 + 1.0;
+            // Matrix u·vᵀ scaled by the rank, then a vector of 3.
+            let mut values: Vec<f64> = (0..rows)
+                .flat_map(|i| (0..cols).map(move |j| scale * (i as f64 + 1.0) * (j as f64 - 2.0)))
+                .collect();
+            values.extend([scale, 2.0 * scale, 3.0 * scale]);
+            let mut data = Buffer::F64(values);
+            let mut state = Feedback::default();
+            ep.all_reduce_powersgd(
+                group,
+                &mut data,
+                &[(rows, cols), (3, 1)],
+                1,
+                &mut state,
+                "p",
+                "powersgd",
+            )
+            .unwrap();
+            data
+        }));
+        let total: f64 = group.iter().map(|&r| r as f64 + 1.0).sum();
+        for g in &got {
+            let Buffer::F64(v) = g else { unreachable!() };
+            for i in 0..rows {
+                for j in 0..cols {
+                    let want = total * (i as f64 + 1.0) * (j as f64 - 2.0);
+                    assert!(
+                        (v[i * cols + j] - want).abs() < 1e-9,
+                        "{group:?} ({i}, {j}): {}",
+                        v[i * cols + j]
+                    );
+                }
+            }
+            assert_eq!(&v[rows * cols..], &[total, 2.0 * total, 3.0 * total]);
+            assert_eq!(g, &got[0], "every member gets the same bits");
+        }
+        if n > 1 {
+            let ar =
+                |elements: usize| model(Collective::AllReduce, Algorithm::Ring, n, (elements * 8) as u64);
+            // Over the group (chunks of odd lengths differ by an element;
+            // the model rounds each member's share down).
+            let want: u64 = ar(rows + 3).iter().chain(&ar(cols)).sum();
+            let sent: u64 = bytes.iter().sum();
+            assert!(
+                sent >= want && sent <= want + 2 * n as u64,
+                "{group:?}: {sent} vs {want}"
+            );
         }
     }
 }

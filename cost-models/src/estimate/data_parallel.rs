@@ -27,7 +27,7 @@ use crate::comm::{self, Algorithm, BucketFill, Collective, CommError, Span};
 use crate::config::{Schedule, TrainingConfig};
 use crate::pipeline::{self, Stage};
 use crate::workload::{ParamShard, Unit, Workload};
-use crate::Cluster;
+use crate::{Cluster, GradWire};
 
 /// One unit's parameter tensors on one rank, for data-parallel traffic.
 #[derive(Debug, Clone, Default)]
@@ -205,29 +205,37 @@ impl Traffic {
         comm::time(&self.cluster, span, c, a, bytes)
     }
 
+    /// Seconds of one bucket of `bytes` of weights' gradients sent as
+    /// `wire` says over `span`: its collectives one after another, the
+    /// bytes shared among them, and the compression's own work.
+    fn bucket(&self, span: Span, wire: GradWire, bytes: f64) -> Result<f64, CommError> {
+        let calls = wire.calls.max(1) as f64;
+        let each = bytes * wire.ratio(span.ranks()) / calls;
+        let work = bytes * wire.work_per_byte;
+        Ok(calls * self.time(span, wire.collective, wire.algorithm, each)? + work)
+    }
+
     /// Seconds of the bucketed reduction of every gradient of `stage`, its
     /// collectives one after another: an all-reduce (ZeRO-0, by `cfg`'s
     /// algorithm and in its narrower type) or a reduce-scatter (ZeRO-1 to 3).
-    fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<f64, CommError> {
-        self.bucketed(cfg, stage, cfg.grad_reduce.collective(cfg.zero), ratio)
+    fn reduction(&self, cfg: &TrainingConfig, stage: &Stage, wire: GradWire) -> Result<f64, CommError> {
+        self.bucketed(cfg, stage, wire)
     }
 
     /// Seconds of ZeRO-1/2's refresh of `stage`'s weights after the
     /// optimizer step: all-gathers in buckets, as the reduction's.
     fn refresh(&self, cfg: &TrainingConfig, stage: &Stage) -> Result<f64, CommError> {
-        self.bucketed(cfg, stage, (Collective::AllGather, Algorithm::Ring), 1.0)
+        self.bucketed(
+            cfg,
+            stage,
+            GradWire::plain(Collective::AllGather, Algorithm::Ring),
+        )
     }
 
     /// Seconds of `collective` over every tensor of `stage` (`ratio` of its
     /// bytes) in buckets of `cfg`'s cap per data-parallel group, one after
     /// another.
-    fn bucketed(
-        &self,
-        cfg: &TrainingConfig,
-        stage: &Stage,
-        (collective, algorithm): (Collective, Algorithm),
-        ratio: f64,
-    ) -> Result<f64, CommError> {
+    fn bucketed(&self, cfg: &TrainingConfig, stage: &Stage, wire: GradWire) -> Result<f64, CommError> {
         let params = self.stage_params(stage);
         let cap = cfg.grad_reduce.bucket_bytes() as f64;
         let mut seconds = 0.0;
@@ -236,8 +244,7 @@ impl Traffic {
             if count == 0 || span.ranks() <= 1 {
                 continue;
             }
-            let one = self.time(span, collective, algorithm, bytes * ratio / count as f64)?;
-            seconds += one * count as f64;
+            seconds += count as f64 * self.bucket(span, wire, bytes / count as f64)?;
         }
         Ok(seconds)
     }
@@ -252,13 +259,13 @@ impl Traffic {
         cfg: &TrainingConfig,
         stage: &Stage,
         times: [&UnitTime; 3],
-        ratio: f64,
+        wire: GradWire,
     ) -> Result<f64, CommError> {
         let mut exposed = 0.0;
         if cfg.zero < 3 {
-            exposed += self.reduction_tail(cfg, stage, times, ratio)?;
+            exposed += self.reduction_tail(cfg, stage, times, wire)?;
             if cfg.zero == 2 {
-                let reduce = self.reduction(cfg, stage, ratio)?;
+                let reduce = self.reduction(cfg, stage, wire)?;
                 let pass = |backward: bool| -> f64 {
                     self.stage_units(stage)
                         .iter()
@@ -367,14 +374,13 @@ impl Traffic {
         cfg: &TrainingConfig,
         stage: &Stage,
         times: [&UnitTime; 3],
-        ratio: f64,
+        wire: GradWire,
     ) -> Result<f64, CommError> {
         let cap = cfg.grad_reduce.bucket_bytes() as f64;
-        let (collective, algorithm) = cfg.grad_reduce.collective(cfg.zero);
         let spans = [self.data, self.expert_data];
         let one = |group: usize, bytes: f64| -> Result<f64, CommError> {
             match spans[group].ranks() > 1 && bytes > 0.0 {
-                true => self.time(spans[group], collective, algorithm, bytes * ratio),
+                true => self.bucket(spans[group], wire, bytes),
                 false => Ok(0.0),
             }
         };
@@ -447,9 +453,9 @@ impl Traffic {
     /// ZeRO-0 all-reduces once; ZeRO-1 reduce-scatters once and ZeRO-2 once
     /// per micro-batch, both then all-gather the weights; ZeRO-3 gathers
     /// twice and reduce-scatters once per micro-batch; plus the tied sum.
-    /// Gradients send `ratio` bytes per weight byte (compressed, or f32
-    /// main gradients); weights go as they are.
-    pub(super) fn sent(&self, cfg: &TrainingConfig, stage: &Stage, ratio: f64) -> Result<f64, CommError> {
+    /// Gradients go as `wire` says (compressed, or f32 main gradients);
+    /// weights go as they are.
+    pub(super) fn sent(&self, cfg: &TrainingConfig, stage: &Stage, wire: GradWire) -> Result<f64, CommError> {
         let params = self.stage_params(stage);
         let m = cfg.micro_batches() as f64;
         let mut total = 0.0;
@@ -458,12 +464,12 @@ impl Traffic {
             let n = span.ranks();
             let one = |c: Collective, a: Algorithm| comm::bytes_sent(c, a, n, bytes).map(|b| b[0]);
             let ring = Algorithm::Ring;
-            let grads = |c: Collective, a: Algorithm| one(c, a).map(|b| b * ratio);
+            let grads = comm::bytes_sent(wire.collective, wire.algorithm, n, bytes * wire.ratio(n))?[0];
             total += match cfg.zero {
-                0 => grads(Collective::AllReduce, cfg.grad_reduce.algorithm)?,
-                1 => grads(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
-                2 => m * grads(Collective::ReduceScatter, ring)? + one(Collective::AllGather, ring)?,
-                _ => m * (2.0 * one(Collective::AllGather, ring)? + grads(Collective::ReduceScatter, ring)?),
+                0 => grads,
+                1 => grads + one(Collective::AllGather, ring)?,
+                2 => m * grads + one(Collective::AllGather, ring)?,
+                _ => m * (2.0 * one(Collective::AllGather, ring)? + grads),
             };
         }
         if cfg.pp > 1 && (stage.first || stage.last) && self.tied_bytes > 0.0 {
@@ -485,7 +491,11 @@ impl Traffic {
         if cfg.zero != 3 || self.data.ranks() <= 1 {
             return Ok(0.0);
         }
-        let reduction = self.reduction(cfg, stage, 1.0)?;
+        let reduction = self.reduction(
+            cfg,
+            stage,
+            GradWire::plain(Collective::ReduceScatter, Algorithm::Ring),
+        )?;
         let params = self.stage_params(stage);
         let total_bytes: f64 = params
             .units
@@ -709,9 +719,10 @@ mod tests {
                 ..one_stage(4, index, pp)
             };
             let times = [&none, &layer, &none];
-            let tail = t.reduction_tail(&c, &stage, times, ratio).unwrap();
+            let wire = GradWire::scaled(Collective::ReduceScatter, Algorithm::Ring, ratio);
+            let tail = t.reduction_tail(&c, &stage, times, wire).unwrap();
             let refresh = t.refresh(&c, &stage).unwrap();
-            t.after_pipeline(&c, &stage, times, ratio).unwrap() - tail - refresh
+            t.after_pipeline(&c, &stage, times, wire).unwrap() - tail - refresh
         };
         let reduce = |ratio: f64| {
             t.time(t.data, Collective::ReduceScatter, Algorithm::Ring, 8e6 * ratio)
@@ -730,6 +741,8 @@ mod tests {
         assert!((exposed(4, 0, ratio) - 3.0 * 2.0).abs() < 1e-9);
         assert!(exposed(4, 3, ratio).abs() < 1e-9);
     }
+
+    const ALL_REDUCE: GradWire = GradWire::plain(Collective::AllReduce, Algorithm::Ring);
 
     /// A unit whose backward pass takes `seconds` and nothing else.
     fn backward_only(seconds: f64) -> UnitTime {
@@ -756,7 +769,8 @@ mod tests {
                 virtual_stages,
                 ..config(0, true)
             };
-            t.reduction_tail(&cfg, &stage, [&none, &layer, &none], ratio)
+            let wire = GradWire::scaled(Collective::AllReduce, Algorithm::Ring, ratio);
+            t.reduction_tail(&cfg, &stage, [&none, &layer, &none], wire)
                 .unwrap()
         };
         // One pass: eight reductions issued two per second from 1 s on
@@ -799,17 +813,17 @@ mod tests {
         // layer's second of backward; the last layer's and the tied
         // embedding's follow the backward pass.
         let tail = t
-            .reduction_tail(&config(0, true), &stage, [&none, &layer, &none], 1.0)
+            .reduction_tail(&config(0, true), &stage, [&none, &layer, &none], ALL_REDUCE)
             .unwrap();
         assert!((tail - (2.0 * ar(1e6) + ar(2e6))).abs() < 1e-12, "{tail}");
         // Without overlap, all of it: 8 layer tensors and the embedding.
         let all = t
-            .reduction_tail(&config(0, false), &stage, [&none, &layer, &none], 1.0)
+            .reduction_tail(&config(0, false), &stage, [&none, &layer, &none], ALL_REDUCE)
             .unwrap();
         assert!((all - (8.0 * ar(1e6) + ar(2e6))).abs() < 1e-12, "{all}");
         // One bucket for everything but the tied weight: it waits for the end.
         let one = t
-            .reduction_tail(&config(25, true), &stage, [&none, &layer, &none], 1.0)
+            .reduction_tail(&config(25, true), &stage, [&none, &layer, &none], ALL_REDUCE)
             .unwrap();
         assert!((one - (ar(8e6) + ar(2e6))).abs() < 1e-12, "{one}");
     }

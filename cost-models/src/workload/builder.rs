@@ -391,6 +391,7 @@ impl<'g> Builder<'g> {
                 }
                 let shard = ParamShard {
                     elements: self.numel(p) / div,
+                    rows: self.dims[p.index()].first().copied().unwrap_or(1) as f64,
                     dtype: graph.tensor(p).ty.dtype,
                     expert,
                 };

@@ -80,6 +80,9 @@ pub struct CommWork {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ParamShard {
     pub elements: f64,
+    /// The parameter's first dim (whole): PowerSGD views a gradient as
+    /// this many rows by the rest.
+    pub rows: f64,
     pub dtype: DType,
     /// An MoE expert weight: sharded by expert parallelism and reduced over
     /// the expert-data-parallel group.
@@ -174,6 +177,17 @@ enum Place {
     /// layouts of the second layer's.
     Repeat,
     Post,
+}
+
+impl Workload {
+    /// Every parameter shard with how many times it repeats (a layer's
+    /// once per layer).
+    pub fn params_counted(&self) -> impl Iterator<Item = (&ParamShard, usize)> {
+        let units = [(&self.pre, 1), (&self.layer, self.layers), (&self.post, 1)];
+        units
+            .into_iter()
+            .flat_map(|(u, times)| u.params.values().map(move |p| (p, times)))
+    }
 }
 
 impl Workload {

@@ -276,6 +276,14 @@ impl<B: Backend> RankRun<'_, B> {
         }
         let dtype = values.first().ok_or(RankError::NothingToScatter)?.dtype;
         let n = group.len();
+        // Each gradient as a matrix: its first dim by the rest.
+        let shapes = values
+            .iter()
+            .map(|v| {
+                let rows = v.shape.first().copied().unwrap_or(1).max(1);
+                (rows, v.numel() / rows)
+            })
+            .collect();
         let (kind, data, into, name) = match sum {
             GradSum::AllReduce(algorithm) => {
                 let members = params.iter().cloned().zip(values.iter().map(|v| v.shape.clone()));
@@ -318,6 +326,8 @@ impl<B: Backend> RankRun<'_, B> {
             data,
             tag: at.tag(&wire),
             what: at.what.to_string(),
+            shapes,
+            bucket: wire,
         };
         self.overlap(params.to_vec(), job, into, instr, at.step);
         Ok(())
@@ -411,5 +421,7 @@ fn all_gather(group: &[usize], part: Buffer, tag: String, at: At<'_>) -> Job {
         data: part,
         tag,
         what: at.what.to_string(),
+        shapes: Vec::new(),
+        bucket: String::new(),
     }
 }
