@@ -59,6 +59,20 @@ impl Feedback {
 }
 
 impl Endpoint {
+    /// The values to compress (the gradients plus what was kept back) and
+    /// whether they are f32; `None` where nothing would cross a wire (a
+    /// group of one, an empty bucket), so `data` stays as it is.
+    fn lossy_start(
+        &self,
+        group: &[usize],
+        data: &Buffer,
+        state: &mut Feedback,
+        what: &str,
+    ) -> Result<Option<(Vec<f64>, bool)>, CommError> {
+        let ring = self.ring(group, what)?;
+        Ok((ring.n() > 1 && !data.is_empty()).then(|| state.corrected(data)))
+    }
+
     /// Sums `data` over `group` sending each rank's `kept` largest values
     /// (by magnitude; ties to the lower index) and their indices; the rest
     /// of each rank's values, and what rounding to the buffer type lost,
@@ -72,11 +86,9 @@ impl Endpoint {
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
-        let ring = self.ring(group, what)?;
-        if ring.n() == 1 || data.is_empty() {
+        let Some((a, f32)) = self.lossy_start(group, data, state, what)? else {
             return Ok(());
-        }
-        let (a, f32) = state.corrected(data);
+        };
         let kept = kept.clamp(1, a.len());
         let mut order: Vec<usize> = (0..a.len()).collect();
         let larger = |i: &usize, j: &usize| a[*j].abs().total_cmp(&a[*i].abs()).then(i.cmp(j));
@@ -149,11 +161,9 @@ impl Endpoint {
         tag: &str,
         what: &str,
     ) -> Result<(), CommError> {
-        let ring = self.ring(group, what)?;
-        if ring.n() == 1 || data.is_empty() {
+        let Some((a, f32)) = self.lossy_start(group, data, state, what)? else {
             return Ok(());
-        }
-        let (a, f32) = state.corrected(data);
+        };
         let r = rank as usize;
         let starts: Vec<usize> = shapes
             .iter()
@@ -175,7 +185,7 @@ impl Endpoint {
         for (i, (&(m, n), &at)) in shapes.iter().zip(&starts).enumerate() {
             let piece = &a[at..at + m * n];
             match factored(&(m, n)) {
-                true => first.extend(product(piece, &state.factors[i], m, n, r)),
+                true => first.extend(product(piece, &state.factors[i], m, n, r, false)),
                 false => first.extend_from_slice(piece),
             }
         }
@@ -196,7 +206,7 @@ impl Endpoint {
             at_first += len;
             if factored(&(m, n)) {
                 let p = orthonormal(part, m, r);
-                second.extend(transposed_product(&a[at..at + m * n], &p, m, n, r));
+                second.extend(product(&a[at..at + m * n], &p, m, n, r, true));
                 ps.push(p);
             } else {
                 ps.push(part);
@@ -210,7 +220,7 @@ impl Endpoint {
                 widen(&q).0
             }
         };
-        let members = ring.n() as f64;
+        let members = group.len() as f64;
         let (mut out, mut at_q) = (vec![0.0; a.len()], 0);
         for (i, ((&(m, n), &at), p)) in shapes.iter().zip(&starts).zip(&ps).enumerate() {
             if !factored(&(m, n)) {
@@ -251,32 +261,20 @@ fn start_factor(index: usize, cols: usize, r: usize) -> Vec<f64> {
         .collect()
 }
 
-/// `M·Q` for `M` (`m × n`, row-major) and `Q` (`n × r`): `m × r`.
-fn product(mat: &[f64], q: &[f64], m: usize, n: usize, r: usize) -> Vec<f64> {
-    let mut p = vec![0.0; m * r];
+/// `M·Q` for `M` (`m × n`, row-major) and `Q` (`n × r`), an `m × r`
+/// matrix; `transposed`: `Mᵀ·P` for `P` (`m × r`), an `n × r` one.
+fn product(mat: &[f64], other: &[f64], m: usize, n: usize, r: usize, transposed: bool) -> Vec<f64> {
+    let mut out = vec![0.0; if transposed { n } else { m } * r];
     for row in 0..m {
         for col in 0..n {
             let x = mat[row * n + col];
+            let (to, from) = if transposed { (col, row) } else { (row, col) };
             for k in 0..r {
-                p[row * r + k] += x * q[col * r + k];
+                out[to * r + k] += x * other[from * r + k];
             }
         }
     }
-    p
-}
-
-/// `Mᵀ·P` for `M` (`m × n`) and `P` (`m × r`): `n × r`.
-fn transposed_product(mat: &[f64], p: &[f64], m: usize, n: usize, r: usize) -> Vec<f64> {
-    let mut q = vec![0.0; n * r];
-    for row in 0..m {
-        for col in 0..n {
-            let x = mat[row * n + col];
-            for k in 0..r {
-                q[col * r + k] += x * p[row * r + k];
-            }
-        }
-    }
-    q
+    out
 }
 
 /// The columns of `p` (`m × r`) made orthonormal, in order (modified
