@@ -221,7 +221,7 @@ struct PlanArgs {
     #[arg(long)]
     tp_comm_overlap: bool,
     /// Also try the lossy gradient compressions at their default settings
-    /// (PowerSGD rank 32, top-k keeping 10 %), picked only where they make
+    /// (PowerSGD rank 8, top-k keeping 10 %, each after 20 uncompressed steps), picked only where they make
     /// the step faster. Training then differs from uncompressed.
     #[arg(long)]
     allow_lossy_compression: bool,

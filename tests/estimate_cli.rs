@@ -291,8 +291,27 @@ fn grad_compression_halves_f32_gradient_bytes() {
             "{method}: {packed} vs {plain}"
         );
     }
+    // The lossy methods send fewer bytes still; under ZeRO they are refused.
+    for method in ["powersgd:4", "topk:0.01"] {
+        let sent = bytes(&["--grad-compression", method]);
+        assert!(sent < 0.25 * plain, "{method}: {sent} vs {plain}");
+        assert_error(
+            &estimate_args(&[
+                "--gpus",
+                "8",
+                "--global-batch",
+                "8",
+                "--grad-compression",
+                method,
+                "--zero",
+                "1",
+            ]),
+            2,
+            &[method, "ZeRO 1 reduce-scatters"],
+        );
+    }
     common::assert_usage_error(
         &estimate_args(&["--gpus", "8", "--global-batch", "8", "--grad-compression", "int8"]),
-        &["int8", "bf16, fp16"],
+        &["int8", "bf16, fp16, powersgd:R or topk:F"],
     );
 }

@@ -122,7 +122,12 @@ fn sixteen_bit_reductions_train_like_f32_and_send_half_the_gradient_bytes() {
 fn lossy_compressions_train_and_send_what_the_estimate_counts() {
     let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss).collect::<Vec<_>>();
     let sent = |r: &TrainReport| r.ranks[0].bytes_sent as f64;
-    let plain = sent(&run(0, None));
+    let uncompressed = run(0, None);
+    let plain = sent(&uncompressed);
+    // A warm-up reduces uncompressed: the first steps are the plain run's.
+    let warm = run(0, Some("powersgd:4:5".parse().unwrap()));
+    assert_eq!(losses(&warm)[..6], losses(&uncompressed)[..6]);
+    assert_ne!(losses(&warm)[7], losses(&uncompressed)[7]);
     for spelled in ["powersgd:4", "topk:0.05"] {
         let c: GradCompression = spelled.parse().unwrap();
         let report = run(0, Some(c));

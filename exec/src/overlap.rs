@@ -227,19 +227,23 @@ fn collective(endpoint: &Endpoint, job: Job, feedback: &mut Kept) -> Result<Buff
         JobKind::AllReduce(algorithm, None) => endpoint
             .all_reduce(&group, &mut data, algorithm, &tag, &what)
             .map(|()| data),
-        JobKind::AllReduce(_, Some(c)) => match (Half::of(c), c) {
-            (Some(wire), _) => endpoint.all_reduce_narrow(&group, &mut data, wire, &tag, &what),
-            (None, GradCompression::PowerSgd { rank }) => {
-                let state = feedback.entry(bucket).or_default();
-                endpoint.all_reduce_powersgd(&group, &mut data, &shapes, rank, state, &tag, &what)
+        JobKind::AllReduce(algorithm, Some(c)) => {
+            let state = feedback.entry(bucket).or_default();
+            match (Half::of(c), c) {
+                (Some(wire), _) => endpoint.all_reduce_narrow(&group, &mut data, wire, &tag, &what),
+                (None, _) if state.warming(c.warmup()) => {
+                    endpoint.all_reduce(&group, &mut data, algorithm, &tag, &what)
+                }
+                (None, GradCompression::PowerSgd { rank, .. }) => {
+                    endpoint.all_reduce_powersgd(&group, &mut data, &shapes, rank, state, &tag, &what)
+                }
+                (None, _) => {
+                    let kept = c.kept(data.len());
+                    endpoint.all_reduce_topk(&group, &mut data, kept, state, &tag, &what)
+                }
             }
-            (None, _) => {
-                let kept = c.kept(data.len());
-                let state = feedback.entry(bucket).or_default();
-                endpoint.all_reduce_topk(&group, &mut data, kept, state, &tag, &what)
-            }
+            .map(|()| data)
         }
-        .map(|()| data),
         JobKind::ReduceScatter(None) => endpoint.reduce_scatter(&group, &data, &tag, &what),
         JobKind::ReduceScatter(Some(c)) => match Half::of(c) {
             Some(wire) => endpoint.reduce_scatter_narrow(&group, &data, wire, &tag, &what),

@@ -26,6 +26,8 @@ use autopar_cost_models::GradCompression;
 pub struct Feedback {
     residual: Vec<f64>,
     factors: Vec<Vec<f64>>,
+    /// Reductions seen, for a warm-up.
+    calls: u64,
 }
 
 /// The buffer's values in f64, and whether they were f32.
@@ -45,6 +47,13 @@ fn narrow(values: &[f64], f32: bool) -> Buffer {
 }
 
 impl Feedback {
+    /// Whether this reduction is one of the first `warmup`, which go
+    /// uncompressed (PyTorch's `start_powerSGD_iter`); counts it.
+    pub fn warming(&mut self, warmup: u32) -> bool {
+        self.calls += 1;
+        self.calls <= u64::from(warmup)
+    }
+
     /// The gradients plus what this rank kept back last step.
     fn corrected(&mut self, data: &Buffer) -> (Vec<f64>, bool) {
         let (mut a, f32) = widen(data);
