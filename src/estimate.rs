@@ -35,6 +35,7 @@ pub struct Request {
     pub schedule: Schedule,
     pub attention: AttentionKernel,
     pub dropout: bool,
+    pub moe_capacity_factor: Option<f64>,
     pub overlap_grad_reduce: bool,
     /// Gradient bucket size in MiB (0: one collective per parameter tensor).
     pub grad_bucket_mib: u32,
@@ -113,6 +114,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         },
         attention: r.attention,
         dropout: r.dropout,
+        moe_capacity_factor: r.moe_capacity_factor,
     };
     let workload = Workload::build(&graph, &opts).with_context(|| r.model.clone())?;
     let cfg = TrainingConfig {
@@ -131,6 +133,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         seq: r.seq,
         attention: r.attention,
         dropout: r.dropout,
+        moe_capacity_factor: r.moe_capacity_factor,
         overlap_grad_reduce: r.overlap_grad_reduce,
         grad_reduce: autopar_cost_models::GradReduce {
             bucket_mib: r.grad_bucket_mib,

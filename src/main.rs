@@ -212,6 +212,11 @@ struct PlanArgs {
     /// Train with dropout (attention probabilities and residual branches).
     #[arg(long)]
     dropout: bool,
+    /// MoE capacity factor: each expert keeps at most ⌈CF · assignments /
+    /// experts⌉ of a rank's token assignments (drop and pad, as Megatron-Core);
+    /// absent: no token is dropped.
+    #[arg(long, value_name = "CF", value_parser = capacity_factor)]
+    moe_capacity_factor: Option<f64>,
     /// Calibration JSON overriding the default efficiencies.
     #[arg(long)]
     calibration: Option<PathBuf>,
@@ -295,6 +300,11 @@ struct EstimateArgs {
     /// Train with dropout (attention probabilities and residual branches).
     #[arg(long)]
     dropout: bool,
+    /// MoE capacity factor: each expert keeps at most ⌈CF · assignments /
+    /// experts⌉ of a rank's token assignments (drop and pad, as Megatron-Core);
+    /// absent: no token is dropped.
+    #[arg(long, value_name = "CF", value_parser = capacity_factor)]
+    moe_capacity_factor: Option<f64>,
     /// Overlap the gradient reduction with the last backward pass.
     #[arg(long)]
     overlap_grad_reduce: bool,
@@ -320,7 +330,9 @@ struct EstimateArgs {
     #[arg(long)]
     f32_cross_entropy: bool,
     /// Data-parallel gradient reductions sent compressed: bf16 or fp16
-    /// (16-bit values, partial sums in the gradients' own type).
+    /// (16-bit values, partial sums in the gradients' own type), powersgd:R
+    /// or topk:F (lossy, with error feedback; :W after either reduces the
+    /// first W steps uncompressed).
     #[arg(long, value_name = "METHOD")]
     grad_compression: Option<autopar_cost_models::GradCompression>,
     /// Calibration JSON overriding the default efficiencies (see `autopar profile`).
@@ -498,6 +510,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         top: a.top,
         attention: a.attention,
         dropout: a.dropout,
+        moe_capacity_factor: a.moe_capacity_factor,
         calibration: a.calibration,
         output: a.output.clone(),
         limits: autopar_planner::DegreeLimits {
@@ -548,6 +561,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         schedule: a.schedule,
         attention: a.attention,
         dropout: a.dropout,
+        moe_capacity_factor: a.moe_capacity_factor,
         overlap_grad_reduce: a.overlap_grad_reduce,
         grad_bucket_mib: a.grad_bucket_mib,
         tp_comm_overlap: a.tp_comm_overlap,
@@ -644,4 +658,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A capacity factor: a positive finite number.
+fn capacity_factor(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(cf) if cf.is_finite() && cf > 0.0 => Ok(cf),
+        _ => Err(format!(
+            "'{s}' is not a capacity factor (a positive number, such as 1.25)"
+        )),
+    }
 }

@@ -28,6 +28,7 @@ pub struct Request {
     pub top: usize,
     pub attention: AttentionKernel,
     pub dropout: bool,
+    pub moe_capacity_factor: Option<f64>,
     pub calibration: Option<PathBuf>,
     pub output: PathBuf,
     /// What the search may use.
@@ -72,6 +73,7 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         max_memory_fraction: r.max_memory_fraction,
         attention: r.attention,
         dropout: r.dropout,
+        moe_capacity_factor: r.moe_capacity_factor,
         top: r.top,
         tp_comm_overlap: r.tp_comm_overlap,
     };
@@ -208,7 +210,7 @@ fn grads(p: &Parallel) -> String {
 
 fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
     format!(
-        "{}, {} schedule{}, ZeRO {}{}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
+        "{}, {} schedule{}, ZeRO {}{}{}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
         degrees(p),
         p.schedule,
         if p.virtual_stages > 1 {
@@ -218,7 +220,10 @@ fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
         },
         p.zero,
         p.grad_compression
-            .map_or(String::new(), |c| format!(", gradients sent in {c}")),
+            .map_or(String::new(), |c| format!(", gradients sent as {c}")),
+        p.moe_capacity_factor.map_or(String::new(), |cf| format!(
+            ", experts drop beyond capacity factor {cf}"
+        )),
         p.micro_batch,
         p.micro_batches,
         seconds(e.step_time_s),

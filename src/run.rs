@@ -246,6 +246,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                 top: 5,
                 attention: AttentionKernel::Fused,
                 dropout: false,
+                moe_capacity_factor: None,
                 calibration: None,
                 output: r.save_plan.clone().unwrap_or_default(),
                 limits: DegreeLimits {

@@ -34,6 +34,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             max_memory_fraction: 1.0,
             attention: r.config().attention,
             dropout: r.config().dropout,
+            moe_capacity_factor: None,
             top: 1,
             tp_comm_overlap: false,
         };

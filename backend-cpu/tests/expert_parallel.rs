@@ -4,7 +4,9 @@
 //! many rows a rank sends, but when every rank routes alike (identical
 //! rows: a token file exactly one row long), the group sends
 //! `ep − 1` rank-loads in all, whatever the routing: the mean over the
-//! group equals the estimate's even routing, to the byte.
+//! group equals the estimate's even routing, to the byte. Under a
+//! capacity factor every expert's block travels whole (drop and pad): the
+//! bytes are fixed.
 
 use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, TrainingConfig, Workload};
 use autopar_cpu::train;
@@ -28,10 +30,11 @@ fn moe() -> autopar_ir::Graph {
 }
 
 /// Mean bytes a rank sends per step, by the run and by the estimate.
-fn measured_and_estimated(dp: usize, ep: usize) -> (f64, f64) {
+fn measured_and_estimated(dp: usize, ep: usize, cf: Option<f64>) -> (f64, f64) {
     let g = moe();
     let mut s = Strategy::new(dp, 1, 2, 1, 2);
     s.ep = ep;
+    s.capacity_factor = cf;
     let t = for_strategy(&g, &s, SEQ).unwrap();
     let programs = lower(&t, &s).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -51,6 +54,7 @@ fn measured_and_estimated(dp: usize, ep: usize) -> (f64, f64) {
         ep,
         ..w_opts.sharding
     };
+    w_opts.moe_capacity_factor = cf;
     let w = Workload::build(&g, &w_opts).unwrap();
     let cluster = Cluster::preset("cpu").and_then(|c| c.with_gpus(dp)).unwrap();
     let cfg = TrainingConfig {
@@ -58,6 +62,7 @@ fn measured_and_estimated(dp: usize, ep: usize) -> (f64, f64) {
         ep,
         micro_batch: 1,
         global_batch: 2 * dp,
+        moe_capacity_factor: cf,
         ..TrainingConfig::default()
     };
     let estimated = estimate(&w, &cluster, &Calibration::default(), &cfg)
@@ -68,9 +73,16 @@ fn measured_and_estimated(dp: usize, ep: usize) -> (f64, f64) {
 
 #[test]
 fn dispatch_bytes_per_rank_are_the_estimates() {
-    for (dp, ep) in [(2, 2), (4, 4), (4, 2)] {
-        let (measured, estimated) = measured_and_estimated(dp, ep);
-        eprintln!("dp {dp} ep {ep}: {measured} bytes per rank per step, the estimate {estimated}");
+    // Dropless, and dropping and padding at two capacity factors.
+    for (dp, ep, cf) in [
+        (2, 2, None),
+        (4, 4, None),
+        (4, 2, None),
+        (2, 2, Some(1.0)),
+        (4, 4, Some(0.5)),
+    ] {
+        let (measured, estimated) = measured_and_estimated(dp, ep, cf);
+        eprintln!("dp {dp} ep {ep} cf {cf:?}: {measured} bytes per rank per step, the estimate {estimated}");
         assert!(
             (measured - estimated).abs() <= 1e-9 * estimated,
             "dp {dp} ep {ep}: {measured} bytes per rank per step, the estimate counts {estimated}"

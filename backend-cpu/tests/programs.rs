@@ -151,6 +151,7 @@ fn workload(micro_batch: usize) -> Workload {
         // The training graph differentiates attention with one fused AttentionGrad.
         attention: AttentionKernel::Fused,
         dropout: false,
+        moe_capacity_factor: None,
     };
     Workload::build(&model(), &opts).unwrap()
 }

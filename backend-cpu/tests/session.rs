@@ -24,6 +24,7 @@ fn session() -> Session {
         max_memory_fraction: 0.9,
         attention: AttentionKernel::Fused,
         dropout: false,
+        moe_capacity_factor: None,
         top: 1,
         tp_comm_overlap: false,
         limits: DegreeLimits {

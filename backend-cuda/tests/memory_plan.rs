@@ -293,6 +293,7 @@ fn the_activation_peak_is_near_the_cost_model_s_activation_memory() {
             // The training graph differentiates attention with one fused AttentionGrad.
             attention: AttentionKernel::Fused,
             dropout: false,
+            moe_capacity_factor: None,
         },
     )
     .unwrap();

@@ -324,6 +324,25 @@ fn expert_parallel() {
             tol(ON, Precision::F64),
         );
     }
+    // A capacity factor drops what exceeds each expert's block of a rank's
+    // assignments; expert parallelism drops the same (capacity is per
+    // rank's micro-batch), so it gives one rank's losses at that capacity.
+    let capped = |s: Strategy, cf: f64| with(s, |s| s.capacity_factor = Some(cf));
+    let dropless = run(&single, Optimizer::sgd(0.1), 1);
+    let tight = run(&capped(single.clone(), 0.5), Optimizer::sgd(0.1), 1);
+    assert!((tight.steps[0].loss - dropless.steps[0].loss).abs() > 1e-6, "a capacity of half drops tokens");
+    for s in [
+        with(Strategy::new(2, 1, 2, 1, 2), |s| s.ep = 2),
+        with(Strategy::new(4, 1, 2, 1, 1).with_tp(1, false), |s| s.ep = 4),
+    ] {
+        for cf in [0.5, 1.25] {
+            assert_same_step(
+                &run(&capped(single.clone(), cf), Optimizer::sgd(0.1), 1),
+                &run(&capped(s.clone(), cf), Optimizer::sgd(0.1), 1),
+                tol(ON, Precision::F64),
+            );
+        }
+    }
 }
 
 fn the_bundled_onnx_models_train_in_parallel() {

@@ -340,6 +340,9 @@ pub struct TrainingConfig {
     pub attention: AttentionKernel,
     /// Dropout on (Megatron's placement; see [`crate::workload::WorkloadOptions`]).
     pub dropout: bool,
+    /// MoE capacity factor (drop and pad); `None`: no token is dropped
+    /// ([`crate::workload::WorkloadOptions::moe_capacity_factor`]).
+    pub moe_capacity_factor: Option<f64>,
     /// Gradient reduction overlaps the last micro-batch's backward pass
     /// (bucketed, as PyTorch DDP does) instead of following it.
     pub overlap_grad_reduce: bool,
@@ -586,6 +589,7 @@ impl Default for TrainingConfig {
             seq: None,
             attention: AttentionKernel::Fused,
             dropout: false,
+            moe_capacity_factor: None,
             overlap_grad_reduce: false,
             grad_reduce: GradReduce::default(),
             tp_comm_overlap: false,

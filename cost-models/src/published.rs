@@ -196,6 +196,7 @@ impl PublishedRun {
             },
             attention: self.setting.attention,
             dropout: self.setting.dropout,
+            moe_capacity_factor: None,
         }
     }
 

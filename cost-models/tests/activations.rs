@@ -23,6 +23,7 @@ fn workload(tp: usize, sp: bool, attention: AttentionKernel) -> Workload {
         sharding: Sharding { tp, sp, cp: 1, ep: 1 },
         attention,
         dropout: true,
+        moe_capacity_factor: None,
     };
     Workload::build(&graph, &opts).unwrap()
 }

@@ -73,6 +73,7 @@ fn workload(c: &Case, attention: AttentionKernel) -> Workload {
         },
         attention,
         dropout: true,
+        moe_capacity_factor: None,
     };
     Workload::build(&spec.build().unwrap(), &opts).unwrap()
 }

@@ -14,6 +14,14 @@
 //! Shapes are static, so a rank's received rows live in blocks padded to
 //! what one rank could send (`n·k` rows each); only the routed rows
 //! travel, and the cost model counts only those (`MoeExperts::sources`).
+//!
+//! With a capacity factor (`parallel.moe_capacity_factor`) each expert keeps
+//! at most `C` of a rank's assignments in a block of `C` rows
+//! ([`autopar_cost_models::workload::expert_capacity`]), the blocks travel
+//! whole in an all-to-all of equal parts (Megatron-Core's drop and pad), and
+//! a dropped assignment weighs nothing: the token keeps its residual. The
+//! same rewrite runs without expert parallelism, so every strategy drops
+//! the same assignments.
 
 use super::tensor_parallel::{TpError, WeightSlice};
 use autopar_ir::{
@@ -24,7 +32,11 @@ use std::collections::BTreeMap;
 
 /// Splits every `MoeExperts` node of `g` over an `ep`-way group, in place;
 /// returns the expert weights now stored as slices.
-pub fn shard_experts(g: &mut Graph, ep: usize) -> Result<BTreeMap<String, WeightSlice>, TpError> {
+pub fn shard_experts(
+    g: &mut Graph,
+    ep: usize,
+    capacity_factor: Option<f64>,
+) -> Result<BTreeMap<String, WeightSlice>, TpError> {
     let nodes: Vec<NodeIndex> = g
         .node_indices()
         .filter(|&i| matches!(g.node(i).op, Op::MoeExperts { .. }))
@@ -39,7 +51,7 @@ pub fn shard_experts(g: &mut Graph, ep: usize) -> Result<BTreeMap<String, Weight
     }
     let mut slices = BTreeMap::new();
     for idx in nodes {
-        split_node(g, idx, ep, &mut slices)?;
+        split_node(g, idx, ep, capacity_factor, &mut slices)?;
     }
     g.validate()?;
     Ok(slices)
@@ -275,10 +287,31 @@ fn expert_param(g: &Graph, w: TensorId) -> Result<(TensorId, Vec<NodeIndex>), St
     }
 }
 
+/// The experts' rows of one `MoeExperts` node as a rank lays them out: what
+/// the node runs on, each row's local expert (−1: none) and the route back.
+struct Rows {
+    /// The rows the rank's experts run on, and how many they hold.
+    x: TensorId,
+    count: usize,
+    /// Each row's local expert.
+    slots: TensorId,
+    /// How often a row in the padded blocks is routed (`MoeExperts::sources`).
+    sources: usize,
+}
+
+/// How the experts' results go back to the tokens' ranks.
+enum Route {
+    /// Only the routed rows, as counted going out.
+    Counted { sent: TensorId, received: TensorId },
+    /// Every expert's block whole (drop and pad).
+    Blocks,
+}
+
 fn split_node(
     g: &mut Graph,
     idx: NodeIndex,
     ep: usize,
+    capacity_factor: Option<f64>,
     slices: &mut BTreeMap<String, WeightSlice>,
 ) -> Result<(), TpError> {
     let node = g.node(idx).clone();
@@ -291,12 +324,17 @@ fn split_node(
             "expected (x, weights, indices, w_in, w_out, w_gate?)".into(),
         ));
     };
+    let Op::MoeExperts { activation, .. } = node.op else {
+        return Err(fail("not an experts node".into()));
+    };
     let experts = g.tensor(w_in).ty.shape.0[0].fixed().unwrap_or(0);
     if experts % ep != 0 {
         return Err(fail(format!("{experts} experts do not split {ep}-way")));
     }
     let local = experts / ep;
-    slice_expert_weights(g, idx, local, slices).map_err(fail)?;
+    if ep > 1 {
+        slice_expert_weights(g, idx, local, slices).map_err(fail)?;
+    }
     let out = node.outputs[0];
     let block = g.blocks.iter().position(|b| b.nodes.contains(&node.name));
     g.remove_node(idx);
@@ -311,43 +349,103 @@ fn split_node(
     let h = *x_dims.last().unwrap_or(&1);
     let k = *a.dims(indices).last().unwrap_or(&1);
     let n = x_dims.iter().product::<usize>() / h.max(1);
-    let rows = n * k;
-    // Assignments sorted by expert, and how many go to each of a rank's experts.
-    let sorted = a.add_many(Op::MoeSort { experts }, &[indices], 3)?;
+    let assignments = n * k;
+    let tokens = a.reshape(x, &[n, h])?;
+    let capacity =
+        capacity_factor.map(|cf| autopar_cost_models::workload::expert_capacity(cf, assignments, experts));
+    let sorted = a.add_many(Op::MoeSort { experts, capacity }, &[indices], 3)?;
     let (order, position) = (sorted[0], sorted[1]);
-    let sent = a.reshape(sorted[2], &[ep, local])?;
-    let count_exchange = Op::Comm {
-        kind: CommKind::AllToAll,
+    // Each token row, once per chosen expert, sorted by expert.
+    let packed = a.gather(tokens, order)?;
+    let exchange = |kind| Op::Comm {
+        kind,
         axis: 0,
         parts: ep,
         group: CommGroup::Expert,
     };
-    let received = a.add(count_exchange, &[sent], a.g.tensor(sent).ty.clone())?;
-    // Each token row, once per chosen expert, packed by destination rank.
-    let tokens = a.reshape(x, &[n, h])?;
-    let packed = a.gather(tokens, order)?;
-    let dispatched = a.counted(CommKind::Dispatch, packed, sent, received, rows * ep)?;
-    // This rank's experts on the rows it received; padding is routed nowhere.
-    let slots = a.add_many(Op::MoeSlots { rows }, &[received], 1)?[0];
-    let slots = a.reshape(slots, &[ep * rows, 1])?;
+    let mut weights = weights;
     let wdtype = a.g.tensor(weights).ty.dtype;
-    let ones = a.constant(Value::ones(wdtype, vec![ep * rows, 1]));
-    let Op::MoeExperts { activation, .. } = node.op else {
-        return Err(fail("not an experts node".into()));
+    let (rows, route) = match capacity {
+        // Dropless: the counts exchanged, then only routed rows travel.
+        None => {
+            let sent = a.reshape(sorted[2], &[ep, local])?;
+            let received = a.add(exchange(CommKind::AllToAll), &[sent], a.g.tensor(sent).ty.clone())?;
+            let dispatched = a.counted(CommKind::Dispatch, packed, sent, received, assignments * ep)?;
+            let slots = a.add_many(Op::MoeSlots { rows: assignments }, &[received], 1)?[0];
+            let rows = Rows {
+                x: dispatched,
+                count: ep * assignments,
+                slots,
+                sources: ep,
+            };
+            (rows, Route::Counted { sent, received })
+        }
+        // Drop and pad: every expert's block of `c` rows travels whole (an
+        // all-to-all of equal blocks), dropped assignments weigh nothing.
+        Some(c) => {
+            let count = experts * c;
+            let dispatched = match ep > 1 {
+                true => a.add(
+                    exchange(CommKind::AllToAll),
+                    &[packed],
+                    a.g.tensor(packed).ty.clone(),
+                )?,
+                false => packed,
+            };
+            let ids = (0..count).map(|row| ((row / c) % local) as i64).collect();
+            let slots = a.constant(Value::i64(vec![count], ids).expect("slots"));
+            let zero = a.constant(Value::scalar_i64(0));
+            let kept = a.binary(BinaryOp::GreaterOrEqual, position, zero, DType::Bool)?;
+            let kept = a.add(
+                Op::cast(wdtype),
+                &[kept],
+                TensorType {
+                    dtype: wdtype,
+                    shape: Shape::fixed(&[assignments]),
+                },
+            )?;
+            let kept = a.reshape(kept, &a.dims(weights))?;
+            weights = a.binary(BinaryOp::Mul, weights, kept, wdtype)?;
+            let rows = Rows {
+                x: dispatched,
+                count,
+                slots,
+                sources: 1,
+            };
+            (rows, Route::Blocks)
+        }
     };
-    let mut inputs = vec![Some(dispatched), Some(ones), Some(slots)];
+    // This rank's experts on its rows; padding is routed nowhere.
+    let slots = a.reshape(rows.slots, &[rows.count, 1])?;
+    let ones = a.constant(Value::ones(wdtype, vec![rows.count, 1]));
+    let mut inputs = vec![Some(rows.x), Some(ones), Some(slots)];
     inputs.extend(node.inputs[3..].iter().copied());
-    let share_ty = a.g.tensor(dispatched).ty.clone();
+    let share_ty = a.g.tensor(rows.x).ty.clone();
     let share =
         a.g.add_tensor(format!("{}.share", node.name), share_ty, Role::Activation, None);
     let experts_op = Op::MoeExperts {
         activation,
-        sources: ep,
+        sources: rows.sources,
     };
     a.g.add_node(node.name.clone(), experts_op, inputs, vec![share])?;
-    // The results back to the tokens' ranks, in assignment order, weighted
-    // by the router and summed over each token's experts.
-    let returned = a.counted(CommKind::Combine, share, received, sent, rows)?;
+    // The results back to the tokens' ranks, in assignment order (a dropped
+    // assignment reads row 0 and weighs nothing), weighted by the router
+    // and summed over each token's experts.
+    let returned = match route {
+        Route::Counted { sent, received } => {
+            a.counted(CommKind::Combine, share, received, sent, assignments)?
+        }
+        Route::Blocks if ep > 1 => {
+            let ty = a.g.tensor(share).ty.clone();
+            a.add(exchange(CommKind::AllToAll), &[share], ty)?
+        }
+        Route::Blocks => share,
+    };
+    let zero = a.constant(Value::scalar_i64(0));
+    let position = match capacity {
+        Some(_) => a.binary(BinaryOp::Max, position, zero, DType::I64)?,
+        None => position,
+    };
     let ordered = a.gather(returned, position)?;
     let mut lead = x_dims[..x_dims.len() - 1].to_vec();
     lead.extend([k, h]);

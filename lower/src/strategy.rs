@@ -28,6 +28,9 @@ pub struct Strategy {
     /// The 16-bit float type data-parallel gradient reductions send
     /// (`parallel.grad_compression`); `None` sends them as they are.
     pub compression: Option<autopar_cost_models::GradCompression>,
+    /// MoE capacity factor (`parallel.moe_capacity_factor`): experts drop
+    /// what exceeds their blocks; `None` drops nothing.
+    pub capacity_factor: Option<f64>,
     /// Gradients are reduced in buckets of at least this many bytes, in the
     /// order the backward pass completes them; 0: one collective per parameter.
     pub bucket_bytes: usize,
@@ -87,6 +90,7 @@ impl Strategy {
             micro_batches,
             reduction: Algorithm::Ring,
             compression: None,
+            capacity_factor: None,
             bucket_bytes: autopar_cost_models::GradReduce::default().bucket_bytes(),
             prefetch: DEFAULT_PREFETCH,
             stage_layers,
@@ -220,6 +224,7 @@ impl Strategy {
             micro_batches: p.micro_batches,
             reduction,
             compression,
+            capacity_factor: p.moe_capacity_factor,
             bucket_bytes: autopar_cost_models::GradReduce {
                 bucket_mib: p.grad_bucket_mib,
                 ..Default::default()
@@ -282,6 +287,12 @@ impl Strategy {
                     "expert-parallel groups of {} must divide dp = {}",
                     self.ep, self.dp
                 ),
+            ));
+        }
+        if let Some(cf) = self.capacity_factor.filter(|cf| !(cf.is_finite() && *cf > 0.0)) {
+            return Err(field(
+                "parallel.moe_capacity_factor",
+                format!("{cf} is not a capacity factor (a positive number, such as 1.25)"),
             ));
         }
         if self.zero > 3 {

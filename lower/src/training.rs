@@ -109,7 +109,13 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
         s.micro_batch,
         seq,
         s.global_batch() * seq,
-        (s.tp, s.sp, s.cp, s.ep),
+        Split {
+            tp: s.tp,
+            sp: s.sp,
+            cp: s.cp,
+            ep: s.ep,
+            capacity_factor: s.capacity_factor,
+        },
         &s.sharding,
         copies,
     )
@@ -130,10 +136,25 @@ pub fn training_graph(
         micro_batch,
         seq,
         global_tokens,
-        (1, false, 1, 1),
+        Split {
+            tp: 1,
+            sp: false,
+            cp: 1,
+            ep: 1,
+            capacity_factor: None,
+        },
         &[],
         true,
     )
+}
+
+/// How [`build`] splits the model: the degrees, and the experts' capacity.
+struct Split {
+    tp: usize,
+    sp: bool,
+    cp: usize,
+    ep: usize,
+    capacity_factor: Option<f64>,
 }
 
 fn build(
@@ -141,10 +162,17 @@ fn build(
     micro_batch: usize,
     seq: usize,
     global_tokens: usize,
-    (tp, sp, cp, ep): (usize, bool, usize, usize),
+    split: Split,
     sharding: &[OpSharding],
     copies: bool,
 ) -> Result<TrainingGraph, TrainingError> {
+    let Split {
+        tp,
+        sp,
+        cp,
+        ep,
+        capacity_factor,
+    } = split;
     let mut g = model.clone();
     g.bindings.insert("batch".into(), micro_batch);
     g.bindings.insert("seq".into(), seq);
@@ -195,9 +223,9 @@ fn build(
         check_tied_slices(&tied, &slices)?;
     }
     let mut expert_slices = BTreeMap::new();
-    if ep > 1 {
+    if ep > 1 || capacity_factor.is_some() {
         bind(&mut g)?;
-        expert_slices = shard_experts(&mut g, ep)?;
+        expert_slices = shard_experts(&mut g, ep, capacity_factor)?;
     }
     if cp > 1 {
         let per_token: Vec<String> = feeds

@@ -47,6 +47,7 @@ fn main() {
             max_memory_fraction: 1.0,
             attention: r.config().attention,
             dropout: r.config().dropout,
+            moe_capacity_factor: None,
             top: 5,
             tp_comm_overlap: false,
         };

@@ -225,6 +225,7 @@ pub fn planned_workload(
         },
         attention: cfg.attention,
         dropout: cfg.dropout,
+        moe_capacity_factor: cfg.moe_capacity_factor,
     };
     let names: BTreeMap<String, String> = sharding
         .iter()

@@ -125,6 +125,10 @@ pub struct Parallel {
     pub global_batch: usize,
     pub attention: AttentionKernel,
     pub dropout: bool,
+    /// MoE experts keep at most `⌈cf · assignments / experts⌉` of a rank's
+    /// token assignments each (drop and pad). Absent: no token is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_capacity_factor: Option<f64>,
     /// How gradients cross the data-parallel group.
     pub grad_reduce: Algorithm,
     /// Gradients sent as this type, if compressed.
@@ -213,6 +217,7 @@ impl Plan {
             seq: self.inputs.seq,
             attention: p.attention,
             dropout: p.dropout,
+            moe_capacity_factor: p.moe_capacity_factor,
             overlap_grad_reduce: true,
             grad_reduce: autopar_cost_models::GradReduce {
                 algorithm: p.grad_reduce,
@@ -250,6 +255,7 @@ impl Parallel {
             global_batch: cfg.global_batch,
             attention: cfg.attention,
             dropout: cfg.dropout,
+            moe_capacity_factor: cfg.moe_capacity_factor,
             grad_reduce: cfg.grad_reduce.algorithm,
             grad_compression: cfg.grad_reduce.compression,
             grad_bucket_mib: cfg.grad_reduce.bucket_mib,

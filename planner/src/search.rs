@@ -54,6 +54,9 @@ pub struct SearchOptions {
     pub max_memory_fraction: f64,
     pub attention: AttentionKernel,
     pub dropout: bool,
+    /// MoE capacity factor the model trains with (drop and pad); `None`:
+    /// no token is dropped.
+    pub moe_capacity_factor: Option<f64>,
     /// How many of the fastest plans to keep.
     pub top: usize,
     /// What the search may use (degrees, gradient compression).
@@ -74,6 +77,7 @@ impl SearchOptions {
             max_memory_fraction: 0.9,
             attention: AttentionKernel::Fused,
             dropout: false,
+            moe_capacity_factor: None,
             top,
             limits: DegreeLimits::RUNNABLE,
             tp_comm_overlap: false,
@@ -213,6 +217,7 @@ fn workload_options(
         sharding: Sharding { tp, sp, cp, ep },
         attention: opts.attention,
         dropout: opts.dropout,
+        moe_capacity_factor: opts.moe_capacity_factor,
     }
 }
 
@@ -553,6 +558,7 @@ fn search_mesh(
             seq: opts.seq,
             attention: opts.attention,
             dropout: opts.dropout,
+            moe_capacity_factor: opts.moe_capacity_factor,
             mesh_order: order,
             overlap_grad_reduce: true,
             tp_comm_overlap: opts.tp_comm_overlap,

@@ -69,6 +69,7 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
             },
             attention: opts.attention,
             dropout: opts.dropout,
+            moe_capacity_factor: None,
         },
     )
     .unwrap();
@@ -98,6 +99,7 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
                                 sharding: Sharding { tp, sp, cp, ep: 1 },
                                 attention: opts.attention,
                                 dropout: opts.dropout,
+                                moe_capacity_factor: None,
                             },
                         )
                         .unwrap();
@@ -207,6 +209,7 @@ fn check(
         max_memory_fraction: fraction,
         attention: AttentionKernel::Fused,
         dropout: false,
+        moe_capacity_factor: None,
         top: 3,
         tp_comm_overlap: false,
     };

@@ -128,6 +128,7 @@ pub fn workload_options(seq: usize, tp: usize, sp: bool) -> WorkloadOptions {
         sharding: Sharding { tp, sp, cp: 1, ep: 1 },
         attention: AttentionKernel::Fused,
         dropout: false,
+        moe_capacity_factor: None,
     }
 }
 

@@ -255,7 +255,17 @@ impl<'g> Builder<'g> {
             dtype: graph.tensor(t).ty.dtype,
             shape: Shape::fixed(&self.dims[t.index()]),
         };
-        let input_types: Vec<Option<TensorType>> = node.inputs.iter().map(|t| t.map(resolved)).collect();
+        let mut input_types: Vec<Option<TensorType>> = node.inputs.iter().map(|t| t.map(resolved)).collect();
+        if let Some(rows) = self.padded_expert_rows(node) {
+            // Under a capacity factor a rank's experts run on every row of
+            // their padded blocks, each row one assignment.
+            let h = self.dispatch_geometry(node).map_or(1, |d| d.h);
+            for (slot, dims) in [(0, [rows, h]), (1, [rows, 1]), (2, [rows, 1])] {
+                if let Some(t) = input_types.get_mut(slot).and_then(Option::as_mut) {
+                    t.shape = Shape::fixed(&dims);
+                }
+            }
+        }
         let output_types: Vec<TensorType> = node.outputs.iter().map(|&t| resolved(t)).collect();
         let dtype = output_types.first().map_or(DType::F32, |t| t.dtype);
         let split = match (d.weight_sharded, d.output) {
@@ -511,7 +521,9 @@ impl<'g> Builder<'g> {
                     }
                 }
             }
-            Op::MoeExperts { .. } if s.ep > 1 => self.dispatch(node, u),
+            Op::MoeExperts { .. } if s.ep > 1 || self.opts.moe_capacity_factor.is_some() => {
+                self.dispatch(node, u)
+            }
             _ => {}
         }
     }
@@ -525,19 +537,21 @@ impl<'g> Builder<'g> {
     /// rows received (blocks padded to what one rank could send), the
     /// returned rows and the permutations are kept for backward.
     fn dispatch(&mut self, node: &autopar_ir::Node, u: usize) {
-        let s = self.opts.sharding;
-        let input = |i: usize| node.inputs.get(i).copied().flatten();
-        let (Some(x), Some(w_in), Some(ids)) = (input(0), input(3), input(2)) else {
+        let Some(d) = self.dispatch_geometry(node) else {
             return;
         };
-        let x_dims = &self.dims[x.index()];
-        let h = x_dims.last().copied().unwrap_or(1);
-        let k = self.dims[ids.index()].last().copied().unwrap_or(1);
-        let experts = self.dims[w_in.index()].first().copied().unwrap_or(1);
-        let read = self.reads.first().copied().flatten().unwrap_or(s.cp as f64);
-        let n = ((x_dims.iter().product::<usize>() / h.max(1)) as f64 / read).round() as usize;
-        let (rows, ep, local) = (n * k, s.ep, experts / s.ep);
-        let dtype = self.graph.tensor(x).ty.dtype;
+        let Dispatch {
+            n,
+            k,
+            h,
+            experts,
+            capacity,
+        } = d;
+        let s = self.opts.sharding;
+        let (assignments, ep, local) = (n * k, s.ep, experts / s.ep);
+        // Rows each rank's experts run on: padded blocks per source.
+        let rows = capacity.map_or(assignments, |c| experts * c);
+        let dtype = d.dtype(self.graph, node);
         let float = |dims: &[usize]| TensorType {
             dtype,
             shape: Shape::fixed(dims),
@@ -546,17 +560,18 @@ impl<'g> Builder<'g> {
             dtype: DType::I64,
             shape: Shape::fixed(dims),
         };
+        let binary = |func| Op::Binary { func };
         let sum = Op::Reduce {
             kind: autopar_ir::ReduceKind::Sum,
             axes: Some(vec![-2]),
             keepdims: false,
             noop_with_empty_axes: false,
         };
-        let kernels = [
+        let mut kernels = vec![
             (
-                Op::MoeSort { experts },
+                Op::MoeSort { experts, capacity },
                 vec![int(&[n, k])],
-                vec![int(&[rows]), int(&[rows]), int(&[experts])],
+                vec![int(&[rows]), int(&[assignments]), int(&[experts])],
             ),
             (
                 Op::Gather { axis: 0 },
@@ -564,47 +579,141 @@ impl<'g> Builder<'g> {
                 vec![float(&[rows, h])],
             ),
             (
-                Op::MoeSlots { rows },
-                vec![int(&[ep, local])],
-                vec![int(&[ep * rows])],
-            ),
-            (
                 Op::Gather { axis: 0 },
-                vec![float(&[rows, h]), int(&[rows])],
-                vec![float(&[rows, h])],
+                vec![float(&[rows, h]), int(&[assignments])],
+                vec![float(&[assignments, h])],
             ),
             (
-                Op::Binary {
-                    func: autopar_ir::BinaryOp::Mul,
-                },
+                binary(autopar_ir::BinaryOp::Mul),
                 vec![float(&[n, k, h]), float(&[n, k, 1])],
                 vec![float(&[n, k, h])],
             ),
             (sum, vec![float(&[n, k, h])], vec![float(&[n, h])]),
         ];
+        match capacity {
+            None => kernels.push((
+                Op::MoeSlots { rows: assignments },
+                vec![int(&[ep, local])],
+                vec![int(&[ep * rows])],
+            )),
+            // The kept assignments' mask, on the routing weights.
+            Some(_) => {
+                let flat = [assignments];
+                kernels.extend([
+                    (
+                        binary(autopar_ir::BinaryOp::GreaterOrEqual),
+                        vec![int(&flat), int(&[])],
+                        vec![TensorType {
+                            dtype: DType::Bool,
+                            shape: Shape::fixed(&flat),
+                        }],
+                    ),
+                    (
+                        Op::cast(dtype),
+                        vec![TensorType {
+                            dtype: DType::Bool,
+                            shape: Shape::fixed(&flat),
+                        }],
+                        vec![float(&flat)],
+                    ),
+                    (
+                        binary(autopar_ir::BinaryOp::Mul),
+                        vec![float(&[n, k]), float(&[n, k])],
+                        vec![float(&[n, k])],
+                    ),
+                    (
+                        binary(autopar_ir::BinaryOp::Max),
+                        vec![int(&flat), int(&[])],
+                        vec![int(&flat)],
+                    ),
+                ]);
+            }
+        }
         let name = format!("{}/dispatch", node.name);
         for (op, inputs, outputs) in kernels {
             let priced = self.synthetic(&op, &name, inputs, &outputs, 1.0);
             self.units[u].ops.extend(priced);
         }
         let width = dtype.size_bits() as f64 / 8.0;
-        let routed = (rows * h) as f64 * width;
-        self.units[u].saved_bytes += (ep + 1) as f64 * routed + ((ep + 2) * rows * 8) as f64;
-        let exchanges = [
-            // The counts (i64, which the collectives carry as 8 bytes).
-            (Some(Collective::AllToAll), None, (experts * 8) as f64),
-            (Some(Collective::AllToAll), Some(Collective::AllToAll), routed),
-            (Some(Collective::AllToAll), Some(Collective::AllToAll), routed),
-        ];
-        for (forward, backward, bytes) in exchanges {
+        let row = h as f64 * width;
+        // Kept for backward: the rows the experts ran on and the rows
+        // returned in assignment order, and the permutations (and mask).
+        let (received, exchanges) = match capacity {
+            None => (
+                ep * assignments,
+                vec![
+                    // The counts (i64, which the collectives carry as 8 bytes).
+                    (None, (experts * 8) as f64),
+                    (Some(Collective::AllToAll), assignments as f64 * row),
+                    (Some(Collective::AllToAll), assignments as f64 * row),
+                ],
+            ),
+            Some(_) => (
+                rows,
+                vec![
+                    (Some(Collective::AllToAll), rows as f64 * row),
+                    (Some(Collective::AllToAll), rows as f64 * row),
+                ],
+            ),
+        };
+        let ints = match capacity {
+            None => (ep + 2) * assignments,
+            Some(_) => rows + 2 * assignments,
+        };
+        let mask = if capacity.is_some() {
+            assignments as f64 * width
+        } else {
+            0.0
+        };
+        self.units[u].saved_bytes += (received + assignments) as f64 * row + (ints * 8) as f64 + mask;
+        if ep == 1 {
+            return;
+        }
+        for (backward, bytes) in exchanges {
             self.units[u].comms.push(CommWork {
                 group: Group::Expert,
-                forward,
+                forward: Some(Collective::AllToAll),
                 backward,
                 bytes,
                 regathered: false,
             });
         }
+    }
+
+    /// Rows an experts node runs on under a capacity factor, as the whole
+    /// graph counts them (`cp` times a rank's padded blocks).
+    fn padded_expert_rows(&self, node: &autopar_ir::Node) -> Option<usize> {
+        if !matches!(node.op, Op::MoeExperts { .. }) {
+            return None;
+        }
+        let d = self.dispatch_geometry(node)?;
+        Some(d.experts * d.capacity? * self.opts.sharding.cp)
+    }
+
+    /// A rank's share of an experts node's routing: its `n` tokens' `k`
+    /// assignments of `h`-wide rows over `experts`, and each expert's
+    /// block of rows under the workload's capacity factor.
+    fn dispatch_geometry(&self, node: &autopar_ir::Node) -> Option<Dispatch> {
+        let input = |i: usize| node.inputs.get(i).copied().flatten();
+        let (x, ids, w_in) = (input(0)?, input(2)?, input(3)?);
+        let x_dims = &self.dims[x.index()];
+        let h = x_dims.last().copied().unwrap_or(1);
+        let k = self.dims[ids.index()].last().copied().unwrap_or(1);
+        let experts = self.dims[w_in.index()].first().copied().unwrap_or(1);
+        let cp = self.opts.sharding.cp as f64;
+        let read = self.reads.first().copied().flatten().unwrap_or(cp);
+        let n = ((x_dims.iter().product::<usize>() / h.max(1)) as f64 / read).round() as usize;
+        let capacity = self
+            .opts
+            .moe_capacity_factor
+            .map(|cf| super::expert_capacity(cf, n * k, experts));
+        Some(Dispatch {
+            n,
+            k,
+            h,
+            experts,
+            capacity,
+        })
     }
 
     /// The kernels of an op lowering adds beside the graph's own, at one
@@ -790,4 +899,24 @@ fn is_attention_scores(graph: &Graph, node: &autopar_ir::Node) -> bool {
         .iter()
         .flatten()
         .all(|&t| graph.tensor(t).role == Role::Activation)
+}
+
+/// A rank's share of an experts node's routing ([`Builder::dispatch_geometry`]).
+struct Dispatch {
+    n: usize,
+    k: usize,
+    h: usize,
+    experts: usize,
+    /// Each expert's block of rows, under a capacity factor.
+    capacity: Option<usize>,
+}
+
+impl Dispatch {
+    fn dtype(&self, g: &Graph, node: &autopar_ir::Node) -> DType {
+        node.inputs
+            .first()
+            .copied()
+            .flatten()
+            .map_or(DType::F32, |x| g.tensor(x).ty.dtype)
+    }
 }

@@ -38,6 +38,14 @@ pub struct Sharding {
     pub ep: usize,
 }
 
+/// Rows each expert keeps of one rank's `assignments` under capacity
+/// factor `cf` (Switch Transformer's, over one rank's tokens as
+/// Megatron-Core's drop and pad): `⌈cf · assignments / experts⌉`, at least
+/// one. Lowering sizes the experts' blocks by it and the cost model prices them.
+pub fn expert_capacity(cf: f64, assignments: usize, experts: usize) -> usize {
+    ((cf * assignments as f64 / experts.max(1) as f64).ceil() as usize).max(1)
+}
+
 /// What to build the workload for.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkloadOptions {
@@ -50,6 +58,10 @@ pub struct WorkloadOptions {
     /// Training dropout in the Megatron places: on attention probabilities
     /// and on each residual branch (and the embedding sum) before it is added.
     pub dropout: bool,
+    /// MoE experts keep at most `⌈cf · assignments / experts⌉` of a rank's
+    /// token assignments each, in blocks of that many rows (drop and pad);
+    /// `None`: no token is dropped.
+    pub moe_capacity_factor: Option<f64>,
 }
 
 /// The tensor-parallel, context-parallel or expert-parallel group.
@@ -407,6 +419,7 @@ mod tests {
             sharding: Sharding { tp, sp, cp: 1, ep },
             attention: AttentionKernel::Fused,
             dropout: false,
+            moe_capacity_factor: None,
         };
         Workload::build(&spec.build().unwrap(), &opts).unwrap()
     }
@@ -626,6 +639,7 @@ mod tests {
             },
             attention: AttentionKernel::Fused,
             dropout: false,
+            moe_capacity_factor: None,
         };
         assert!(Workload::build(&g, &opts(4)).is_ok());
         let err = Workload::build(&g, &opts(2)).unwrap_err();

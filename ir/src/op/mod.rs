@@ -211,8 +211,15 @@ pub enum Op {
     /// all i64, over the `n` tokens' `k` assignments sorted by expert (ties
     /// in assignment order): the token each sorted row reads, the sorted row
     /// of each assignment, and the rows of each expert. Expert parallelism's
-    /// permutation before its dispatch.
-    MoeSort { experts: usize } => moe, MoeRouting, 3, io;
+    /// permutation before its dispatch. With a `capacity`, each expert keeps
+    /// its first `capacity` assignments in a block of that many rows
+    /// (`order` is `[experts·capacity]`, padding reads token 0), a dropped
+    /// assignment's position is −1, and `counts` are the kept ones.
+    MoeSort {
+        experts: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        capacity: Option<usize>,
+    } => moe, MoeRouting, 3, io;
     /// `(counts[parts, local] i64)` → `[parts·rows]` i64: the local expert of
     /// each row of a dispatch's output (block `s` holds `Σ counts[s]` rows
     /// sorted by expert, then padding, marked −1).

@@ -159,11 +159,15 @@ fn i64_value(cx: &EvalCtx, out: usize, data: Vec<i64>) -> Result<Value, OpError>
 }
 
 /// Reference kernel for `MoeSort`: a stable counting sort of the
-/// assignments by expert.
-pub(super) fn eval_sort(cx: &EvalCtx, experts: usize) -> Result<Vec<Value>, OpError> {
+/// assignments by expert, into blocks of `capacity` rows when given.
+pub(super) fn eval_sort(
+    cx: &EvalCtx,
+    experts: usize,
+    capacity: Option<usize>,
+) -> Result<Vec<Value>, OpError> {
     let ids = ints(cx, 0)?;
     let k = cx.input(0)?.shape.last().copied().unwrap_or(1).max(1);
-    let mut counts = vec![0i64; experts];
+    let mut counts = vec![0usize; experts];
     for &id in &ids {
         let e = usize::try_from(id)
             .ok()
@@ -171,21 +175,33 @@ pub(super) fn eval_sort(cx: &EvalCtx, experts: usize) -> Result<Vec<Value>, OpEr
             .ok_or_else(|| invalid(cx.op, format!("expert index {id} is outside 0..{experts}")))?;
         counts[e] += 1;
     }
-    let mut next: Vec<usize> = counts
-        .iter()
-        .scan(0usize, |start, &c| {
-            let first = *start;
-            *start += c as usize;
-            Some(first)
-        })
-        .collect();
-    let (mut order, mut position) = (vec![0i64; ids.len()], vec![0i64; ids.len()]);
+    // Where each expert's rows start, and how many it keeps.
+    let (starts, kept): (Vec<usize>, Vec<usize>) = match capacity {
+        Some(c) => (
+            (0..experts).map(|e| e * c).collect(),
+            counts.iter().map(|&n| n.min(c)).collect(),
+        ),
+        None => {
+            let starts = counts
+                .iter()
+                .scan(0usize, |start, &c| Some(std::mem::replace(start, *start + c)))
+                .collect();
+            (starts, counts.clone())
+        }
+    };
+    let rows = capacity.map_or(ids.len(), |c| experts * c);
+    let (mut order, mut position) = (vec![0i64; rows], vec![-1i64; ids.len()]);
+    let mut taken = vec![0usize; experts];
     for (slot, &id) in ids.iter().enumerate() {
-        let row = &mut next[id as usize];
-        order[*row] = (slot / k) as i64;
-        position[slot] = *row as i64;
-        *row += 1;
+        let e = id as usize;
+        if taken[e] < kept[e] {
+            let row = starts[e] + taken[e];
+            order[row] = (slot / k) as i64;
+            position[slot] = row as i64;
+            taken[e] += 1;
+        }
     }
+    let counts = kept.into_iter().map(|n| n as i64).collect();
     Ok(vec![
         i64_value(cx, 0, order)?,
         i64_value(cx, 1, position)?,

@@ -73,16 +73,20 @@ pub(super) fn infer_experts(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
 }
 
 /// `MoeSort(indices[..., k])` → `(order[n·k], position[n·k], counts[experts])`.
-fn infer_sort(cx: &InferCtx, experts: usize) -> Result<Vec<TensorType>, OpError> {
+fn infer_sort(cx: &InferCtx, experts: usize, capacity: Option<usize>) -> Result<Vec<TensorType>, OpError> {
     cx.arity(1, 1)?;
     let ids = cx.int(0)?;
-    if experts == 0 || ids.shape.rank() == 0 {
-        return Err(invalid(cx.op, "needs experts and a routing dim"));
+    if experts == 0 || ids.shape.rank() == 0 || capacity == Some(0) {
+        return Err(invalid(
+            cx.op,
+            "needs experts, a routing dim and a capacity of at least one",
+        ));
     }
     let n = ids.shape.0.iter().map(Dim::fixed).product::<Option<usize>>();
     let rows = n.map_or(Dim::Sym("assignments".into()), Dim::Fixed);
+    let sorted = capacity.map_or(rows.clone(), |c| Dim::Fixed(experts * c));
     Ok(vec![
-        tensor(DType::I64, vec![rows.clone()]),
+        tensor(DType::I64, vec![sorted]),
         tensor(DType::I64, vec![rows]),
         tensor(DType::I64, vec![Dim::Fixed(experts)]),
     ])
@@ -121,7 +125,7 @@ pub(super) fn infer_op(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpErro
         Op::MoeRouter { top_k } => infer_router(cx, *top_k),
         Op::MoeExperts { .. } => infer_experts(cx),
         Op::MoeExpertsGrad { gated, .. } => grad::infer(cx, *gated),
-        Op::MoeSort { experts } => infer_sort(cx, *experts),
+        Op::MoeSort { experts, capacity } => infer_sort(cx, *experts, *capacity),
         Op::MoeSlots { rows } => infer_slots(cx, *rows),
         other => Err(not_in_family(cx.op, other, "mixture-of-experts")),
     }
@@ -147,7 +151,7 @@ pub(super) fn eval_op(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
     match op {
         Op::MoeRouter { top_k } => eval_router(cx, *top_k),
         Op::MoeExperts { activation, .. } => eval_experts(cx, *activation),
-        Op::MoeSort { experts } => eval_sort(cx, *experts),
+        Op::MoeSort { experts, capacity } => eval_sort(cx, *experts, *capacity),
         Op::MoeSlots { rows } => eval_slots(cx, *rows),
         Op::MoeExpertsGrad { activation, .. } => float_outputs(
             cx,

@@ -46,16 +46,41 @@ fn experts_weighted_sum() {
 fn sort_orders_assignments_by_expert_and_slots_number_them() {
     // Three tokens, two assignments each, over four experts.
     let ids = i64s(&[3, 2], &[2, 0, 0, 3, 2, 1]);
-    let out = eval(&Op::MoeSort { experts: 4 }, &[&ids]).unwrap();
+    let out = eval(
+        &Op::MoeSort {
+            experts: 4,
+            capacity: None,
+        },
+        &[&ids],
+    )
+    .unwrap();
     // Sorted rows: expert 0 (tokens 0, 1), 1 (token 2), 2 (tokens 0, 2), 3 (token 1).
     assert_eq!(out[0].as_i64().unwrap(), &[0, 1, 2, 0, 2, 1]);
     assert_eq!(out[1].as_i64().unwrap(), &[3, 0, 1, 5, 4, 2]);
     assert_eq!(out[2].as_i64().unwrap(), &[2, 1, 2, 1]);
     assert_op_err(
-        eval(&Op::MoeSort { experts: 2 }, &[&ids]),
+        eval(
+            &Op::MoeSort {
+                experts: 2,
+                capacity: None,
+            },
+            &[&ids],
+        ),
         "MoeSort",
         "expert index 2 is outside 0..2",
     );
+    // A capacity of one: each expert keeps its first assignment.
+    let out = eval(
+        &Op::MoeSort {
+            experts: 4,
+            capacity: Some(1),
+        },
+        &[&ids],
+    )
+    .unwrap();
+    assert_eq!(out[0].as_i64().unwrap(), &[0, 2, 0, 1]);
+    assert_eq!(out[1].as_i64().unwrap(), &[2, 0, -1, 3, -1, 1]);
+    assert_eq!(out[2].as_i64().unwrap(), &[1, 1, 1, 1]);
     // Two blocks of three rows, two local experts: [1 of e0, 1 of e1], [0, 2].
     let counts = i64s(&[2, 2], &[1, 1, 0, 2]);
     let slots = eval(&Op::MoeSlots { rows: 3 }, &[&counts]).unwrap();
