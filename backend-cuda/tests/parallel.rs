@@ -411,5 +411,17 @@ fn expert_parallel_on_mixtral_tiny() {
         &run(&ep, Optimizer::adamw(1e-2), 5),
         tol(ON, Precision::F64),
     );
+    // Four ways, and two with a pipeline of two stages.
+    let single = Strategy::new(1, 1, layers, 2, 4);
+    for s in [
+        with(Strategy::new(4, 1, layers, 2, 1), |s| s.ep = 4),
+        with(Strategy::new(2, 2, layers, 2, 2), |s| s.ep = 2),
+    ] {
+        assert_same_step(
+            &run(&single, Optimizer::sgd(0.1), 1),
+            &run(&s, Optimizer::sgd(0.1), 1),
+            tol(ON, Precision::F64),
+        );
+    }
 }
 }
