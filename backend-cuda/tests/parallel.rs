@@ -311,8 +311,9 @@ fn expert_parallel() {
         }),
         with(Strategy::new(2, 1, 2, 1, 2).with_tp(2, false), |s| s.ep = 2),
         with(Strategy::new(2, 2, 2, 1, 2), |s| s.ep = 2),
+        with(Strategy::new(2, 1, 2, 1, 2).with_cp(2), |s| s.ep = 2),
     ] {
-        eprintln!("dp {} tp {} pp {} ep {}", s.dp, s.tp, s.pp, s.ep);
+        eprintln!("dp {} tp {} pp {} cp {} ep {}", s.dp, s.tp, s.pp, s.cp, s.ep);
         assert_same_step(
             &run(&single, Optimizer::sgd(0.1), 1),
             &run(&s, Optimizer::sgd(0.1), 1),

@@ -222,11 +222,6 @@ fn build(
         slices = split.slices;
         check_tied_slices(&tied, &slices)?;
     }
-    let mut expert_slices = BTreeMap::new();
-    if ep > 1 || capacity_factor.is_some() {
-        bind(&mut g)?;
-        expert_slices = shard_experts(&mut g, ep, capacity_factor)?;
-    }
     if cp > 1 {
         let per_token: Vec<String> = feeds
             .iter()
@@ -234,6 +229,13 @@ fn build(
             .map(|(n, _)| n.clone())
             .collect();
         g = shard_context(&g, cp, &per_token)?;
+    }
+    // After context parallelism: the experts' dispatch runs on the rank's
+    // own tokens (its routing is token by token).
+    let mut expert_slices = BTreeMap::new();
+    if ep > 1 || capacity_factor.is_some() {
+        bind(&mut g)?;
+        expert_slices = shard_experts(&mut g, ep, capacity_factor)?;
     }
     let forward: Vec<String> = g.node_indices().map(|i| g.node(i).name.clone()).collect();
     let d = differentiate(&g)?;
