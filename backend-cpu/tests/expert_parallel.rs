@@ -88,11 +88,8 @@ fn dispatch_bytes_per_rank_are_the_estimates() {
         let (measured, estimated) = measured_and_estimated(dp, ep, cp, cf);
         let what = format!("dp {dp} ep {ep} cp {cp} cf {cf:?}");
         eprintln!("{what}: {measured} bytes per rank per step, the estimate {estimated}");
-        // Context parallelism sends 8 bytes per rank per step beyond its
-        // estimate, with experts or without (not the dispatch's).
-        let slack = if cp > 1 { 8.0 } else { 0.0 };
         assert!(
-            (measured - estimated).abs() <= 1e-9 * estimated + slack,
+            (measured - estimated).abs() <= 1e-9 * estimated,
             "{what}: {measured} bytes per rank per step, the estimate counts {estimated}"
         );
     }

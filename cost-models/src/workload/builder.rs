@@ -786,9 +786,27 @@ impl<'g> Builder<'g> {
     /// ranks' maxima are all-gathered and the sum of exponentials and the
     /// target's logit all-reduced; backward, the log-sum-exp's gradient is
     /// all-reduced. Each moves one value per token, so the logits are never
-    /// gathered.
+    /// gathered. Under context parallelism the ranks' loss sums are
+    /// all-reduced too.
     pub(super) fn add_loss_comms(&mut self) {
         let s = self.opts.sharding;
+        if s.cp > 1 {
+            // Each context rank sums its tokens' losses; the sums are
+            // all-reduced (one value per graph output).
+            for &t in &self.graph.outputs {
+                let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
+                    continue;
+                };
+                let bytes = self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0;
+                self.units[u].comms.push(CommWork {
+                    group: Group::Context,
+                    forward: Some(Collective::AllReduce),
+                    backward: None,
+                    bytes,
+                    regathered: false,
+                });
+            }
+        }
         if s.tp == 1 {
             return;
         }
