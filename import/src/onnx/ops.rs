@@ -144,6 +144,9 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "Where" => where_,
         "MatMul" => matmul,
         "Expand" => expand,
+        "Tile" => tile,
+        "IsNaN" => is_nan,
+        "IsInf" => is_inf,
         "Range" => range,
         "Size" => size,
         "Cast" => cast,
@@ -284,6 +287,120 @@ fn matmul(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
 
 fn expand(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
     pass(b, n, Op::Expand)
+}
+
+/// `Tile(x, repeats)` as ops that have every facet already: `x` with a
+/// unit dim before each of its dims, broadcast to `[r0, d0, r1, d1, ...]`,
+/// reshaped to `[r0·d0, r1·d1, ...]` (the shapes computed from `Shape`, so
+/// symbolic dims and computed repeats fold where they can).
+fn tile(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
+    let (x, repeats) = (n.required(0)?, n.required(1)?);
+    let rank = b.ty(x).shape.rank() as i64;
+    let even: Vec<i64> = (0..rank).map(|i| 2 * i).collect();
+    let spread = sub_node(b, n, "spread", Op::Unsqueeze { axes: Some(even) }, vec![Some(x)])?;
+    // [r0, 1, r1, 1, ...]: each repeat with a one after it.
+    let column = sub_node(
+        b,
+        n,
+        "repeat_column",
+        Op::Unsqueeze { axes: Some(vec![1]) },
+        vec![Some(repeats)],
+    )?;
+    let column_shape = sub_node(b, n, "column_shape", shape_of(), vec![Some(column)])?;
+    let one = ints_const(b, n, "one", vec![1])?;
+    let ones = sub_node(b, n, "ones", Op::Expand, vec![Some(one), Some(column_shape)])?;
+    let pairs = sub_node(
+        b,
+        n,
+        "pairs",
+        Op::Concat { axis: 1 },
+        vec![Some(column), Some(ones)],
+    )?;
+    let flat = ints_const(b, n, "flat", vec![-1])?;
+    let target = sub_node(
+        b,
+        n,
+        "broadcast_shape",
+        Op::Reshape { allowzero: false },
+        vec![Some(pairs), Some(flat)],
+    )?;
+    let broadcast = sub_node(b, n, "broadcast", Op::Expand, vec![Some(spread), Some(target)])?;
+    let dims = sub_node(b, n, "dims", shape_of(), vec![Some(x)])?;
+    let shape = sub_node(
+        b,
+        n,
+        "shape",
+        Op::Binary { func: BinaryOp::Mul },
+        vec![Some(dims), Some(repeats)],
+    )?;
+    single(
+        b,
+        n,
+        Op::Reshape { allowzero: false },
+        vec![Some(broadcast), Some(shape)],
+    )
+}
+
+/// A whole tensor's shape.
+fn shape_of() -> Op {
+    Op::Shape { start: 0, end: None }
+}
+
+/// `IsNaN(x)`: NaN is the one value unequal to itself.
+fn is_nan(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
+    let x = n.required(0)?;
+    let same = sub_node(
+        b,
+        n,
+        "same",
+        Op::Binary {
+            func: BinaryOp::Equal,
+        },
+        vec![Some(x), Some(x)],
+    )?;
+    single(b, n, Op::Unary { func: UnaryOp::Not }, vec![Some(same)])
+}
+
+/// `IsInf(x)`: equal to +∞ (`detect_positive`, default on) or −∞
+/// (`detect_negative`, default on); with neither, equal to NaN (never).
+fn is_inf(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
+    let x = n.required(0)?;
+    let dtype = b.ty(x).dtype;
+    let on = |name: &str| -> Result<bool, OnnxError> { Ok(n.attrs.int(name)?.unwrap_or(1) != 0) };
+    let mut targets = Vec::new();
+    if on("detect_positive")? {
+        targets.push(("positive", f64::INFINITY));
+    }
+    if on("detect_negative")? {
+        targets.push(("negative", f64::NEG_INFINITY));
+    }
+    if targets.is_empty() {
+        targets.push(("none", f64::NAN));
+    }
+    let mut hits = Vec::new();
+    for (name, v) in &targets {
+        let c = b.constant(&n.sub(name), "", float_scalar(dtype, *v))?;
+        let last = hits.len() + 1 == targets.len() && hits.is_empty();
+        let equal = Op::Binary {
+            func: BinaryOp::Equal,
+        };
+        if last {
+            return single(b, n, equal, vec![Some(x), Some(c)]);
+        }
+        hits.push(sub_node(
+            b,
+            n,
+            &format!("{name}_hit"),
+            equal,
+            vec![Some(x), Some(c)],
+        )?);
+    }
+    single(
+        b,
+        n,
+        Op::Binary { func: BinaryOp::Or },
+        hits.into_iter().map(Some).collect(),
+    )
 }
 
 fn range(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
