@@ -36,7 +36,7 @@ const ALIASES: [(&str, &str); 14] = [
 
 /// Ops the importer builds from others (so every facet is the others'):
 /// they must pass all of their tests, whether or not a fixture uses them.
-const COMPOSED: [&str; 3] = ["IsNaN", "IsInf", "Tile"];
+const COMPOSED: [&str; 4] = ["IsNaN", "IsInf", "Tile", "Pad"];
 
 /// `RMSNormalization` → `rms_normalization`, `ReduceL1` → `reduce_l1`.
 fn snake(op: &str) -> String {

@@ -18,7 +18,7 @@ pub(crate) struct NodeCtx<'a> {
     pub(crate) attrs: Attrs<'a>,
     proto: &'a NodeProto,
     inputs: Vec<Option<TensorId>>,
-    opset: i64,
+    pub(crate) opset: i64,
 }
 
 impl<'a> NodeCtx<'a> {
@@ -145,6 +145,7 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "MatMul" => matmul,
         "Expand" => expand,
         "Tile" => tile,
+        "Pad" => super::ops_pad::pad,
         "IsNaN" => is_nan,
         "IsInf" => is_inf,
         "Range" => range,
@@ -445,7 +446,7 @@ fn cast_like(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
 }
 
 /// A scalar of float type `dtype` (rounded to it).
-fn float_scalar(dtype: DType, v: f64) -> Value {
+pub(crate) fn float_scalar(dtype: DType, v: f64) -> Value {
     let data = match dtype {
         DType::F64 => Data::F64(vec![v]),
         _ => Data::F32(vec![autopar_ir::round_float(dtype, v as f32)]),
