@@ -432,3 +432,62 @@ fn corrupted_models_never_panic() {
     }
     assert!(panics.is_empty(), "panicked on: {panics:?}");
 }
+
+/// Pad and Tile, built from gathers and broadcasts, train: the gradient of
+/// the summed output for each weight column counts the copies of that
+/// column the output holds (x all ones).
+#[test]
+fn pad_and_tile_carry_gradients_to_every_copy() {
+    let ints = |name: &str, v: &[i64]| TensorProto {
+        name: name.into(),
+        data_type: DType::I64.onnx_code(),
+        dims: vec![v.len() as i64],
+        int64_data: v.to_vec(),
+        ..Default::default()
+    };
+    let weight = TensorProto {
+        name: "w".into(),
+        data_type: DType::F32.onnx_code(),
+        dims: vec![3],
+        float_data: vec![1.0; 3],
+        ..Default::default()
+    };
+    // Columns of the padded [2, 6]: edge [0,0,1,2,2,2]; reflect [1,0,1,2,1,0];
+    // wrap [2,0,1,2,0,1]. Then tiled twice along the columns, two rows each.
+    for (mode, copies) in [
+        ("edge", [8.0, 4.0, 12.0]),
+        ("reflect", [8.0, 12.0, 4.0]),
+        ("wrap", [8.0, 8.0, 8.0]),
+    ] {
+        let mut pad = node("Pad", "", "pad", &["xw", "pads"], &["p"]);
+        pad.attribute.push(AttributeProto {
+            name: "mode".into(),
+            r#type: attribute_type::STRING,
+            s: mode.as_bytes().to_vec(),
+            ..Default::default()
+        });
+        let bytes = model(
+            vec![
+                node("Mul", "", "scale", &["x", "w"], &["xw"]),
+                pad,
+                node("Tile", "", "tile", &["p", "repeats"], &["y"]),
+            ],
+            vec![
+                ints("pads", &[0, 1, 0, 2]),
+                ints("repeats", &[1, 2]),
+                weight.clone(),
+            ],
+            "y",
+        );
+        let graph = import_model_bytes(&bytes, &ImportOptions::default()).unwrap();
+        let d = autopar_ir::autodiff::differentiate(&graph).unwrap();
+        let mut feeds: std::collections::BTreeMap<String, Value> = std::collections::BTreeMap::new();
+        feeds.insert("x".into(), Value::f32(vec![2, 3], vec![1.0; 6]).unwrap());
+        for (_, cotangent) in &d.cotangents {
+            feeds.insert(cotangent.clone(), Value::f32(vec![2, 12], vec![1.0; 24]).unwrap());
+        }
+        let outs = autopar_ir::interp::run(&d.graph, &feeds, autopar_ir::interp::Precision::F32).unwrap();
+        let grads = autopar_ir::autodiff::gradients_by_name(&d, &outs);
+        assert_eq!(grads["w"].to_f64_vec(), copies.to_vec(), "{mode}");
+    }
+}
