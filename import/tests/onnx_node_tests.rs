@@ -36,7 +36,14 @@ const ALIASES: [(&str, &str); 14] = [
 
 /// Ops the importer builds from others (so every facet is the others'):
 /// they must pass all of their tests, whether or not a fixture uses them.
-const COMPOSED: [&str; 4] = ["IsNaN", "IsInf", "Tile", "Pad"];
+const COMPOSED: [&str; 6] = [
+    "IsNaN",
+    "IsInf",
+    "Tile",
+    "Pad",
+    "GlobalAveragePool",
+    "GlobalMaxPool",
+];
 
 /// `RMSNormalization` → `rms_normalization`, `ReduceL1` → `reduce_l1`.
 fn snake(op: &str) -> String {

@@ -145,6 +145,7 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "MatMul" => matmul,
         "Expand" => expand,
         "Tile" => tile,
+        "GlobalAveragePool" | "GlobalMaxPool" => global_pool,
         "Pad" => super::ops_pad::pad,
         "IsNaN" => is_nan,
         "IsInf" => is_inf,
@@ -636,6 +637,27 @@ fn reduce(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
         noop_with_empty_axes,
     };
     single(b, n, op, inputs)
+}
+
+/// `GlobalAveragePool` / `GlobalMaxPool` over `[N, C, spatial...]`: the mean
+/// or maximum over the spatial dims, kept as ones.
+fn global_pool(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
+    let x = n.required(0)?;
+    let rank = b.ty(x).shape.rank() as i64;
+    if rank < 3 {
+        return Err(n.error(format!("needs [N, C, spatial...], got rank {rank}")));
+    }
+    let kind = match n.attrs.op_type() {
+        "GlobalMaxPool" => ReduceKind::Max,
+        _ => ReduceKind::Mean,
+    };
+    let op = Op::Reduce {
+        kind,
+        axes: Some((2..rank).collect()),
+        keepdims: true,
+        noop_with_empty_axes: false,
+    };
+    single(b, n, op, vec![Some(x)])
 }
 
 fn arg_max(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
