@@ -237,24 +237,33 @@ fn bad_attribute_names_the_node() {
     );
 }
 
-#[test]
-fn shape_arithmetic_folds_to_constants() {
-    // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])): all but
-    // the Reshape folds; the weight stays a parameter, never folded.
-    let ints = |name: &str, dims: &[i64], v: &[i64]| TensorProto {
+/// An `i64` initializer of `dims` holding `v`.
+fn ints(name: &str, dims: &[i64], v: &[i64]) -> TensorProto {
+    TensorProto {
         name: name.into(),
         data_type: DType::I64.onnx_code(),
         dims: dims.to_vec(),
         int64_data: v.to_vec(),
         ..Default::default()
-    };
-    let weight = TensorProto {
+    }
+}
+
+/// The weight `w: f32[3]` of ones, which the test models scale `x` by.
+fn ones_weight() -> TensorProto {
+    TensorProto {
         name: "w".into(),
         data_type: DType::F32.onnx_code(),
         dims: vec![3],
         float_data: vec![1.0; 3],
         ..Default::default()
-    };
+    }
+}
+
+#[test]
+fn shape_arithmetic_folds_to_constants() {
+    // y = Reshape(x, Concat(Unsqueeze(Gather(Shape(x), 0)), [-1])): all but
+    // the Reshape folds; the weight stays a parameter, never folded.
+    let weight = ones_weight();
     let mut concat = node("Concat", "", "cat", &["d0u", "minus1"], &["shape"]);
     concat.attribute.push(AttributeProto {
         name: "axis".into(),
@@ -438,20 +447,8 @@ fn corrupted_models_never_panic() {
 /// column the output holds (x all ones).
 #[test]
 fn pad_and_tile_carry_gradients_to_every_copy() {
-    let ints = |name: &str, v: &[i64]| TensorProto {
-        name: name.into(),
-        data_type: DType::I64.onnx_code(),
-        dims: vec![v.len() as i64],
-        int64_data: v.to_vec(),
-        ..Default::default()
-    };
-    let weight = TensorProto {
-        name: "w".into(),
-        data_type: DType::F32.onnx_code(),
-        dims: vec![3],
-        float_data: vec![1.0; 3],
-        ..Default::default()
-    };
+    let weight = ones_weight();
+    let ints = |name: &str, v: &[i64]| ints(name, &[v.len() as i64], v);
     // Columns of the padded [2, 6]: edge [0,0,1,2,2,2]; reflect [1,0,1,2,1,0];
     // wrap [2,0,1,2,0,1]. Then tiled twice along the columns, two rows each.
     for (mode, copies) in [

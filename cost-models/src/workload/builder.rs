@@ -546,12 +546,12 @@ impl<'g> Builder<'g> {
             h,
             experts,
             capacity,
+            dtype,
         } = d;
         let s = self.opts.sharding;
         let (assignments, ep, local) = (n * k, s.ep, experts / s.ep);
         // Rows each rank's experts run on: padded blocks per source.
         let rows = capacity.map_or(assignments, |c| experts * c);
-        let dtype = d.dtype(self.graph, node);
         let float = |dims: &[usize]| TensorType {
             dtype,
             shape: Shape::fixed(dims),
@@ -713,6 +713,7 @@ impl<'g> Builder<'g> {
             h,
             experts,
             capacity,
+            dtype: self.graph.tensor(x).ty.dtype,
         })
     }
 
@@ -927,14 +928,6 @@ struct Dispatch {
     experts: usize,
     /// Each expert's block of rows, under a capacity factor.
     capacity: Option<usize>,
-}
-
-impl Dispatch {
-    fn dtype(&self, g: &Graph, node: &autopar_ir::Node) -> DType {
-        node.inputs
-            .first()
-            .copied()
-            .flatten()
-            .map_or(DType::F32, |x| g.tensor(x).ty.dtype)
-    }
+    /// The tokens' type.
+    dtype: DType,
 }
