@@ -17,7 +17,8 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures");
 
 /// Test-name prefixes that differ from the snake-cased op name, and ops that
 /// appear only as expanded function bodies (so no test lists them).
-const ALIASES: [(&str, &str); 14] = [
+const ALIASES: [(&str, &str); 15] = [
+    ("basic_conv", "Conv"),
     ("training_dropout", "Dropout"),
     ("reduce_l1", "ReduceL1"),
     ("reduce_l2", "ReduceL2"),
@@ -34,15 +35,20 @@ const ALIASES: [(&str, &str); 14] = [
     ("gathernd", "GatherND"),
 ];
 
-/// Ops the importer builds from others (so every facet is the others'):
-/// they must pass all of their tests, whether or not a fixture uses them.
-const COMPOSED: [&str; 6] = [
+/// Ops that must pass all of their tests whether or not a fixture model
+/// uses them: those the importer builds from others (so every facet is the
+/// others'), and the convolutions and pools vision and audio models need.
+const REQUIRED: [&str; 10] = [
     "IsNaN",
     "IsInf",
     "Tile",
     "Pad",
     "GlobalAveragePool",
     "GlobalMaxPool",
+    "Conv",
+    "ConvTranspose",
+    "MaxPool",
+    "AveragePool",
 ];
 
 /// `RMSNormalization` → `rms_normalization`, `ReduceL1` → `reduce_l1`.
@@ -186,7 +192,7 @@ fn onnx_node_tests() {
         100.0 * passed as f64 / total as f64
     );
     let mut must_pass = vec![];
-    for op in fixture_ops().into_iter().chain(COMPOSED.map(String::from)) {
+    for op in fixture_ops().into_iter().chain(REQUIRED.map(String::from)) {
         if let Some(f) = failures.get(&op) {
             must_pass.push(format!("{op}:\n    {}", f.join("\n    ")));
         }

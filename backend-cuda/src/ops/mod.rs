@@ -79,6 +79,11 @@ macro_rules! host_ops {
             | Op::GatherNdGrad { .. }
             | Op::ConstantOfShape { .. }
             | Op::Range
+            | Op::Conv { .. }
+            | Op::ConvTranspose { .. }
+            | Op::ConvGrad { .. }
+            | Op::Pool { .. }
+            | Op::PoolGrad { .. }
     };
 }
 

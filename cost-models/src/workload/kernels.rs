@@ -144,6 +144,9 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
         Op::Linear | Op::MatMul => vec![product(ctx, flops, false)],
         Op::Gemm { trans_a, .. } => vec![product(ctx, flops, *trans_a)],
         Op::MoeExperts { .. } => vec![experts(ctx, flops)],
+        Op::Conv { groups, .. } | Op::ConvTranspose { groups, .. } | Op::ConvGrad { groups, .. } => {
+            vec![convolution(ctx, flops, *groups)]
+        }
         Op::Attention { causal, .. } => attention(ctx, *causal),
         // Views: the next kernel reads through them.
         Op::Reshape { .. }
@@ -181,6 +184,8 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
         | Op::SoftmaxGrad { .. }
         | Op::Comm { .. }
         | Op::Reduce { .. }
+        | Op::Pool { .. }
+        | Op::PoolGrad { .. }
         | Op::ArgMax { .. }
         | Op::TopK { .. }
         | Op::CumSum { .. }
@@ -272,6 +277,33 @@ fn product(ctx: &Context, flops: (f64, f64), trans_a: bool) -> OpWork {
     let bytes = (batch * (m * k + k * n + m * n)) * elem_bytes(ctx.dtype);
     ctx.work(
         Kernel::Matmul { batch, m, n, k },
+        flops,
+        (bytes, bytes * BACKWARD_TRAFFIC),
+        false,
+    )
+}
+
+/// A convolution as the implicit GEMM a convolution library runs: per
+/// group, every output position of the rank's samples (`m`) by the group's
+/// filters (`n`) over its input channels' taps (`k`, from the FLOPs). It
+/// reads its input and weight and writes its output once.
+fn convolution(ctx: &Context, flops: (f64, f64), groups: usize) -> OpWork {
+    let (x, w) = (ctx.input(0).map(numel), ctx.input(1).map(numel));
+    let y = ctx.output_types.iter().take(1).map(numel).sum::<f64>();
+    let out = ctx.output_types.first().map(dims).unwrap_or_default();
+    let groups = groups.max(1) as f64;
+    let channels = out.get(1).copied().unwrap_or(1.0).max(1.0);
+    let m = (y / channels / ctx.work_div).max(1.0);
+    let n = (channels / groups).max(1.0);
+    let k = (flops.0 / 2.0 / (groups * m * n)).max(1.0);
+    let bytes = (x.unwrap_or(0.0) + w.unwrap_or(0.0) + y) / ctx.work_div * elem_bytes(ctx.dtype);
+    ctx.work(
+        Kernel::Matmul {
+            batch: groups,
+            m,
+            n,
+            k,
+        },
         flops,
         (bytes, bytes * BACKWARD_TRAFFIC),
         false,
@@ -396,6 +428,8 @@ pub fn saved_tensors(
     let input = |i: usize| inputs.get(i).copied().flatten();
     let candidates: Vec<TensorId> = match op {
         Op::Linear | Op::Gemm { .. } => input(0).into_iter().collect(),
+        // The adjoints read the forward input (the weight is a parameter).
+        Op::Conv { .. } | Op::ConvTranspose { .. } | Op::Pool { .. } => input(0).into_iter().collect(),
         Op::MatMul
         | Op::Binary {
             func: BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min,
@@ -419,6 +453,8 @@ pub fn saved_tensors(
         | Op::Cast { .. }
         | Op::RotaryEmbedding { .. }
         | Op::AttentionGrad { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. }
         | Op::MoeExpertsGrad { .. }
         | Op::MoeSort { .. }
         | Op::MoeSlots { .. }
@@ -502,6 +538,11 @@ pub fn saved_extra_bytes(ctx: &Context) -> (f64, f64) {
         | Op::RotaryEmbedding { .. }
         | Op::MoeRouter { .. }
         | Op::AttentionGrad { .. }
+        | Op::Conv { .. }
+        | Op::ConvTranspose { .. }
+        | Op::Pool { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. }
         | Op::MoeExpertsGrad { .. }
         | Op::MoeSort { .. }
         | Op::MoeSlots { .. }

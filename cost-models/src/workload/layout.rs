@@ -188,7 +188,10 @@ fn rule(op: &Op) -> Rule {
         | Op::ArgMax { .. }
         | Op::TopK { .. }
         | Op::CumSum { .. }
-        | Op::MoeRouter { .. } => Rule::Rows,
+        | Op::MoeRouter { .. }
+        | Op::Conv { .. }
+        | Op::ConvTranspose { .. }
+        | Op::Pool { .. } => Rule::Rows,
         Op::Unary { .. }
         | Op::Binary { .. }
         | Op::Where
@@ -201,6 +204,8 @@ fn rule(op: &Op) -> Rule {
         | Op::Attention { .. }
         | Op::RotaryEmbedding { .. }
         | Op::AttentionGrad { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. }
         | Op::MoeExpertsGrad { .. }
         | Op::MoeSort { .. }
         | Op::MoeSlots { .. }

@@ -124,6 +124,11 @@ fn special_inputs(op: &Op) -> Special {
         | Op::GatherElementsGrad { .. }
         | Op::GatherNdGrad { .. }
         | Op::ConstantOfShape { .. }
+        | Op::Conv { .. }
+        | Op::ConvTranspose { .. }
+        | Op::Pool { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. }
         | Op::Range => Special::Plain,
     }
 }

@@ -62,6 +62,11 @@ impl<'a> NodeCtx<'a> {
         self.proto.output.iter().map(String::as_str).collect()
     }
 
+    /// Whether the node asks for its output `i`.
+    pub(super) fn has_output(&self, i: usize) -> bool {
+        self.proto.output.get(i).is_some_and(|o| !o.is_empty())
+    }
+
     /// A sub-node name for multi-node expansions.
     pub(super) fn sub(&self, suffix: &str) -> String {
         format!("{}/{suffix}", self.name())
@@ -147,6 +152,9 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "Tile" => tile,
         "GlobalAveragePool" | "GlobalMaxPool" => global_pool,
         "Pad" => super::ops_pad::pad,
+        "Conv" => super::ops_conv::conv,
+        "ConvTranspose" => super::ops_conv::conv_transpose,
+        "MaxPool" | "AveragePool" => super::ops_conv::pool,
         "IsNaN" => is_nan,
         "IsInf" => is_inf,
         "Range" => range,

@@ -4,7 +4,7 @@
 //! false) or has no gradient (integer indices, shapes).
 
 use super::{AutodiffError, Ctx};
-use crate::op::{attention, elementwise, indexing, linalg, moe, movement, norm, reduce};
+use crate::op::{attention, conv, elementwise, indexing, linalg, moe, movement, norm, reduce};
 use crate::{Node, Op, TensorId};
 
 /// Input gradients of `node` from its output gradients (`None` where an
@@ -37,6 +37,11 @@ pub fn input_grads(
         Op::MoeRouter { .. } | Op::MoeExperts { .. } | Op::MoeExpertsGrad { .. } => {
             moe::backward::backward(ctx, node, grads, wants)
         }
+        Op::Conv { .. }
+        | Op::ConvTranspose { .. }
+        | Op::Pool { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. } => conv::backward::backward(ctx, node, grads, wants),
         Op::Reduce { .. } | Op::CumSum { .. } => reduce::backward::backward(ctx, node, grads, wants),
         Op::Reshape { .. }
         | Op::Transpose { .. }

@@ -28,6 +28,7 @@ pub(crate) mod attention;
 mod broadcast;
 mod collective;
 mod context;
+pub(crate) mod conv;
 mod define;
 mod dispatch;
 pub(crate) mod elementwise;
@@ -48,6 +49,7 @@ mod testing;
 
 use crate::{DType, Value};
 use context::{EvalCtx, InferCtx};
+pub use conv::{PoolKind, Window};
 use define::define_ops;
 use serde::{Deserialize, Serialize};
 
@@ -162,6 +164,19 @@ pub enum Op {
     /// `(x, weight[in, out], bias[out]?)`: `x · weight + bias` over the last dim.
     Linear => linalg, Linear, 1, io;
 
+    // ---- convolution and pooling ---------------------------------------------
+    /// `(x[n, c, d...], w[m, c/groups, k...], b[m]?)` → `[n, m, o...]`:
+    /// each group of `c/groups` input channels cross-correlated with its
+    /// `m/groups` filters (ONNX Conv; `auto_pad` resolved into `window`).
+    Conv { window: Window, groups: usize } => conv, Conv, 1, io;
+    /// `(x[n, c, d...], w[c, m/groups, k...], b[m]?)` → `[n, m, o...]`: the
+    /// input-adjoint of `Conv` (ONNX ConvTranspose; `output_shape` resolved
+    /// into pads and `output_padding`, which lengthens the end of each dim).
+    ConvTranspose { window: Window, groups: usize, output_padding: Vec<usize> } => conv, Conv, 1, io;
+    /// `(x[n, c, d...])` → `[n, c, o...]`: the max or mean of each window
+    /// (ONNX MaxPool, AveragePool; `ceil_mode` rounds a partial last window up).
+    Pool { kind: PoolKind, kernel: Vec<usize>, window: Window, ceil_mode: bool } => conv, Reduction, 1, io;
+
     // ---- normalisation and softmax ------------------------------------------
     /// `(x)`: softmax over `axis` (opset 13 semantics: one axis).
     Softmax { axis: i64 } => norm, Softmax, 1, io;
@@ -255,6 +270,13 @@ pub enum Op {
     /// `(x, dout)` → `dx = dout · act'(x)`: the gradient of `Gelu` or `Silu`
     /// (the `Activation` they compute) with respect to `x`.
     ActivationGrad { activation: Activation } => elementwise, Activation, 1, io;
+    /// `(x, w, dout)` → `(dx, dw)`: the input and weight gradients of `Conv`
+    /// or, when `transpose`, of `ConvTranspose` with the same window and
+    /// groups, for the output gradient `dout`.
+    ConvGrad { window: Window, groups: usize, transpose: bool } => conv, Conv, 2, io;
+    /// `(x, dout)` → `dx`: the gradient of `Pool { kind, kernel, window }`
+    /// (max: to the first largest element of each window).
+    PoolGrad { kind: PoolKind, kernel: Vec<usize>, window: Window } => conv, Reduction, 1, io;
     /// `(y, dout)` → `dx`: the gradient of `Softmax` (`log = false`) or
     /// `LogSoftmax { axis }` from its output `y`.
     SoftmaxGrad { axis: i64, log: bool } => norm, Softmax, 1, io;
@@ -418,6 +440,7 @@ impl CommKind {
 pub enum OpClass {
     Linear,
     MatMul,
+    Conv,
     Attention,
     Norm,
     Activation,

@@ -519,6 +519,11 @@ impl Rewriter<'_> {
             | Op::GatherElementsGrad { .. }
             | Op::GatherNdGrad { .. }
             | Op::ConstantOfShape { .. }
+            | Op::Conv { .. }
+            | Op::ConvTranspose { .. }
+            | Op::Pool { .. }
+            | Op::ConvGrad { .. }
+            | Op::PoolGrad { .. }
             | Op::Range => self.whole(idx, ins),
         }
     }

@@ -116,6 +116,8 @@ enum Local {
     BiasAfterSum,
     /// A split along the split dim: the rank's block of each piece.
     CutBlocks,
+    /// A grouped convolution split by whole groups: the rank's groups.
+    RankGroups,
 }
 
 /// How `op` runs under strategy `s` (`bias`: input 2 is present).
@@ -134,6 +136,7 @@ fn local_rule(op: &Op, s: &Strategy, bias: bool, rank: usize) -> Local {
         Op::Embedding if s.name == "vocab" => Local::VocabRows,
         Op::MoeExperts { .. } if s.name == "expert" => Local::RankExperts,
         Op::Linear | Op::Gemm { .. } if s.name == "row" && bias => Local::BiasAfterSum,
+        Op::Conv { .. } | Op::ConvTranspose { .. } if s.name == "groups" => Local::RankGroups,
         // The op computes on whatever piece it is given: named one by one
         // so a new op must say how it runs on a rank's pieces.
         Op::Reshape { .. }
@@ -186,6 +189,11 @@ fn local_rule(op: &Op, s: &Strategy, bias: bool, rank: usize) -> Local {
         | Op::Shape { .. }
         | Op::Size
         | Op::ConstantOfShape { .. }
+        | Op::Conv { .. }
+        | Op::ConvTranspose { .. }
+        | Op::Pool { .. }
+        | Op::ConvGrad { .. }
+        | Op::PoolGrad { .. }
         | Op::Range => Local::Same,
     }
 }
@@ -241,6 +249,25 @@ impl Rewriter<'_> {
                 self.emit(idx, op, vec![Some(x)], layout).map(drop)
             }
             Local::Same => self.emit(idx, n.op.clone(), pieces, layout).map(drop),
+            Local::RankGroups => {
+                let op = match n.op.clone() {
+                    Op::Conv { window, groups } => Op::Conv {
+                        window,
+                        groups: groups / self.parts,
+                    },
+                    Op::ConvTranspose {
+                        window,
+                        groups,
+                        output_padding,
+                    } => Op::ConvTranspose {
+                        window,
+                        groups: groups / self.parts,
+                        output_padding,
+                    },
+                    _ => return Err(self.err(&n.name, "only convolutions split by groups")),
+                };
+                self.emit(idx, op, pieces, layout).map(drop)
+            }
             Local::TargetShape => {
                 let Some(Layout::Split { axis, .. }) = layout else {
                     return Err(self.err(&n.name, "a reshape's target is cut only for a split output"));
