@@ -64,6 +64,22 @@ fn read_numbered(dir: &Path, prefix: &str) -> Result<Vec<(String, Value)>> {
     Ok(out)
 }
 
+/// The sizes of a model's dynamic axes that the test data gives: the rows
+/// and length of its first `[batch, seq]` integer input, else the rows of
+/// its first input.
+fn data_axes(inputs: &[(String, Value)]) -> model::Axes {
+    let tokens = inputs
+        .iter()
+        .find(|(_, v)| v.dtype.is_int() && v.shape.len() == 2);
+    match tokens.or(inputs.first()) {
+        Some((_, v)) => model::Axes {
+            batch: v.shape.first().copied(),
+            seq: tokens.and_then(|(_, v)| v.shape.get(1).copied()),
+        },
+        None => model::Axes::default(),
+    }
+}
+
 /// Runs the check; `grads` adds the gradient check against that folder.
 pub fn run(
     model_arg: &str,
@@ -72,13 +88,13 @@ pub fn run(
     precision: Precision,
     grads: Option<&Path>,
 ) -> Result<CheckReport> {
-    let m = model::load(model_arg)?;
+    let inputs = read_numbered(data, "input")?;
+    let m = model::load_with(model_arg, data_axes(&inputs))?;
     let graph = if rewrite {
         autopar_rewrite::canonicalize(&m.graph)?.0
     } else {
         m.graph
     };
-    let inputs = read_numbered(data, "input")?;
     let expected = read_numbered(data, "output")?;
     let mut feeds = BTreeMap::new();
     for (i, (name, value)) in inputs.into_iter().enumerate() {

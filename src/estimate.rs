@@ -93,7 +93,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),
     };
-    let m = model::load(&r.model)?;
+    let m = model::load_with(&r.model, model::Axes::training(r.micro_batch, r.seq))?;
     let graph = model::canonical(&m)?;
     let dp = match r.dp {
         Some(dp) => dp,

@@ -23,8 +23,53 @@ pub struct Model {
     pub source: Source,
 }
 
+/// Sizes for an ONNX model's dynamic input axes (`--batch`, `--seq`, or
+/// the plan's micro-batch and sequence), bound at import so the shape
+/// arithmetic the exporter wrote for them folds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Axes {
+    pub batch: Option<usize>,
+    pub seq: Option<usize>,
+}
+
+/// The sequence length a model with a dynamic sequence axis trains and is
+/// planned at when neither `--seq` nor a plan gives one.
+pub const DEFAULT_DYNAMIC_SEQ: usize = 128;
+
+impl Axes {
+    /// The axes to plan or train at: the given sizes, else one row of
+    /// [`DEFAULT_DYNAMIC_SEQ`] tokens (a model with static axes keeps its own).
+    pub fn training(batch: Option<usize>, seq: Option<usize>) -> Axes {
+        Axes {
+            batch: Some(batch.unwrap_or(1)),
+            seq: Some(seq.unwrap_or(DEFAULT_DYNAMIC_SEQ)),
+        }
+    }
+
+    /// The axes a plan was made at: its micro-batch and sequence.
+    pub fn of_plan(p: &autopar_planner::Plan) -> Axes {
+        Axes::training(Some(p.parallel.micro_batch), p.inputs.seq)
+    }
+
+    fn import_options(self) -> onnx::ImportOptions {
+        let dims = [("batch", self.batch), ("seq", self.seq)]
+            .into_iter()
+            .filter_map(|(role, v)| Some((role.to_string(), v?)))
+            .collect();
+        onnx::ImportOptions {
+            dims,
+            ..Default::default()
+        }
+    }
+}
+
 /// Loads `model`: a path ending in `.onnx` or `.json`, else a zoo spec.
 pub fn load(model: &str) -> Result<Model> {
+    load_with(model, Axes::default())
+}
+
+/// [`load`] with the sizes of an ONNX model's dynamic axes.
+pub fn load_with(model: &str, axes: Axes) -> Result<Model> {
     let path = Path::new(model);
     let ext = path
         .extension()
@@ -32,7 +77,7 @@ pub fn load(model: &str) -> Result<Model> {
         .map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("onnx") => {
-            let graph = onnx::load_model(path).with_context(|| model.to_string())?;
+            let graph = onnx::load_model_with(path, &axes.import_options()).with_context(|| model.to_string())?;
             Ok(Model {
                 graph,
                 source: Source::Onnx,

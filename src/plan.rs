@@ -64,7 +64,7 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),
     };
-    let m = model::load(&r.model)?;
+    let m = model::load_with(&r.model, model::Axes::training(None, r.seq))?;
     let graph = model::canonical(&m)?;
     let opts = SearchOptions {
         limits: r.limits,

@@ -229,7 +229,7 @@ pub struct RankSummary {
 fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Graph)> {
     match r.plan.as_deref() {
         Some("auto") => {
-            let m = model::load(&r.target)?;
+            let m = model::load_with(&r.target, model::Axes::training(None, r.seq))?;
             let batch = fixed_batch(&m.graph).unwrap_or(1);
             // Expert parallelism splits fused MoeExperts ops; without them it cannot run.
             let canonical = model::canonical(&m)?;
@@ -265,14 +265,14 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
         Some(file) => {
             let p = plan::load(Path::new(file))?;
             check_model(&p, file, &r.target)?;
-            let graph = model::canonical(&model::load(&r.target)?)?;
+            let graph = model::canonical(&model::load_with(&r.target, model::Axes::of_plan(&p))?)?;
             Ok((p, r.target.clone(), graph))
         }
         None => {
             let p = plan::load(Path::new(&r.target))?;
             let model = p.inputs.model.clone();
             check_model(&p, &r.target, &model)?;
-            let graph = model::canonical(&model::load(&model)?)?;
+            let graph = model::canonical(&model::load_with(&model, model::Axes::of_plan(&p))?)?;
             Ok((p, model, graph))
         }
     }

@@ -54,7 +54,7 @@ pub fn run(r: &Request) -> Result<Report> {
     let p = plan::load(&r.plan)?;
     let model_arg = p.inputs.model.clone();
     run::check_model(&p, &plan_arg, &model_arg)?;
-    let graph = model::canonical(&model::load(&model_arg)?)?;
+    let graph = model::canonical(&model::load_with(&model_arg, model::Axes::of_plan(&p))?)?;
     let strategy = Strategy::from_plan(&p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
     let seq = run::seq_of(&graph, &p)?;
     let t = for_strategy(&graph, &strategy, seq).with_context(|| model_arg.clone())?;

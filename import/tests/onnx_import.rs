@@ -297,7 +297,14 @@ fn shape_arithmetic_folds_to_constants() {
     // Feeding x turns every node into a constant, except the one reading the
     // parameter.
     let feeds = [("x".to_string(), Value::f32(vec![2, 3], vec![0.5; 6]).unwrap())].into();
-    let graph = import_model_bytes(&bytes, &ImportOptions { feeds }).unwrap();
+    let graph = import_model_bytes(
+        &bytes,
+        &ImportOptions {
+            feeds,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let ops: Vec<Op> = graph.node_indices().map(|n| graph.node(n).op.clone()).collect();
     assert_eq!(ops.len(), 1);
     assert!(graph.inputs.is_empty());

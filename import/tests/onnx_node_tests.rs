@@ -137,7 +137,10 @@ fn run_test(dir: &Path) -> Result<(), String> {
     let (graph, run_feeds) = match import_model_bytes(&bytes, &ImportOptions::default()) {
         Ok(g) => (g, feeds),
         Err(first) => {
-            let opts = ImportOptions { feeds: feeds.clone() };
+            let opts = ImportOptions {
+                feeds: feeds.clone(),
+                ..Default::default()
+            };
             let g = import_model_bytes(&bytes, &opts)
                 .map_err(|e| format!("import: {first}; with inputs bound: {e}"))?;
             (g, BTreeMap::new())

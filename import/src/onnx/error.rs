@@ -49,6 +49,13 @@ pub enum OnnxError {
         recorded: String,
         inferred: String,
     },
+    /// A node needs a size the inputs' dynamic axes leave open.
+    #[error("{source} (the model's inputs have dynamic axes {}: bind them with --batch and --seq)", .axes.join(", "))]
+    DynamicAxes {
+        #[source]
+        source: Box<OnnxError>,
+        axes: Vec<String>,
+    },
     /// The graph built from the model failed a structural or typing check.
     #[error(transparent)]
     Graph(#[from] GraphError),

@@ -30,16 +30,31 @@ pub struct ImportOptions {
     /// reading it can be typed and folded (the ONNX node-test runner feeds
     /// every input this way).
     pub feeds: BTreeMap<String, Value>,
+    /// Sizes of the inputs' dynamic axes by role (see [`AXIS_ROLES`]):
+    /// bound before any node is typed, so the `Shape` → `Gather` →
+    /// `Range`/`ConstantOfShape` chains an exporter writes for them fold to
+    /// constants. Unbound, they stay symbols named after their role.
+    pub dims: BTreeMap<String, usize>,
 }
+
+/// The roles of the inputs' dynamic axes: dim 0 of every input is the
+/// batch; dim 1 of an integer `[batch, seq]` input (token ids, masks) is the
+/// sequence. An axis the exporter named alike elsewhere has the same role.
+pub const AXIS_ROLES: [&str; 2] = ["batch", "seq"];
 
 /// Reads and imports an ONNX model file. External data is not loaded: such
 /// initializers become weightless parameters (shape and type, no data).
 pub fn load_model(path: &Path) -> Result<Graph, OnnxError> {
+    load_model_with(path, &ImportOptions::default())
+}
+
+/// [`load_model`] with options (the dynamic axes' sizes).
+pub fn load_model_with(path: &Path, opts: &ImportOptions) -> Result<Graph, OnnxError> {
     let bytes = std::fs::read(path).map_err(|source| OnnxError::Io {
         path: path.display().to_string(),
         source,
     })?;
-    let mut graph = import_model_bytes(&bytes, &ImportOptions::default())?;
+    let mut graph = import_model_bytes(&bytes, opts)?;
     if graph.name.is_empty() {
         graph.name = path
             .file_stem()
@@ -62,7 +77,14 @@ pub fn import_model_bytes(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, O
     check_supported(proto)?;
     let mut b = Builder::new(proto);
     b.add_initializers(proto)?;
-    b.add_inputs(proto, &opts.feeds)?;
+    let roles = axis_roles(proto);
+    b.add_inputs(proto, &opts.feeds, &roles, &opts.dims)?;
+    let mut unbound: Vec<String> = AXIS_ROLES
+        .iter()
+        .filter(|r| roles.values().any(|v| v == *r) && !opts.dims.contains_key(**r))
+        .map(|r| r.to_string())
+        .collect();
+    unbound.dedup();
     for (i, node) in proto.node.iter().enumerate() {
         let base = if node.name.is_empty() {
             format!("{}_{i}", node.op_type)
@@ -76,7 +98,13 @@ pub fn import_model_bytes(bytes: &[u8], opts: &ImportOptions) -> Result<Graph, O
             .collect::<Result<Vec<_>, _>>()?;
         let ctx = NodeCtx::new(base, node, inputs, opset);
         let convert = converter(&node.op_type).ok_or_else(|| ctx.attrs.error("unsupported op"))?;
-        convert(&mut b, &ctx)?;
+        convert(&mut b, &ctx).map_err(|e| match unbound.is_empty() {
+            true => e,
+            false => OnnxError::DynamicAxes {
+                source: Box::new(e),
+                axes: unbound.clone(),
+            },
+        })?;
         ctx.attrs.check_all_read()?;
     }
     b.finish(proto)
@@ -161,7 +189,13 @@ impl Builder {
         Ok(())
     }
 
-    fn add_inputs(&mut self, proto: &GraphProto, feeds: &BTreeMap<String, Value>) -> Result<(), OnnxError> {
+    fn add_inputs(
+        &mut self,
+        proto: &GraphProto,
+        feeds: &BTreeMap<String, Value>,
+        roles: &HashMap<String, &'static str>,
+        dims: &BTreeMap<String, usize>,
+    ) -> Result<(), OnnxError> {
         let input_names: HashSet<&str> = proto.input.iter().map(|vi| vi.name.as_str()).collect();
         if let Some(stray) = feeds.keys().find(|k| !input_names.contains(k.as_str())) {
             return Err(OnnxError::BadValueInfo {
@@ -170,7 +204,7 @@ impl Builder {
             });
         }
         for vi in &proto.input {
-            let ty = value_info_type(vi)?;
+            let ty = bind_axes(value_info_type(vi)?, roles, dims);
             if let Some(v) = feeds.get(&vi.name) {
                 let fed = TensorType {
                     dtype: v.dtype,
@@ -436,6 +470,40 @@ fn static_shape_query(op: &Op, ty: &TensorType) -> Option<Value> {
         Op::Size => Some(Value::scalar_i64(dims.iter().product::<usize>() as i64)),
         _ => None,
     }
+}
+
+/// The role ([`AXIS_ROLES`]) of each symbol the graph inputs' dims use.
+fn axis_roles(proto: &GraphProto) -> HashMap<String, &'static str> {
+    let mut roles = HashMap::new();
+    for vi in &proto.input {
+        let Ok(ty) = value_info_type(vi) else { continue };
+        let dims = &ty.shape.0;
+        let tokens = ty.dtype.is_int() && dims.len() == 2;
+        for (i, role) in [(0, "batch"), (1, "seq")] {
+            if let Some(Dim::Sym(s)) = dims.get(i).filter(|_| i == 0 || tokens) {
+                roles.entry(s.clone()).or_insert(role);
+            }
+        }
+    }
+    roles
+}
+
+/// `ty` with each symbol that has a role renamed to it, or fixed at its
+/// size in `dims`.
+fn bind_axes(
+    mut ty: TensorType,
+    roles: &HashMap<String, &'static str>,
+    dims: &BTreeMap<String, usize>,
+) -> TensorType {
+    for d in &mut ty.shape.0 {
+        let Dim::Sym(s) = d else { continue };
+        if let Some(&role) = roles.get(s.as_str()) {
+            *d = dims
+                .get(role)
+                .map_or_else(|| Dim::Sym(role.into()), |&v| Dim::Fixed(v));
+        }
+    }
+    ty
 }
 
 /// The tensor type a graph input's `ValueInfoProto` declares.

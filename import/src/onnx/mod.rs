@@ -17,5 +17,5 @@ pub mod proto;
 mod tensor;
 
 pub use error::OnnxError;
-pub use import::{import_model_bytes, load_model, ImportOptions};
+pub use import::{import_model_bytes, load_model, load_model_with, ImportOptions, AXIS_ROLES};
 pub use tensor::read_tensor_file;
