@@ -495,3 +495,60 @@ fn pad_and_tile_carry_gradients_to_every_copy() {
         assert_eq!(grads["w"].to_f64_vec(), copies.to_vec(), "{mode}");
     }
 }
+
+/// Batch normalisation in its inference form trains its scale and bias but
+/// not its running statistics, which stay buffers: with mean 1 and
+/// variance 3 (ε 1), `y = (x − 1) / 2 · scale + bias`, so for x = 3 the
+/// summed output's gradient is 1 per sample for each scale element.
+#[test]
+fn batch_norm_freezes_its_running_statistics() {
+    let floats = |name: &str, v: f32| TensorProto {
+        name: name.into(),
+        data_type: DType::F32.onnx_code(),
+        dims: vec![3],
+        float_data: vec![v; 3],
+        ..Default::default()
+    };
+    let mut bn = node(
+        "BatchNormalization",
+        "",
+        "bn",
+        &["x", "w", "b", "mean", "var"],
+        &["y"],
+    );
+    bn.attribute.push(AttributeProto {
+        name: "epsilon".into(),
+        r#type: attribute_type::FLOAT,
+        f: 1.0,
+        ..Default::default()
+    });
+    let bytes = model(
+        vec![bn],
+        vec![
+            ones_weight(),
+            floats("b", 0.5),
+            floats("mean", 1.0),
+            floats("var", 3.0),
+        ],
+        "y",
+    );
+    let graph = import_model_bytes(&bytes, &ImportOptions::default()).unwrap();
+    let params: Vec<&str> = graph
+        .tensors()
+        .filter(|(_, t)| t.role == autopar_ir::Role::Parameter)
+        .map(|(_, t)| t.name.as_str())
+        .collect();
+    assert_eq!(params, vec!["w", "b"]);
+    let d = autopar_ir::autodiff::differentiate(&graph).unwrap();
+    let mut feeds = std::collections::BTreeMap::new();
+    feeds.insert("x".to_string(), Value::f32(vec![2, 3], vec![3.0; 6]).unwrap());
+    for (_, cotangent) in &d.cotangents {
+        feeds.insert(cotangent.clone(), Value::f32(vec![2, 3], vec![1.0; 6]).unwrap());
+    }
+    let outs = autopar_ir::interp::run(&d.graph, &feeds, autopar_ir::interp::Precision::F32).unwrap();
+    assert_eq!(outs[0].to_f64_vec(), vec![1.5; 6]);
+    let grads = autopar_ir::autodiff::gradients_by_name(&d, &outs);
+    assert_eq!(grads["w"].to_f64_vec(), vec![2.0; 3]);
+    assert_eq!(grads["b"].to_f64_vec(), vec![2.0; 3]);
+    assert!(!grads.contains_key("mean") && !grads.contains_key("var"));
+}

@@ -17,7 +17,8 @@ const FIXTURES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures");
 
 /// Test-name prefixes that differ from the snake-cased op name, and ops that
 /// appear only as expanded function bodies (so no test lists them).
-const ALIASES: [(&str, &str); 15] = [
+const ALIASES: [(&str, &str); 16] = [
+    ("batchnorm", "BatchNormalization"),
     ("basic_conv", "Conv"),
     ("training_dropout", "Dropout"),
     ("reduce_l1", "ReduceL1"),
@@ -38,7 +39,7 @@ const ALIASES: [(&str, &str); 15] = [
 /// Ops that must pass all of their tests whether or not a fixture model
 /// uses them: those the importer builds from others (so every facet is the
 /// others'), and the convolutions and pools vision and audio models need.
-const REQUIRED: [&str; 10] = [
+const REQUIRED: [&str; 11] = [
     "IsNaN",
     "IsInf",
     "Tile",
@@ -49,6 +50,7 @@ const REQUIRED: [&str; 10] = [
     "ConvTranspose",
     "MaxPool",
     "AveragePool",
+    "BatchNormalization",
 ];
 
 /// `RMSNormalization` → `rms_normalization`, `ReduceL1` → `reduce_l1`.

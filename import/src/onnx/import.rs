@@ -277,6 +277,15 @@ impl Builder {
         &self.graph.tensor(t).ty
     }
 
+    /// Marks an initializer as a buffer, not a parameter: its data stays,
+    /// it is neither counted nor trained (batch norm's running statistics).
+    pub(crate) fn freeze(&mut self, t: TensorId) {
+        let tensor = self.graph.tensor_mut(t);
+        if tensor.role == Role::Parameter && tensor.data.is_some() {
+            tensor.role = Role::Constant;
+        }
+    }
+
     /// The data of a constant tensor (not of a parameter: parameters train).
     pub(crate) fn const_value(&self, t: TensorId) -> Option<&Value> {
         let tensor = self.graph.tensor(t);

@@ -11,6 +11,7 @@ mod error;
 mod import;
 mod ops;
 mod ops_attention;
+mod ops_batch_norm;
 mod ops_conv;
 mod ops_pad;
 pub mod proto;

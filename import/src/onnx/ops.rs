@@ -58,7 +58,7 @@ impl<'a> NodeCtx<'a> {
     }
 
     /// The ONNX output names (`""` for an omitted optional output).
-    fn outputs(&self) -> Vec<&'a str> {
+    pub(super) fn outputs(&self) -> Vec<&'a str> {
         self.proto.output.iter().map(String::as_str).collect()
     }
 
@@ -155,6 +155,7 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "Conv" => super::ops_conv::conv,
         "ConvTranspose" => super::ops_conv::conv_transpose,
         "MaxPool" | "AveragePool" => super::ops_conv::pool,
+        "BatchNormalization" => super::ops_batch_norm::batch_norm,
         "IsNaN" => is_nan,
         "IsInf" => is_inf,
         "Range" => range,
