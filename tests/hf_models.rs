@@ -85,3 +85,39 @@ fn dynamic_axes_bind_to_the_flags_or_name_them() {
     let tokens = bound.graph.tensor(bound.graph.inputs[0]);
     assert_eq!(tokens.ty.shape.as_fixed(), Some(vec![3, 24]));
 }
+
+/// The legacy exporter's transposed copy of GPT-2's tied embedding reads
+/// the embedding, so both exports train one weight and give one loss curve.
+#[test]
+fn both_exports_of_a_tied_model_train_the_same_losses() {
+    let losses = |export: &str| -> Vec<f64> {
+        let model = format!(
+            "{}/fixtures/models/gpt2-tiny.{export}.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let (code, stdout, err) = autopar(&[
+            "run",
+            model.as_str(),
+            "--plan",
+            "auto",
+            "--ranks",
+            "1",
+            "--steps",
+            "3",
+            "--json",
+        ]);
+        assert_eq!(code, 0, "{export}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        v["losses"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l.as_f64().unwrap())
+            .collect()
+    };
+    let (ts, dynamo) = (losses("ts"), losses("dynamo"));
+    assert_eq!(ts.len(), 3);
+    for (a, b) in ts.iter().zip(&dynamo) {
+        assert!((a - b).abs() <= 1e-5 * b.abs(), "{ts:?} vs {dynamo:?}");
+    }
+}

@@ -10,6 +10,7 @@
 use super::ops::{converter, NodeCtx};
 use super::proto::{GraphProto, ModelProto, TypeProtoTensor, ValueInfoProto};
 use super::tensor::{dtype_from_code, is_external, tensor_type, tensor_value};
+use super::ties::Copy;
 use super::OnnxError;
 use autopar_ir::op::{InferInput, Op, TensorType};
 use autopar_ir::{Dim, Graph, Role, Shape, TensorId, Value};
@@ -168,7 +169,10 @@ impl Builder {
         }
     }
 
+    /// Adds the initializers: float ones are parameters, except copies of
+    /// an earlier one, which read it (see [`super::ties`]).
     fn add_initializers(&mut self, proto: &GraphProto) -> Result<(), OnnxError> {
+        let mut loaded = Vec::with_capacity(proto.initializer.len());
         for init in &proto.initializer {
             let ty = tensor_type(init)?;
             let data = tensor_value(init)?.map(Arc::new);
@@ -178,13 +182,31 @@ impl Builder {
                     message: "initializer holds no data".into(),
                 });
             }
-            let role = if ty.dtype.is_float() {
-                Role::Parameter
-            } else {
-                Role::Constant
+            loaded.push((ty, data));
+        }
+        let copies = super::ties::copies(&loaded.iter().map(|(_, d)| d.as_deref()).collect::<Vec<_>>());
+        let mut ids = Vec::with_capacity(loaded.len());
+        for ((init, (ty, data)), copy) in proto.initializer.iter().zip(loaded).zip(copies) {
+            let id = match copy {
+                Some(Copy::Same(j)) => ids[j],
+                Some(Copy::Transposed(j)) => {
+                    let op = Op::Transpose {
+                        perm: Some(vec![1, 0]),
+                    };
+                    let node = format!("{}/tied", init.name);
+                    self.emit(&node, "Transpose", op, vec![Some(ids[j])], &[])?[0]
+                }
+                None => {
+                    let role = if ty.dtype.is_float() {
+                        Role::Parameter
+                    } else {
+                        Role::Constant
+                    };
+                    self.new_tensor(&init.name, ty, role, data)
+                }
             };
-            let id = self.new_tensor(&init.name, ty, role, data);
             self.define(&init.name, id)?;
+            ids.push(id);
         }
         Ok(())
     }

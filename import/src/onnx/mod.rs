@@ -16,6 +16,7 @@ mod ops_conv;
 mod ops_pad;
 pub mod proto;
 mod tensor;
+mod ties;
 
 pub use error::OnnxError;
 pub use import::{import_model_bytes, load_model, load_model_with, ImportOptions, AXIS_ROLES};
