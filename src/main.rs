@@ -31,10 +31,10 @@ enum Command {
     Inspect {
         /// An .onnx file, an autopar .json graph, or a zoo spec (gpt:layers=12,hidden=768,...).
         model: String,
-        /// Batch size for symbolic batch dims (default: the model's own).
+        /// Batch size for symbolic batch dims and dynamic ONNX batch axes (default: the model's own).
         #[arg(long)]
         batch: Option<usize>,
-        /// Sequence length for symbolic seq dims (default: the model's own).
+        /// Sequence length for symbolic seq dims and dynamic ONNX sequence axes (default: the model's own).
         #[arg(long)]
         seq: Option<usize>,
         /// Print JSON for machines.
@@ -160,7 +160,7 @@ struct RunArgs {
     /// With `--plan auto`: rows per step (default: 4 per rank × the model's batch).
     #[arg(long)]
     global_batch: Option<usize>,
-    /// Sequence length for models whose sequence is symbolic.
+    /// Sequence length for models whose sequence is symbolic or a dynamic ONNX axis (default for the latter: 128).
     #[arg(long)]
     seq: Option<usize>,
     /// With `--plan auto`: also write the plan to this file.
@@ -197,7 +197,7 @@ struct PlanArgs {
     /// Samples per optimizer step.
     #[arg(long)]
     global_batch: usize,
-    /// Sequence length (default: the model's).
+    /// Sequence length (default: the model's; 128 for an ONNX export with a dynamic sequence axis).
     #[arg(long)]
     seq: Option<usize>,
     /// Share of each GPU's memory a plan may use.
@@ -285,7 +285,7 @@ struct EstimateArgs {
     /// Samples per micro-batch (default: the model's batch; 1 for zoo specs).
     #[arg(long)]
     micro_batch: Option<usize>,
-    /// Sequence length (default: the model's).
+    /// Sequence length (default: the model's; 128 for an ONNX export with a dynamic sequence axis).
     #[arg(long)]
     seq: Option<usize>,
     /// none | selective | full.
