@@ -171,6 +171,10 @@ struct Manifest {
 #[derive(serde::Deserialize)]
 struct ManifestGrad {
     file: String,
+    /// `tied-partial`: one of the initializers an exporter split a tied
+    /// weight into, holding that use's share of its gradient.
+    #[serde(default)]
+    tie: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -223,11 +227,33 @@ fn check_gradients(
     let outs = interp::run(&d.graph, &feeds, precision).context("running the backward pass")?;
     let computed = autopar_ir::autodiff::gradients_by_name(&d, &outs);
     let mut references = vec![];
+    let mut merged = vec![];
     for (name, entry) in &manifest.grads {
         let path = dir.join(&entry.file);
         let (_, reference) = read_tensor_file(&path).with_context(|| path.display().to_string())?;
-        references.push((name, reference));
+        let partial = entry.tie.as_deref() == Some("tied-partial");
+        match partial && !computed.contains_key(name) {
+            // The importer read this copy as the weight it copies: its
+            // share joins that weight's reference below.
+            true => merged.push(reference),
+            false => references.push((name, reference, partial)),
+        }
     }
+    for share in merged {
+        let target = references.iter_mut().find(|(_, r, partial)| {
+            *partial && (r.shape == share.shape || transposed_shape(&r.shape, &share.shape))
+        });
+        let Some((name, total, _)) = target else {
+            bail!("{}: a tied share has no weight to join", manifest_path.display());
+        };
+        let share = match total.shape == share.shape {
+            true => share.to_f64_vec(),
+            false => transpose(&share),
+        };
+        let sum: Vec<f64> = total.to_f64_vec().iter().zip(share).map(|(a, b)| a + b).collect();
+        *total = Value::f64(total.shape.clone(), sum).with_context(|| format!("the tied weight '{name}'"))?;
+    }
+    let references: Vec<(&String, Value)> = references.into_iter().map(|(n, r, _)| (n, r)).collect();
     // A gradient that is zero in exact arithmetic (a bias that shifts every
     // softmax input of a row equally) is rounding noise on both sides, so an
     // error below one unit in the last place of the largest gradient passes
@@ -267,6 +293,21 @@ fn check_gradients(
         checks.push(check);
     }
     Ok(checks)
+}
+
+/// Whether matrices of shapes `a` and `b` are each other's transpose.
+fn transposed_shape(a: &[usize], b: &[usize]) -> bool {
+    matches!((a, b), (&[r, c], &[br, bc]) if (r, c) == (bc, br))
+}
+
+/// A matrix's elements in its transpose's row-major order.
+fn transpose(m: &Value) -> Vec<f64> {
+    let (rows, cols) = (m.shape[0], m.shape[1]);
+    let v = m.to_f64_vec();
+    (0..cols)
+        .flat_map(|c| (0..rows).map(move |r| (r, c)))
+        .map(|(r, c)| v[r * cols + c])
+        .collect()
 }
 
 /// Renders the report for people.
