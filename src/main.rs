@@ -170,7 +170,7 @@ struct RunArgs {
     /// adamw or sgd.
     #[arg(long, default_value = "adamw")]
     optimizer: String,
-    /// Learning rate (default: 1e-3 for AdamW, 0.1 for SGD).
+    /// Learning rate (default: 3e-3 for AdamW, 1e-2 for SGD).
     #[arg(long)]
     lr: Option<f64>,
     /// Seed of the data and of the initial weights of weightless models.
@@ -473,8 +473,8 @@ fn run_command(a: RunArgs) -> Result<()> {
         if !json {
             let _ = emit(&format!(
                 "{}\n{}\n",
-                run::objective_line(start.objective, start.chosen),
-                run::plan_line(start.plan, start.ranks)
+                run::plan_line(start.plan, start.ranks),
+                run::objective_line(start.objective, start.chosen)
             ));
         }
     };
