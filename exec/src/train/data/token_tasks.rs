@@ -22,7 +22,7 @@ use crate::train::random;
 use autopar_lower::{Feed, Task};
 
 /// Separates the masked positions' stream from the rows' own.
-const MASK_STREAM: u64 = 0x6d6c_6d;
+const MASK_STREAM: u64 = 0x006d_6c6d;
 
 /// The window length a token file must hold at least once for `task`,
 /// minus one (the `seq` of [`TokenSource::open`]).
