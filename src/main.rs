@@ -4,6 +4,7 @@
 use anyhow::Result;
 use autopar::{check, convert, estimate, inspect, plan};
 use autopar_ir::interp::Precision;
+use autopar_lower::Objective;
 use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -142,13 +143,34 @@ struct RunArgs {
     /// Training steps.
     #[arg(long, default_value_t = 10)]
     steps: usize,
-    /// `synthetic` (a learnable token pattern) or a tokens.bin file of little-endian uint16 tokens.
+    /// What to train the model for: lm (next-token prediction), seq2seq
+    /// (encoder-decoder with teacher forcing: the decoder reads the targets
+    /// shifted right), mlm (masked tokens predicted, for encoders), classify
+    /// (a class per row of features) or regress (squared error). Default:
+    /// what the model's inputs and outputs call for: seq2seq with a
+    /// decoder input, lm with token ids, regress for float inputs and a
+    /// [batch] or [batch, 1] output, classify for a [batch, classes] one.
+    /// Encoders are not inferred as mlm (whether attention is causal is not
+    /// reliably visible in an export): ask for it.
+    #[arg(long)]
+    objective: Option<Objective>,
+    /// `synthetic` (learnable data of the objective's kind, the default), a
+    /// tokens.bin file of little-endian uint16 tokens (lm, seq2seq, mlm), or
+    /// arrays for classify and regress: FEATURES.npy (with --labels) for a
+    /// model with one input, or FILE.safetensors holding a tensor per model
+    /// input, named as the input, and `labels`. Arrays hold one example per
+    /// index of their first dim.
     #[arg(long)]
     data: Option<String>,
+    /// With --data FEATURES.npy: the labels, one per example: integer
+    /// classes (classify), or values [examples] or [examples, outputs]
+    /// (regress).
+    #[arg(long)]
+    labels: Option<PathBuf>,
     /// adamw or sgd.
     #[arg(long, default_value = "adamw")]
     optimizer: String,
-    /// Learning rate (default: 1e-3 for AdamW, 0.1 for SGD).
+    /// Learning rate (default: 3e-3 for AdamW, 1e-2 for SGD).
     #[arg(long)]
     lr: Option<f64>,
     /// Seed of the data and of the initial weights of weightless models.
@@ -427,7 +449,9 @@ fn run_command(a: RunArgs) -> Result<()> {
         backend: a.backend,
         ranks: a.ranks,
         steps: a.steps,
+        objective: a.objective,
         data: a.data,
+        labels: a.labels,
         optimizer: a.optimizer,
         lr: a.lr,
         seed: a.seed,
@@ -445,13 +469,17 @@ fn run_command(a: RunArgs) -> Result<()> {
     };
     let json = a.json;
     let bar = step_bar(a.steps);
-    let on_plan = |p: &run::PlanSummary, ranks: usize| {
+    let on_start = |start: &run::Start| {
         if !json {
-            let _ = emit(&format!("{}\n", run::plan_line(p, ranks)));
+            let _ = emit(&format!(
+                "{}\n{}\n",
+                run::plan_line(start.plan, start.ranks),
+                run::objective_line(start.objective, start.chosen)
+            ));
         }
     };
-    let on_step = |s: &autopar_exec::StepReport, tokens: usize| {
-        let line = run::step_line(s, tokens);
+    let on_step = |s: &autopar_exec::StepReport, throughput: run::Throughput| {
+        let line = run::step_line(s, throughput);
         match (&bar, json) {
             (Some(bar), false) => {
                 bar.println(line);
@@ -464,7 +492,7 @@ fn run_command(a: RunArgs) -> Result<()> {
             (None, true) => {}
         }
     };
-    let result = run::run(&request, &on_plan, &on_step);
+    let result = run::run(&request, &on_start, &on_step);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }

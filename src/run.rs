@@ -18,6 +18,7 @@ use autopar_exec::train::{Optimizer, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use autopar_exec::StepReport;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
+use autopar_lower::Objective;
 use autopar_planner::{DegreeLimits, Parallel, Plan};
 use autopar_sim::{simulate_plan, SimOptions};
 use serde::Serialize;
@@ -54,8 +55,13 @@ pub struct Request {
     /// The plan's ranks; under a launcher it defaults to WORLD_SIZE.
     pub ranks: Option<usize>,
     pub steps: usize,
-    /// `synthetic` (default) or a tokens.bin file (little-endian uint16).
+    /// What to train the model for; `None`: inferred from the model.
+    pub objective: Option<Objective>,
+    /// `synthetic` (default), a tokens.bin file (little-endian uint16), or
+    /// arrays of features (`.npy` with `labels`, `.safetensors`).
     pub data: Option<String>,
+    /// Labels for `.npy` features.
+    pub labels: Option<PathBuf>,
     pub optimizer: String,
     pub lr: Option<f64>,
     pub seed: u64,
@@ -146,9 +152,15 @@ pub struct Report {
     /// Processes the ranks ran in: 1 (every rank a thread), or one per rank under a launcher.
     pub processes: usize,
     pub plan: PlanSummary,
-    /// Mean token cross-entropy of each step.
+    /// What the run trained the model for.
+    pub objective: Objective,
+    /// The objective's mean loss of each step (token or class
+    /// cross-entropy, or squared error).
     pub losses: Vec<f64>,
     pub step_times_s: Vec<f64>,
+    /// What `tokens_per_step` and `tokens_per_s` count: `tokens`, or
+    /// `samples` for classify and regress.
+    pub throughput_unit: &'static str,
     pub tokens_per_step: usize,
     pub tokens_per_s: Vec<f64>,
     pub per_rank: Vec<RankSummary>,
@@ -311,14 +323,60 @@ pub(crate) fn seq_of(g: &Graph, p: &Plan) -> Result<usize> {
         .context("the model's sequence length is symbolic; give --seq")
 }
 
-/// Runs `r`, calling `on_plan` with the plan before training and
-/// `on_step` (with the tokens per step) after each step. Under a launcher
-/// with more than one process this process runs one rank: rank 0 calls
-/// back and returns the report, the other ranks return `None`.
+/// What a run is about to do, told before training.
+pub struct Start<'a> {
+    pub plan: &'a PlanSummary,
+    pub ranks: usize,
+    pub objective: Objective,
+    pub chosen: Chosen,
+}
+
+/// How the objective was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Chosen {
+    /// With `--objective`.
+    Flag,
+    /// Inferred from the model's inputs and outputs.
+    Inferred,
+    /// Inferred as next-token prediction for a model whose attention is
+    /// not causal (an encoder, or a causal mask autopar did not recognise).
+    InferredNotCausal,
+}
+
+/// What a step's throughput counts: `per_step` of `unit` (tokens, or
+/// samples for classify and regress).
+#[derive(Debug, Clone, Copy)]
+pub struct Throughput {
+    pub per_step: usize,
+    pub unit: &'static str,
+}
+
+/// The objective `r` asks for, or the one `graph` calls for, and how it
+/// was chosen.
+fn objective(r: &Request, graph: &Graph) -> Result<(Objective, Chosen)> {
+    if let Some(o) = r.objective {
+        return Ok((o, Chosen::Flag));
+    }
+    let o = Objective::infer(graph)?;
+    let not_causal = o == Objective::Lm && autopar_lower::bidirectional(graph);
+    Ok((
+        o,
+        if not_causal {
+            Chosen::InferredNotCausal
+        } else {
+            Chosen::Inferred
+        },
+    ))
+}
+
+/// Runs `r`, calling `on_start` before training and `on_step` after each
+/// step. Under a launcher with more than one process this process runs one
+/// rank: rank 0 calls back and returns the report, the other ranks return
+/// `None`.
 pub fn run(
     r: &Request,
-    on_plan: &dyn Fn(&PlanSummary, usize),
-    on_step: &(dyn Fn(&StepReport, usize) + Sync),
+    on_start: &dyn Fn(&Start),
+    on_step: &(dyn Fn(&StepReport, Throughput) + Sync),
 ) -> Result<Option<Report>> {
     let launch = LaunchEnv::from_env().context("reading the launcher's environment")?;
     let target = r.target(&launch)?;
@@ -333,7 +391,7 @@ pub fn run(
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
-    let opts = run_options(r, &launch)?;
+    let mut opts = run_options(r, &launch)?;
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
     let nominal = host_profile::nominal_requested()?;
     let (p, model_arg, graph) = resolve(r, ranks, launch.rank == 0)?;
@@ -349,6 +407,8 @@ pub fn run(
         );
     }
     let seq = seq_of(&graph, &p)?;
+    let (objective, chosen) = objective(r, &graph).with_context(|| model_arg.clone())?;
+    opts.objective = Some(objective);
     let rank = launch.rank;
     let session = Session::new(p, graph, seq, opts, launch).with_context(|| model_arg.clone())?;
     // Only rank 0 reports, so only rank 0 predicts.
@@ -368,10 +428,19 @@ pub fn run(
         planned_for: session.plan().inputs.cluster.name.clone(),
     };
     if rank == 0 {
-        on_plan(&summary, world);
+        on_start(&Start {
+            plan: &summary,
+            ranks: world,
+            objective,
+            chosen,
+        });
     }
     let tokens_per_step = session.tokens_per_step();
-    let progress = |s: &StepReport| on_step(s, tokens_per_step);
+    let throughput = Throughput {
+        per_step: tokens_per_step,
+        unit: session.training().task.throughput_unit().1,
+    };
+    let progress = |s: &StepReport| on_step(s, throughput);
     let (cpu_before, started) = (process_cpu_seconds(), std::time::Instant::now());
     let in_process_cpu = matches!(target, Target::Cpu) && !session.launched();
     let outcome = match target {
@@ -410,6 +479,8 @@ pub fn run(
         ranks: world,
         processes: if session.launched() { world } else { 1 },
         plan: summary,
+        objective,
+        throughput_unit: throughput.unit,
         losses: result.losses,
         median_step_time_s: median_after_warmup(&result.step_times_s),
         simulated_step_time_s,
@@ -510,7 +581,9 @@ fn run_options(r: &Request, launch: &LaunchEnv) -> Result<RunOptions> {
         steps: r.steps,
         seed: r.seed,
         optimizer: optimizer(r)?,
+        objective: r.objective,
         data: r.data.as_deref().filter(|d| *d != "synthetic").map(PathBuf::from),
+        labels: r.labels.clone(),
         precision: r.host_precision(),
         overlap: r.overlap,
         trace: r.trace.is_some(),
@@ -570,6 +643,18 @@ fn median_after_warmup(times: &[f64]) -> f64 {
     }
 }
 
+/// What the run trains for, in one line, printed before training.
+pub fn objective_line(objective: Objective, chosen: Chosen) -> String {
+    match chosen {
+        Chosen::Flag => format!("objective: {objective}"),
+        Chosen::Inferred => format!("objective: {objective} (inferred from the model; --objective chooses another)"),
+        Chosen::InferredNotCausal => format!(
+            "objective: {objective} (inferred from the model; its attention is not causal, so predicting the next \
+             token lets it see the answer: --objective mlm trains an encoder as a masked LM)"
+        ),
+    }
+}
+
 /// The plan in one line, printed before training.
 pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
     let p = &summary.parallel;
@@ -605,13 +690,14 @@ pub fn plan_line(summary: &PlanSummary, ranks: usize) -> String {
 }
 
 /// One step's line.
-pub fn step_line(s: &StepReport, tokens_per_step: usize) -> String {
+pub fn step_line(s: &StepReport, throughput: Throughput) -> String {
     format!(
-        "step {:>4}  loss {:.4}  {}  {:.0} tokens/s",
+        "step {:>4}  loss {:.4}  {}  {:.0} {}/s",
         s.step + 1,
         s.loss,
         seconds(s.seconds),
-        tokens_per_step as f64 / s.seconds
+        throughput.per_step as f64 / s.seconds,
+        throughput.unit
     )
 }
 
@@ -710,6 +796,8 @@ mod tests {
             ranks: 2,
             processes: 1,
             plan,
+            objective: Objective::Lm,
+            throughput_unit: "tokens",
             losses: vec![2.0, 1.5],
             step_times_s: vec![0.2, 0.1],
             tokens_per_step: 8,
@@ -758,6 +846,8 @@ mod tests {
                 prediction_source: PredictionSource::HostProfile,
                 planned_for: "cpu".into(),
             },
+            objective: Objective::Lm,
+            throughput_unit: "tokens",
             losses: vec![2.0],
             step_times_s: vec![0.1],
             tokens_per_step: 8,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use autopar_cost_models::{estimate, Calibration};
 use autopar_exec::trace::chrome_json;
 use autopar_ir::interp::Precision;
-use autopar_lower::{for_strategy, Strategy};
+use autopar_lower::{for_strategy, Objective, Strategy};
 use autopar_planner::{planned_workload, Plan};
 use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Term};
 use serde::Serialize;
@@ -57,7 +57,8 @@ pub fn run(r: &Request) -> Result<Report> {
     let graph = model::canonical(&model::load_with(&model_arg, model::Axes::of_plan(&p))?)?;
     let strategy = Strategy::from_plan(&p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
     let seq = run::seq_of(&graph, &p)?;
-    let t = for_strategy(&graph, &strategy, seq).with_context(|| model_arg.clone())?;
+    let objective = Objective::infer(&graph).with_context(|| model_arg.clone())?;
+    let t = for_strategy(&graph, &strategy, seq, objective).with_context(|| model_arg.clone())?;
     let calibration = match &r.calibration {
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),

@@ -51,7 +51,7 @@ fn model_path(file: &str) -> String {
 #[test]
 fn every_fixture_reports_its_float_initializer_elements() {
     let models = fixture_models();
-    assert_eq!(models.len(), 9);
+    assert_eq!(models.len(), 13);
     for (file, float_params) in models {
         let r = inspect::report(&model_path(&file), None, None).unwrap();
         assert_eq!(r.float_initializer_elements, float_params, "{file}");

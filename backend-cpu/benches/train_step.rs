@@ -15,12 +15,12 @@
 //! `scripts/torch_train_step.py` times the same zoo GPT step in PyTorch.
 
 use autopar_cpu::train;
-use autopar_exec::train::{initialize, Optimizer, TokenSource, DEFAULT_ADAMW_LR};
+use autopar_exec::train::{initialize, Data, Optimizer, TokenSource, DEFAULT_ADAMW_LR};
 use autopar_exec::TrainOptions;
 use autopar_import::onnx;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{lower, training_graph, Strategy};
+use autopar_lower::{lower, training_graph, Objective, Strategy};
 use autopar_rewrite::{canonicalize, detect_blocks};
 use std::error::Error;
 use std::path::Path;
@@ -140,10 +140,9 @@ fn strategies(m: &Model) -> Vec<(String, Strategy, bool)> {
 
 /// Trains `WARMUP + MEASURED` steps of `m` under `s`; the median measured step.
 fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<Row> {
-    let tokens = s.global_batch() * m.seq;
-    let t = training_graph(&m.graph, s.micro_batch, m.seq, tokens)?;
+    let t = training_graph(&m.graph, s.micro_batch, m.seq, s.global_batch(), Objective::Lm)?;
     let programs = lower(&t, s)?;
-    let data = TokenSource::synthetic(vocab(&m.graph)?, SEED);
+    let data: Data = TokenSource::synthetic(vocab(&m.graph)?, SEED).into();
     let mut opts = TrainOptions::new(
         Precision::F32,
         Optimizer::adamw(DEFAULT_ADAMW_LR),
@@ -158,7 +157,7 @@ fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<R
         ranks: programs.len(),
         layout,
         step_s,
-        tokens_per_s: tokens as f64 / step_s,
+        tokens_per_s: (s.global_batch() * m.seq) as f64 / step_s,
     })
 }
 

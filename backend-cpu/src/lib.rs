@@ -17,7 +17,7 @@ pub use backend::CpuBackend;
 pub use runner::CpuRunner;
 
 use autopar_comm::collective::Endpoint;
-use autopar_exec::train::TokenSource;
+use autopar_exec::train::Data;
 use autopar_exec::{train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_lower::{Program, TrainingGraph};
 
@@ -26,7 +26,7 @@ use autopar_lower::{Program, TrainingGraph};
 pub fn train(
     t: &TrainingGraph,
     programs: &[Program],
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<TrainReport, ExecError> {
@@ -41,7 +41,7 @@ pub fn train_rank(
     t: &TrainingGraph,
     programs: &[Program],
     endpoint: Endpoint,
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
 ) -> Result<RankResult<TrainReport>, ExecError> {

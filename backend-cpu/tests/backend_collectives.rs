@@ -21,7 +21,7 @@ use autopar_exec::{train_on, Backend, BackendError, DeviceCollectives, Order, Tr
 use autopar_ir::interp::Precision;
 use autopar_ir::{CommKind, DType, Data, Graph, Op, Value};
 use autopar_lower::blocking::{check_blocking, Transfers};
-use autopar_lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, Instr, Objective, Program, Strategy, TrainingGraph};
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -454,7 +454,7 @@ fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
 fn lowered_model(spec: &str, s: &Strategy) -> (TrainingGraph, Vec<Program>) {
     let mut g: Graph = autopar_import::zoo::build(spec).unwrap();
     initialize(&mut g, 7).unwrap();
-    let t = for_strategy(&g, s, SEQ).unwrap();
+    let t = for_strategy(&g, s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -472,7 +472,7 @@ fn on_device(
             .collect::<Vec<_>>(),
     );
     let log = Arc::new(Mutex::new(BTreeMap::new()));
-    let data = TokenSource::synthetic(64, 3);
+    let data = autopar_exec::train::Data::from(TokenSource::synthetic(64, 3));
     let report = train_on(t, programs, &data, opts, &|_| {}, &|rank| {
         Ok(Summing {
             cpu: CpuBackend {
@@ -506,7 +506,7 @@ fn check(s: Strategy) -> BTreeMap<Kind, usize> {
 fn check_lowered(t: &TrainingGraph, programs: &[Program]) -> BTreeMap<Kind, usize> {
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-2), 2);
     opts.timeout = Duration::from_secs(20);
-    let data = TokenSource::synthetic(64, 3);
+    let data = autopar_exec::train::Data::from(TokenSource::synthetic(64, 3));
     let staged = train(t, programs, &data, &opts, &|_| {}).unwrap();
     let mut planned = BTreeMap::new();
     let mut overlappable = 0;

@@ -10,7 +10,7 @@ use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
-use autopar_lower::{lower, training_graph, Buf, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{lower, training_graph, Buf, Instr, Objective, Program, Strategy, TrainingGraph};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -25,7 +25,14 @@ const VOCAB: usize = 64;
 const SMALL: usize = 16 << 10;
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let t = training_graph(&common::zoo_gpt(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+    let t = training_graph(
+        &common::zoo_gpt(),
+        s.micro_batch,
+        SEQ,
+        s.global_batch(),
+        Objective::Lm,
+    )
+    .unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -125,7 +132,14 @@ fn run(t: &TrainingGraph, programs: &[Program], precision: Precision, steps: usi
     let mut opts = TrainOptions::new(precision, Optimizer::adamw(1e-2), steps);
     opts.timeout = Duration::from_secs(30);
     opts.record_grads = true;
-    train(t, programs, &TokenSource::synthetic(VOCAB, 3), &opts, &|_| {}).unwrap()
+    train(
+        t,
+        programs,
+        &TokenSource::synthetic(VOCAB, 3).into(),
+        &opts,
+        &|_| {},
+    )
+    .unwrap()
 }
 
 /// A bucket moves its gradients' bytes: each rank sends what it sends

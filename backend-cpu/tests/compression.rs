@@ -10,7 +10,7 @@ use autopar_cpu::train;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 use std::time::Duration;
 
 mod common;
@@ -28,11 +28,18 @@ fn run(zero: u8, compression: Option<GradCompression>) -> TrainReport {
     let mut s = Strategy::new(4, 1, 2, 1, 2);
     s.zero = zero;
     s.compression = compression;
-    let t = for_strategy(&gpt(), &s, SEQ).unwrap();
+    let t = for_strategy(&gpt(), &s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(3e-3), STEPS);
     opts.timeout = Duration::from_secs(60);
-    train(&t, &programs, &TokenSource::synthetic(VOCAB, 3), &opts, &|_| {}).unwrap()
+    train(
+        &t,
+        &programs,
+        &TokenSource::synthetic(VOCAB, 3).into(),
+        &opts,
+        &|_| {},
+    )
+    .unwrap()
 }
 
 /// The bytes a rank sends per step by the estimate of the same run.

@@ -9,7 +9,7 @@ use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::CommKind;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Instr, Strategy};
+use autopar_lower::{for_strategy, lower, Instr, Objective, Strategy};
 use common::{fixture, lowered_bytes, planned, priced_bytes, workload_options, Ask, MICRO_BATCH};
 
 fn zoo(spec: &str) -> Graph {
@@ -19,12 +19,18 @@ fn zoo(spec: &str) -> Graph {
 }
 
 fn run(g: &Graph, s: &Strategy, seq: usize, vocab: usize) -> Result<TrainReport, String> {
-    let t = for_strategy(g, s, seq).map_err(|e| e.to_string())?;
+    let t = for_strategy(g, s, seq, Objective::Lm).map_err(|e| e.to_string())?;
     let programs = lower(&t, s).map_err(|e| e.to_string())?;
     let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
     opts.record_grads = true;
-    autopar_cpu::train(&t, &programs, &TokenSource::synthetic(vocab, 3), &opts, &|_| {})
-        .map_err(|e| e.to_string())
+    autopar_cpu::train(
+        &t,
+        &programs,
+        &TokenSource::synthetic(vocab, 3).into(),
+        &opts,
+        &|_| {},
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// Relative difference of `b`'s step from `a`'s: the loss, and the worst
@@ -149,7 +155,7 @@ fn context_and_tensor_parallelism_combine() {
         // The only sequence the context-parallel ranks gather is attention's
         // keys and values: the vocabulary-parallel loss runs on each rank's
         // tokens (its maxima and sums reduce along the vocabulary).
-        let t = for_strategy(&g, &s, 16).unwrap();
+        let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
         let programs = lower(&t, &s).unwrap();
         let gathered: Vec<&str> = programs[0]
             .instructions
@@ -216,7 +222,7 @@ fn priced_tensor_parallel_bytes_under_context_parallelism_are_what_runs() {
         .with_tp(2, false)
         .with_cp(2)
         .with_sharding(ops);
-    let t = for_strategy(&g, &s, 16).unwrap();
+    let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
     let sent: f64 = lowered_bytes(&t, &programs[0], 2).values().sum();
     assert!(
@@ -237,7 +243,7 @@ fn priced_tensor_parallel_bytes_under_context_parallelism_are_what_runs() {
 fn context_parallel_attention_is_causal_at_the_ranks_positions() {
     let g = zoo("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=16");
     let s = Strategy::new(1, 1, g.blocks.len(), MICRO_BATCH, 2).with_cp(2);
-    let t = for_strategy(&g, &s, 16).unwrap();
+    let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
     let graph = &t.graph;
     let mut positions = std::collections::HashMap::new();
     for n in graph.node_indices().map(|i| graph.node(i)) {

@@ -7,11 +7,11 @@ use autopar_comm::collective::connect;
 use autopar_comm::launch::LaunchEnv;
 use autopar_cpu::{train, train_rank};
 use autopar_exec::trace::TraceEvent;
-use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::train::{initialize, Data, Optimizer, TokenSource};
 use autopar_exec::{ExecError, Fault, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, Objective, Program, Strategy, TrainingGraph};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -22,7 +22,7 @@ fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
     let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
     let mut g: Graph = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 7).unwrap();
-    let t = for_strategy(&g, s, SEQ).unwrap();
+    let t = for_strategy(&g, s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -48,7 +48,7 @@ fn run_per_rank(
 ) -> (Vec<Result<RankResult<TrainReport>, ExecError>>, Vec<StepReport>) {
     let world = programs.len();
     let port = free_port();
-    let data = TokenSource::synthetic(64, 3);
+    let data: Data = TokenSource::synthetic(64, 3).into();
     let progress = Mutex::new(Vec::new());
     let results = std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
@@ -70,7 +70,14 @@ fn run_per_rank(
 fn check(s: Strategy) {
     let (t, programs) = lowered(&s);
     let opts = options(3);
-    let threads = train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap();
+    let threads = train(
+        &t,
+        &programs,
+        &TokenSource::synthetic(64, 3).into(),
+        &opts,
+        &|_| {},
+    )
+    .unwrap();
     let (results, progress) = run_per_rank(&t, &programs, &opts);
     let mut results = results.into_iter();
     let report = results

@@ -10,10 +10,10 @@
 
 use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, TrainingConfig, Workload};
 use autopar_cpu::train;
-use autopar_exec::train::{Optimizer, TokenSource};
+use autopar_exec::train::{Data, Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 use std::time::Duration;
 
 mod common;
@@ -35,13 +35,13 @@ fn measured_and_estimated(dp: usize, ep: usize, cp: usize, cf: Option<f64>) -> (
     let mut s = Strategy::new(dp, 1, 2, 1, 2).with_cp(cp);
     s.ep = ep;
     s.capacity_factor = cf;
-    let t = for_strategy(&g, &s, SEQ).unwrap();
+    let t = for_strategy(&g, &s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("row.bin");
     let row: Vec<u8> = (0..=SEQ as u16).flat_map(|t| (3 * t + 1).to_le_bytes()).collect();
     std::fs::write(&path, row).unwrap();
-    let data = TokenSource::open(&path, VOCAB, SEQ, 3).unwrap();
+    let data: Data = TokenSource::open(&path, VOCAB, SEQ, 3).unwrap().into();
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(3e-3), STEPS);
     opts.timeout = Duration::from_secs(60);
     let report = train(&t, &programs, &data, &opts, &|_| {}).unwrap();

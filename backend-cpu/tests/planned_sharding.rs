@@ -11,7 +11,7 @@ use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 use autopar_planner::spec::{DimSpec, OpSharding};
 use common::{fixture, lowered_bytes, planned, priced_bytes, workload_options, zoo_gpt, Ask, MICRO_BATCH};
 use std::collections::BTreeMap;
@@ -61,11 +61,18 @@ fn strategy(g: &Graph, tp: usize, sp: bool, sharding: Vec<OpSharding>) -> Strate
 }
 
 fn run(g: &Graph, s: &Strategy, seq: usize, vocab: usize) -> TrainReport {
-    let t = for_strategy(g, s, seq).unwrap();
+    let t = for_strategy(g, s, seq, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
     opts.record_grads = true;
-    autopar_cpu::train(&t, &programs, &TokenSource::synthetic(vocab, 3), &opts, &|_| {}).unwrap()
+    autopar_cpu::train(
+        &t,
+        &programs,
+        &TokenSource::synthetic(vocab, 3).into(),
+        &opts,
+        &|_| {},
+    )
+    .unwrap()
 }
 
 fn single(c: &Case) -> TrainReport {
@@ -254,7 +261,7 @@ fn a_bad_edit_is_refused_naming_the_node() {
     let base = planned(&c.graph, 2, false, c.seq, Ask::Pinned(MEGATRON));
     let lowered = |sharding: Vec<OpSharding>| {
         let s = strategy(&c.graph, 2, false, sharding);
-        for_strategy(&c.graph, &s, c.seq)
+        for_strategy(&c.graph, &s, c.seq, Objective::Lm)
             .map(drop)
             .unwrap_err()
             .to_string()
@@ -325,7 +332,7 @@ fn priced_tensor_parallel_bytes_are_what_the_planned_programs_send() {
                     let w = Workload::build_planned(&model, &opts, &names).unwrap();
                     let priced = priced_bytes(&w, tp);
                     let s = strategy(&model, tp, sp, sharding);
-                    let t = for_strategy(&model, &s, seq).unwrap();
+                    let t = for_strategy(&model, &s, seq, Objective::Lm).unwrap();
                     let programs = lower(&t, &s).unwrap();
                     let sent: f64 = lowered_bytes(&t, &programs[0], tp).values().sum();
                     if (sent - priced).abs() <= 1e-9 * priced.max(1.0) {

@@ -8,7 +8,9 @@ use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::{CommGroup, CommKind, Graph, Node, Op};
-use autopar_lower::{for_strategy, lower, training_graph, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{
+    for_strategy, lower, training_graph, Instr, Objective, Program, Strategy, TrainingGraph,
+};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -22,7 +24,14 @@ fn lowered(prefetch: usize) -> (TrainingGraph, Vec<Program>) {
     let mut s = Strategy::new(2, 1, LAYERS, 1, 2);
     s.zero = 3;
     s.prefetch = prefetch;
-    let t = training_graph(&common::zoo_gpt(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+    let t = training_graph(
+        &common::zoo_gpt(),
+        s.micro_batch,
+        SEQ,
+        s.global_batch(),
+        Objective::Lm,
+    )
+    .unwrap();
     let programs = lower(&t, &s).unwrap();
     (t, programs)
 }
@@ -55,7 +64,7 @@ fn run(t: &TrainingGraph, programs: &[Program], overlap: bool) -> TrainReport {
     let mut opts = TrainOptions::new(Precision::F64, Optimizer::adamw(1e-2), 3);
     opts.timeout = Duration::from_secs(30);
     opts.overlap_comm = overlap;
-    train(t, programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap()
+    train(t, programs, &TokenSource::synthetic(64, 3).into(), &opts, &|_| {}).unwrap()
 }
 
 #[test]
@@ -108,7 +117,7 @@ fn recomputation_gathers_layer_by_layer() {
         s.zero = 3;
         s.prefetch = 1;
         s.recompute = vec![recompute];
-        let t = training_graph(&g, s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+        let t = training_graph(&g, s.micro_batch, SEQ, s.global_batch(), Objective::Lm).unwrap();
         let programs = lower(&t, &s).unwrap();
         programs.iter().map(most_gathered).max().unwrap()
     };
@@ -135,7 +144,7 @@ fn weight_copies_are_made_again_for_the_backward_pass() {
             .with_tp(2, false)
             .with_sharding(ops.clone());
         s.zero = zero;
-        let t = for_strategy(&g, &s, SEQ).unwrap();
+        let t = for_strategy(&g, &s, SEQ, Objective::Lm).unwrap();
         let programs = lower(&t, &s).unwrap();
         let graph = &t.graph;
         let copies = comm_outputs(graph, CommKind::Copy, |n| {
@@ -162,7 +171,7 @@ fn weight_copies_are_made_again_for_the_backward_pass() {
 fn sequence_parallel_inputs_are_gathered_again_for_the_backward_pass() {
     let g = common::zoo_gpt();
     let s = Strategy::new(1, 1, LAYERS, 1, 2).with_tp(2, true);
-    let t = for_strategy(&g, &s, SEQ).unwrap();
+    let t = for_strategy(&g, &s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
     let graph = &t.graph;
     let gathers = comm_outputs(graph, CommKind::GatherForCompute, |n| {

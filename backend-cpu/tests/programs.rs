@@ -17,7 +17,7 @@ use autopar_exec::train::{initialize, Optimizer, TokenSource};
 use autopar_exec::{ExecError, Fault, TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{lower, training_graph, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{lower, training_graph, Instr, Objective, Program, Strategy, TrainingGraph};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
@@ -35,7 +35,7 @@ fn model() -> Graph {
 
 /// The training graph for `s`'s micro-batch and every rank's program.
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let t = training_graph(&model(), s.micro_batch, SEQ, s.global_batch() * SEQ).unwrap();
+    let t = training_graph(&model(), s.micro_batch, SEQ, s.global_batch(), Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -48,7 +48,13 @@ fn one_step(timeout: Duration) -> TrainOptions {
 }
 
 fn execute(t: &TrainingGraph, programs: &[Program], opts: &TrainOptions) -> Result<TrainReport, ExecError> {
-    train(t, programs, &TokenSource::synthetic(VOCAB, 3), opts, &|_| {})
+    train(
+        t,
+        programs,
+        &TokenSource::synthetic(VOCAB, 3).into(),
+        opts,
+        &|_| {},
+    )
 }
 
 fn run_ok(t: &TrainingGraph, programs: &[Program]) -> TrainReport {

@@ -8,7 +8,7 @@ use autopar_exec::trace::chrome_json;
 use autopar_exec::train::{initialize, Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 use autopar_sim::{simulate, Pricing, PricingOptions, SimOptions};
 use std::collections::BTreeMap;
 
@@ -21,11 +21,18 @@ fn a_hybrid_run_traces_every_rank_and_stream() {
         Strategy::new(2, 1, 4, 1, 2).with_tp(2, true),
         Strategy::new(2, 2, 4, 1, 2).with_tp(2, false),
     ] {
-        let t = for_strategy(&g, &s, 8).unwrap();
+        let t = for_strategy(&g, &s, 8, Objective::Lm).unwrap();
         let programs = lower(&t, &s).unwrap();
         let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-3), 2);
         opts.trace = true;
-        let report = train(&t, &programs, &TokenSource::synthetic(64, 1), &opts, &|_| {}).unwrap();
+        let report = train(
+            &t,
+            &programs,
+            &TokenSource::synthetic(64, 1).into(),
+            &opts,
+            &|_| {},
+        )
+        .unwrap();
         let json = chrome_json(&report.trace, &(0..s.world()).collect::<Vec<_>>());
         check_trace(&json, &(0..s.world()).collect::<Vec<_>>());
     }
@@ -83,7 +90,7 @@ fn a_simulated_hybrid_plan_traces_every_rank_and_stream() {
         Strategy::new(2, 2, 4, 1, 4),
         Strategy::new(1, 2, 4, 1, 4).with_tp(2, false),
     ] {
-        let t = for_strategy(&g, &s, 8).unwrap();
+        let t = for_strategy(&g, &s, 8, Objective::Lm).unwrap();
         let cluster = Cluster::preset("dgx-a100-80g")
             .unwrap()
             .with_gpus(s.world())

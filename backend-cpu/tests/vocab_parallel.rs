@@ -12,7 +12,7 @@ use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
 use autopar_ir::{CommKind, Graph, Op};
-use autopar_lower::{for_strategy, lower, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, Objective, Program, Strategy, TrainingGraph};
 use common::{lowered_bytes, models, priced_bytes, workload_options, zoo_gpt, MICRO_BATCH};
 
 fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
@@ -33,7 +33,7 @@ fn priced(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
 
 fn lowered(model: &Graph, seq: usize, tp: usize, sp: bool) -> (TrainingGraph, Vec<Program>) {
     let s = strategy(model.blocks.len(), tp, sp);
-    let t = for_strategy(model, &s, seq).unwrap();
+    let t = for_strategy(model, &s, seq, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
     (t, programs)
 }
@@ -185,8 +185,14 @@ fn a_cpu_run_sends_what_the_programs_count() {
         let (t, programs) = lowered(&model, 8, tp, sp);
         let counted: f64 = lowered_bytes(&t, &programs[0], tp).values().sum();
         let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
-        let report =
-            autopar_cpu::train(&t, &programs, &TokenSource::synthetic(64, 3), &opts, &|_| {}).unwrap();
+        let report = autopar_cpu::train(
+            &t,
+            &programs,
+            &TokenSource::synthetic(64, 3).into(),
+            &opts,
+            &|_| {},
+        )
+        .unwrap();
         let micro_batches = 2.0;
         for rank in &report.ranks {
             assert_eq!(

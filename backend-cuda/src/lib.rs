@@ -179,7 +179,7 @@ pub struct CudaReport {
 pub fn train(
     t: &autopar_lower::TrainingGraph,
     programs: &[autopar_lower::Program],
-    data: &autopar_exec::train::TokenSource,
+    data: &autopar_exec::train::Data,
     opts: &autopar_exec::TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&autopar_exec::StepReport) + Sync),
@@ -207,7 +207,7 @@ pub fn train_rank(
     t: &autopar_lower::TrainingGraph,
     programs: &[autopar_lower::Program],
     endpoint: autopar_comm::collective::Endpoint,
-    data: &autopar_exec::train::TokenSource,
+    data: &autopar_exec::train::Data,
     opts: &autopar_exec::TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&autopar_exec::StepReport) + Sync),
@@ -289,7 +289,7 @@ mod tests {
     use autopar_exec::train::{Optimizer, TokenSource};
     use autopar_exec::TrainOptions;
     use autopar_ir::interp::Precision;
-    use autopar_lower::{for_strategy, lower, Strategy};
+    use autopar_lower::{for_strategy, lower, Objective, Strategy};
 
     /// Every entry point says why there is no GPU (no driver, or a build
     /// without CUDA) instead of panicking in the library loader.
@@ -309,10 +309,10 @@ mod tests {
         assert!(profile(0, true, None).unwrap_err().to_string().contains(expected));
         let g = autopar_import::zoo::build("gpt:layers=1,hidden=16,heads=2,vocab=32,seq=4").unwrap();
         let s = Strategy::new(1, 1, 1, 1, 1);
-        let t = for_strategy(&g, &s, 4).unwrap();
+        let t = for_strategy(&g, &s, 4, Objective::Lm).unwrap();
         let programs = lower(&t, &s).unwrap();
         let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
-        let data = TokenSource::synthetic(32, 1);
+        let data = TokenSource::synthetic(32, 1).into();
         let err = train(&t, &programs, &data, &opts, &CudaOptions::default(), &|_| {}).unwrap_err();
         assert!(err.to_string().contains(expected), "{err}");
         // One rank per process: a world of one needs no peers.

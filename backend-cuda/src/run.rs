@@ -9,7 +9,7 @@ use super::nccl::{self, Link};
 use super::same_device::SameDevice;
 use super::{device, CudaError, CudaOptions, CudaReport, DeviceInfo, GpuPrecision};
 use autopar_comm::collective::{Endpoint, Watchdog};
-use autopar_exec::train::TokenSource;
+use autopar_exec::train::Data;
 use autopar_exec::{train_on, train_rank_on, ExecError, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::DType;
@@ -109,7 +109,7 @@ impl Setup {
 pub(super) fn train(
     t: &TrainingGraph,
     programs: &[Program],
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
@@ -174,7 +174,7 @@ pub(super) fn train_rank(
     t: &TrainingGraph,
     programs: &[Program],
     endpoint: Endpoint,
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     cuda: &CudaOptions,
     progress: &(dyn Fn(&StepReport) + Sync),

@@ -17,7 +17,7 @@ use autopar_exec::train::{initialize, Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
 use autopar_ir::{DType, Graph};
-use autopar_lower::{for_strategy, lower, Buf, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, Buf, Instr, Objective, Program, Strategy, TrainingGraph};
 use std::collections::hash_map::Entry;
 use std::collections::{HashMap, HashSet};
 
@@ -33,7 +33,7 @@ fn model() -> Graph {
 }
 
 fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let t = for_strategy(&model(), s, SEQ).unwrap();
+    let t = for_strategy(&model(), s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     (t, programs)
 }
@@ -186,7 +186,14 @@ fn the_activation_peak_is_what_the_interpreter_measures() {
     for (name, s) in strategies() {
         let (t, programs) = lowered(&s);
         let opts = TrainOptions::new(Precision::F32, Optimizer::sgd(0.1), 1);
-        let report = train(&t, &programs, &TokenSource::synthetic(VOCAB, 3), &opts, &|_| {}).unwrap();
+        let report = train(
+            &t,
+            &programs,
+            &TokenSource::synthetic(VOCAB, 3).into(),
+            &opts,
+            &|_| {},
+        )
+        .unwrap();
         for p in &programs {
             let plan = plan_memory(&t, p, ElementSize::AsGraph).unwrap();
             let measured = report.ranks[p.rank].peak_activation_bytes;

@@ -9,11 +9,11 @@
 
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
-use autopar_exec::train::{initialize, Optimizer, TokenSource};
+use autopar_exec::train::{initialize, Data, Optimizer, TokenSource};
 use autopar_exec::{TrainOptions, TrainReport};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 
 const SEQ: usize = 8;
 const LAYERS: usize = 4;
@@ -37,7 +37,7 @@ fn train(
     on: On,
     t: &autopar_lower::TrainingGraph,
     programs: &[autopar_lower::Program],
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
 ) -> TrainReport {
     match on {
@@ -65,12 +65,12 @@ fn tol(on: On, precision: Precision) -> f64 {
 
 fn run(on: On, s: &Strategy, precision: Precision, optimizer: Optimizer, steps: usize) -> TrainReport {
     let g = model();
-    let t = for_strategy(&g, s, SEQ).unwrap();
+    let t = for_strategy(&g, s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
     let mut opts = TrainOptions::new(precision, optimizer, steps);
     opts.record_grads = true;
     opts.timeout = std::time::Duration::from_secs(30);
-    train(on, &t, &programs, &TokenSource::synthetic(64, 3), &opts)
+    train(on, &t, &programs, &TokenSource::synthetic(64, 3).into(), &opts)
 }
 
 /// Relative error of gradient `a` against `b`: max|a−b| / max|b|, with the
@@ -293,11 +293,11 @@ fn expert_parallel() {
     let mut g = autopar_import::zoo::build(&spec).unwrap();
     initialize(&mut g, 5).unwrap();
     let run = |s: &Strategy, optimizer: Optimizer, steps: usize| {
-        let t = for_strategy(&g, s, SEQ).unwrap();
+        let t = for_strategy(&g, s, SEQ, Objective::Lm).unwrap();
         let programs = lower(&t, s).unwrap();
         let mut opts = TrainOptions::new(Precision::F64, optimizer, steps);
         opts.record_grads = true;
-        train(ON, &t, &programs, &TokenSource::synthetic(64, 3), &opts)
+        train(ON, &t, &programs, &TokenSource::synthetic(64, 3).into(), &opts)
     };
     let single = Strategy::new(1, 1, 2, 1, 4);
     // Expert parallelism alone (2 and 4 ways), and with data, tensor and
@@ -363,11 +363,11 @@ fn the_bundled_onnx_models_train_in_parallel() {
         g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
         let layers = g.blocks.len();
         let run = |s: &Strategy| {
-            let t = for_strategy(&g, s, 16).unwrap();
+            let t = for_strategy(&g, s, 16, Objective::Lm).unwrap();
             let programs = lower(&t, s).unwrap();
             let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
             opts.record_grads = true;
-            train(ON, &t, &programs, &TokenSource::synthetic(1000, 3), &opts)
+            train(ON, &t, &programs, &TokenSource::synthetic(1000, 3).into(), &opts)
         };
         let single = run(&Strategy::new(1, 1, layers, 2, 2));
         let mut strategies = vec![Strategy::new(1, 2, layers, 2, 2)];
@@ -393,12 +393,12 @@ fn expert_parallel_on_mixtral_tiny() {
     g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
     let layers = g.blocks.len();
     let run = |s: &Strategy, optimizer: Optimizer, steps: usize| {
-        let t = for_strategy(&g, s, 16).unwrap();
+        let t = for_strategy(&g, s, 16, Objective::Lm).unwrap();
         assert_eq!(t.expert_slices.len(), if s.ep > 1 { 2 * layers } else { 0 });
         let programs = lower(&t, s).unwrap();
         let mut opts = TrainOptions::new(Precision::F64, optimizer, steps);
         opts.record_grads = true;
-        train(ON, &t, &programs, &TokenSource::synthetic(1000, 3), &opts)
+        train(ON, &t, &programs, &TokenSource::synthetic(1000, 3).into(), &opts)
     };
     let single = Strategy::new(1, 1, layers, 2, 2);
     let ep = with(Strategy::new(2, 1, layers, 2, 1), |s| s.ep = 2);

@@ -9,7 +9,7 @@ use super::{
     collect_steps, loss_reporters, Backend, ExecError, RankReport, StepReport, TrainOptions, TrainReport,
 };
 use crate::trace::TraceEvent;
-use crate::train::TokenSource;
+use crate::train::Data;
 use autopar_comm::collective::{Buffer, CommError, Endpoint};
 use autopar_lower::{Program, TrainingGraph};
 use std::collections::BTreeMap;
@@ -44,7 +44,7 @@ pub fn train_rank_on<B: Backend>(
     t: &TrainingGraph,
     programs: &[Program],
     endpoint: Endpoint,
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
     backend: B,

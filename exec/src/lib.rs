@@ -25,7 +25,7 @@ mod zero_parts;
 pub use backend::{Backend, BackendError, DeviceCollectives, Order};
 pub use distributed::{train_rank_on, RankResult};
 
-use crate::train::{Optimizer, TokenSource};
+use crate::train::{Data, Optimizer};
 use autopar_comm::collective::{fabric, CommError};
 use autopar_ir::interp::Precision;
 use autopar_ir::Value;
@@ -139,7 +139,7 @@ pub enum ExecError {
 pub fn train_on<B: Backend>(
     t: &TrainingGraph,
     programs: &[Program],
-    data: &TokenSource,
+    data: &Data,
     opts: &TrainOptions,
     progress: &(dyn Fn(&StepReport) + Sync),
     backend: &(dyn Fn(usize) -> Result<B, String> + Sync),

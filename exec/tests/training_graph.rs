@@ -6,7 +6,7 @@
 use autopar_exec::train::initialize;
 use autopar_ir::interp::{run, Precision};
 use autopar_ir::{DType, Graph, Value};
-use autopar_lower::training_graph;
+use autopar_lower::{training_graph, Objective};
 use std::collections::BTreeMap;
 
 fn tiny_gpt() -> Graph {
@@ -18,7 +18,7 @@ fn tiny_gpt() -> Graph {
 #[test]
 fn loss_is_the_mean_cross_entropy() {
     let model = tiny_gpt();
-    let t = training_graph(&model, 2, 8, 16).unwrap();
+    let t = training_graph(&model, 2, 8, 2, Objective::Lm).unwrap();
     assert_eq!(t.loss, "loss/mean");
     assert!(t.gradients.len() > 4);
     assert!(t.forward.iter().any(|n| n == "loss/mean"));
@@ -73,6 +73,8 @@ fn unknown_inputs_and_fixed_dims_are_named() {
     let t = model.inputs[0];
     model.tensor_mut(t).name = "pixels".into();
     model.tensor_mut(t).ty.dtype = DType::F32;
-    let err = training_graph(&model, 2, 8, 16).unwrap_err().to_string();
+    let err = training_graph(&model, 2, 8, 2, Objective::Lm)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("'pixels'"), "{err}");
 }

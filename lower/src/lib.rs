@@ -13,6 +13,7 @@
 pub mod blocking;
 mod emit;
 pub mod expert_parallel;
+pub mod objective;
 pub mod partition;
 pub mod program;
 pub mod schedule;
@@ -20,10 +21,11 @@ pub mod strategy;
 pub mod tensor_parallel;
 pub mod training;
 
+pub use objective::{bidirectional, FeatureInput, Feed, Objective, Task};
 pub use program::{Buf, Coord, Instr, ParamSlot, Program, Shard};
 pub use strategy::{Strategy, StrategyError};
 pub use tensor_parallel::WeightSlice;
-pub use training::{for_strategy, training_graph, Feed, TrainingError, TrainingGraph};
+pub use training::{for_strategy, training_graph, TrainingError, TrainingGraph};
 
 /// Why a plan could not be lowered.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +78,6 @@ pub fn lower_ranks<R: Send>(
 pub fn tiny_gpt_programs(layers: usize, s: &Strategy) -> Vec<Program> {
     let spec = format!("gpt:layers={layers},hidden=32,heads=4,vocab=64,seq=8");
     let g = autopar_import::zoo::build(&spec).unwrap();
-    let t = for_strategy(&g, s, 8).unwrap();
+    let t = for_strategy(&g, s, 8, Objective::Lm).unwrap();
     lower(&t, s).unwrap()
 }

@@ -3,7 +3,7 @@
 //! says when each buffer is created, moved and freed, so a backend only
 //! interprets it and a simulator can replay it.
 
-use super::training::Feed;
+use super::objective::Feed;
 use autopar_cost_models::comm::{Algorithm, Collective};
 use autopar_cost_models::GradCompression;
 use autopar_ir::{CommKind, Graph, Node, Role, TensorId};

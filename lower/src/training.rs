@@ -1,35 +1,19 @@
-//! The training graph of one micro-batch: the model's forward pass, a token
-//! cross-entropy loss on its logits, and the backward pass (autodiff). The
-//! loss is added before tensor parallelism splits the graph, so a
-//! vocabulary-split head feeds a vocabulary-parallel cross-entropy instead
-//! of gathering its logits. Every
-//! rank of every plan runs pieces of this one graph, which is why a parallel
-//! run can be compared with a single-device run node for node.
+//! The training graph of one micro-batch: the model's forward pass, the
+//! objective's loss on its output ([`crate::objective`]), and the backward
+//! pass (autodiff). The loss is added before tensor parallelism splits the
+//! graph, so a vocabulary-split head feeds a vocabulary-parallel
+//! cross-entropy instead of gathering its logits. Every rank of every plan
+//! runs pieces of this one graph, which is why a parallel run can be
+//! compared with a single-device run node for node.
 
 use super::expert_parallel::shard_experts;
+use super::objective::{attach, Feed, Objective, Task};
 use super::tensor_parallel::{bind, shard, shard_context, shard_planned, TpError, WeightSlice};
 use super::Strategy;
 use autopar_ir::autodiff::{differentiate, AutodiffError};
-use autopar_ir::{BinaryOp, DType, Dim, Graph, Op, ReduceKind, Role, Shape, TensorId, TensorType, Value};
+use autopar_ir::{Graph, Role, TensorId};
 use autopar_planner::spec::OpSharding;
 use std::collections::{BTreeMap, HashMap};
-
-/// What a data input of the training graph is fed with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Feed {
-    /// Token ids of the micro-batch's rows.
-    Tokens,
-    /// The next token of every position (the loss's targets).
-    Targets,
-    /// All ones (attention masks: training rows are never padded).
-    Ones,
-    /// All zeros (token-type ids).
-    Zeros,
-    /// `0..seq` on every row.
-    Positions,
-    /// The loss's cotangent: one.
-    Seed,
-}
 
 /// The training graph with what lowering needs to know about it.
 #[derive(Debug, Clone)]
@@ -46,6 +30,8 @@ pub struct TrainingGraph {
     pub loss: String,
     /// Each data input and how it is fed.
     pub feeds: Vec<(String, Feed)>,
+    /// What one row of data holds for the objective the loss trains.
+    pub task: Task,
     /// Rows per micro-batch and tokens per row.
     pub micro_batch: usize,
     pub seq: usize,
@@ -68,14 +54,35 @@ pub struct TrainingGraph {
 /// Why a model cannot be trained as given.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainingError {
-    #[error("the model has no integer token input [batch, seq] to feed")]
-    NoTokens,
-    #[error("input '{0}': autopar does not know how to feed it in training (known: token ids, masks, position and token-type ids)")]
-    UnknownInput(String),
+    #[error("autopar cannot tell what to train this model for (inputs: {inputs}; outputs: {outputs}); choose with --objective lm|seq2seq|mlm|classify|regress")]
+    NoObjective { inputs: String, outputs: String },
     #[error(
-        "the model must have exactly one float output of shape [batch, seq, vocab] (logits); it has {0}"
+        "--objective {objective} needs an integer token input [batch, seq]; the model's inputs: {inputs}"
     )]
-    Logits(String),
+    NoTokens { objective: Objective, inputs: String },
+    #[error("--objective seq2seq needs a decoder input (an integer [batch, seq] input named like 'decoder_input_ids'); the model's inputs: {inputs}")]
+    NoDecoder { inputs: String },
+    #[error(
+        "input '{input}' ({ty}): autopar does not know how to feed it under --objective {objective}; {hint}"
+    )]
+    UnknownInput {
+        input: String,
+        ty: String,
+        objective: Objective,
+        hint: String,
+    },
+    #[error(
+        "--objective {objective} trains one float output of shape {want}; the model's outputs: {outputs}"
+    )]
+    Output {
+        objective: Objective,
+        want: &'static str,
+        outputs: String,
+    },
+    #[error("'{tensor}' {shape}: autopar cannot size its symbolic dims (it binds batch and seq)")]
+    Unbound { tensor: String, shape: String },
+    #[error("context parallelism is lowered for --objective lm and mlm only, not {0}")]
+    ContextParallel(Objective),
     #[error("the model's {what} is fixed at {fixed}, but the plan needs {want}")]
     FixedDim {
         what: &'static str,
@@ -96,10 +103,15 @@ pub enum TrainingError {
     },
 }
 
-/// The training graph one rank of strategy `s` runs: split for its
-/// tensor-parallel group when `s.tp > 1`, with the loss normalised by the
-/// global batch's tokens.
-pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingGraph, TrainingError> {
+/// The training graph for `objective` one rank of strategy `s` runs: split
+/// for its tensor-parallel group when `s.tp > 1`, with the loss normalised
+/// by the global batch's terms.
+pub fn for_strategy(
+    model: &Graph,
+    s: &Strategy,
+    seq: usize,
+    objective: Objective,
+) -> Result<TrainingGraph, TrainingError> {
     // Without pipeline or tensor parallelism a tied weight's two readers
     // run on one rank and read it whole: one parameter, whose gradient
     // autodiff sums over both, is reduced and stepped once.
@@ -108,7 +120,8 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
         model,
         s.micro_batch,
         seq,
-        s.global_batch() * seq,
+        s.global_batch(),
+        objective,
         Split {
             tp: s.tp,
             sp: s.sp,
@@ -121,21 +134,24 @@ pub fn for_strategy(model: &Graph, s: &Strategy, seq: usize) -> Result<TrainingG
     )
 }
 
-/// Builds the training graph of `model` for micro-batches of `micro_batch`
-/// rows of `seq` tokens. The loss of a micro-batch is its summed token
-/// cross-entropy divided by `global_tokens`, so the losses of all
-/// micro-batches of all ranks add up to the mean over the global batch.
+/// Builds the training graph of `model` for `objective` on micro-batches
+/// of `micro_batch` rows (of `seq` tokens, for token objectives). The loss
+/// of a micro-batch is its summed loss terms divided by those of
+/// `global_rows` rows, so the losses of all micro-batches of all ranks add
+/// up to the mean over the global batch.
 pub fn training_graph(
     model: &Graph,
     micro_batch: usize,
     seq: usize,
-    global_tokens: usize,
+    global_rows: usize,
+    objective: Objective,
 ) -> Result<TrainingGraph, TrainingError> {
     build(
         model,
         micro_batch,
         seq,
-        global_tokens,
+        global_rows,
+        objective,
         Split {
             tp: 1,
             sp: false,
@@ -157,11 +173,13 @@ struct Split {
     capacity_factor: Option<f64>,
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build(
     model: &Graph,
     micro_batch: usize,
     seq: usize,
-    global_tokens: usize,
+    global_rows: usize,
+    objective: Objective,
     split: Split,
     sharding: &[OpSharding],
     copies: bool,
@@ -180,22 +198,13 @@ fn build(
         true => tie_copies(&mut g),
         false => Vec::new(),
     };
-    let mut feeds = classify_inputs(&g)?;
-    let tokens = feeds
-        .iter()
-        .find(|(_, f)| *f == Feed::Tokens)
-        .map(|(n, _)| n.clone())
-        .ok_or(TrainingError::NoTokens)?;
-    let tokens_id = tensor_id(&g, &tokens).ok_or(TrainingError::NoTokens)?;
-    check_dims(&g, tokens_id, micro_batch, seq)?;
-    let logits = logits_of(&g)?;
-    let token_ty = g.tensor(tokens_id).ty.clone();
-    let targets = g.add_tensor("targets", token_ty, Role::Input, None);
-    g.inputs.push(targets);
-    feeds.push(("targets".into(), Feed::Targets));
-    let loss = add_loss(&mut g, logits, targets, global_tokens)?;
-    let loss_name = g.tensor(loss).name.clone();
-    g.outputs = vec![loss];
+    if cp > 1 && !matches!(objective, Objective::Lm | Objective::Mlm) {
+        return Err(TrainingError::ContextParallel(objective));
+    }
+    let head = attach(&mut g, objective, micro_batch, seq, global_rows)?;
+    let mut feeds = head.feeds;
+    let loss_name = g.tensor(head.loss).name.clone();
+    g.outputs = vec![head.loss];
     // The loss is split with the model: a column-parallel head's logits
     // stay split along the vocabulary and the cross-entropy runs on them.
     let mut slices = BTreeMap::new();
@@ -225,7 +234,7 @@ fn build(
     if cp > 1 {
         let per_token: Vec<String> = feeds
             .iter()
-            .filter(|(_, f)| matches!(f, Feed::Tokens | Feed::Targets | Feed::Positions | Feed::Zeros))
+            .filter(|(_, f)| f.per_token())
             .map(|(n, _)| n.clone())
             .collect();
         g = shard_context(&g, cp, &per_token)?;
@@ -254,6 +263,7 @@ fn build(
         origins: d.origins,
         gradients,
         feeds,
+        task: head.task,
         micro_batch,
         seq,
         tp,
@@ -312,163 +322,6 @@ fn tie_copies(g: &mut Graph) -> Vec<(String, String)> {
     tied
 }
 
-fn tensor_id(g: &Graph, name: &str) -> Option<TensorId> {
+pub(crate) fn tensor_id(g: &Graph, name: &str) -> Option<TensorId> {
     g.tensors().find(|(_, t)| t.name == name).map(|(id, _)| id)
-}
-
-/// How each of the model's inputs is fed, by name and type.
-fn classify_inputs(g: &Graph) -> Result<Vec<(String, Feed)>, TrainingError> {
-    let mut feeds = Vec::new();
-    let mut have_tokens = false;
-    for &t in &g.inputs {
-        let tensor = g.tensor(t);
-        let name = tensor.name.to_ascii_lowercase();
-        let integer = !tensor.ty.dtype.is_float();
-        let feed = if name.contains("mask") {
-            Feed::Ones
-        } else if name.contains("position") {
-            Feed::Positions
-        } else if name.contains("type") {
-            Feed::Zeros
-        } else if integer && tensor.ty.shape.rank() == 2 && !have_tokens {
-            have_tokens = true;
-            Feed::Tokens
-        } else {
-            return Err(TrainingError::UnknownInput(tensor.name.clone()));
-        };
-        feeds.push((tensor.name.clone(), feed));
-    }
-    Ok(feeds)
-}
-
-/// Fixed batch or sequence dims must equal what the plan runs.
-fn check_dims(g: &Graph, tokens: TensorId, micro_batch: usize, seq: usize) -> Result<(), TrainingError> {
-    let dims = &g.tensor(tokens).ty.shape.0;
-    for (dim, what, want) in [
-        (&dims[0], "batch", micro_batch),
-        (&dims[1], "sequence length", seq),
-    ] {
-        if let Dim::Fixed(fixed) = dim {
-            if *fixed != want {
-                return Err(TrainingError::FixedDim {
-                    what,
-                    fixed: *fixed,
-                    want,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
-fn logits_of(g: &Graph) -> Result<TensorId, TrainingError> {
-    let floats: Vec<TensorId> = g
-        .outputs
-        .iter()
-        .copied()
-        .filter(|&t| g.tensor(t).ty.dtype.is_float())
-        .collect();
-    match floats.as_slice() {
-        [one] if g.tensor(*one).ty.shape.rank() == 3 => Ok(*one),
-        _ => Err(TrainingError::Logits(
-            floats
-                .iter()
-                .map(|&t| format!("'{}' {}", g.tensor(t).name, g.tensor(t).ty.shape))
-                .collect::<Vec<_>>()
-                .join(", "),
-        )),
-    }
-}
-
-/// `loss = −Σ log_softmax(logits)[target] / global_tokens`.
-fn add_loss(
-    g: &mut Graph,
-    logits: TensorId,
-    targets: TensorId,
-    global_tokens: usize,
-) -> Result<TensorId, TrainingError> {
-    let lt = g.tensor(logits).ty.clone();
-    let dtype = lt.dtype;
-    let dims: Vec<Dim> = lt.shape.0.clone();
-    let node = |g: &mut Graph, name: &str, op: Op, inputs: Vec<TensorId>, ty: TensorType| {
-        let out = g.add_tensor(format!("loss/{name}"), ty, Role::Activation, None);
-        g.add_node(
-            format!("loss/{name}"),
-            op,
-            inputs.into_iter().map(Some).collect(),
-            vec![out],
-        )
-        .map(|_| out)
-    };
-    let log_probs = node(
-        g,
-        "log_softmax",
-        Op::LogSoftmax { axis: -1 },
-        vec![logits],
-        lt.clone(),
-    )?;
-    let index_shape = Shape(vec![dims[0].clone(), dims[1].clone(), Dim::Fixed(1)]);
-    let shape_const = g.add_constant(
-        "loss/index_shape",
-        Value::i64(vec![3], vec![0, 0, 1]).expect("3 ints"),
-    );
-    let index = node(
-        g,
-        "targets",
-        Op::Reshape { allowzero: false },
-        vec![targets, shape_const],
-        TensorType {
-            dtype: DType::I64,
-            shape: index_shape.clone(),
-        },
-    )?;
-    let picked = node(
-        g,
-        "picked",
-        Op::GatherElements { axis: -1 },
-        vec![log_probs, index],
-        TensorType {
-            dtype,
-            shape: index_shape,
-        },
-    )?;
-    let scalar = TensorType {
-        dtype,
-        shape: Shape(vec![]),
-    };
-    let total = node(
-        g,
-        "sum",
-        Op::Reduce {
-            kind: ReduceKind::Sum,
-            axes: None,
-            keepdims: false,
-            noop_with_empty_axes: false,
-        },
-        vec![picked],
-        scalar.clone(),
-    )?;
-    let denominator = g.add_constant(
-        "loss/tokens",
-        Value::f32(vec![], vec![-(global_tokens as f32)]).expect("scalar"),
-    );
-    let denominator = if dtype == DType::F32 {
-        denominator
-    } else {
-        node(
-            g,
-            "tokens_cast",
-            Op::cast(dtype),
-            vec![denominator],
-            scalar.clone(),
-        )?
-    };
-    let loss = node(
-        g,
-        "mean",
-        Op::Binary { func: BinaryOp::Div },
-        vec![total, denominator],
-        scalar,
-    )?;
-    Ok(loss)
 }

@@ -6,7 +6,7 @@
 //! runs that plan for themselves search without it.)
 
 use autopar_cost_models::{Calibration, Cluster};
-use autopar_lower::{for_strategy, lower, Strategy};
+use autopar_lower::{for_strategy, lower, Objective, Strategy};
 use autopar_planner::{plan_candidate, search, ModelId, SearchOptions};
 
 /// `(zoo spec, cluster preset, GPUs, global batch)`.
@@ -74,7 +74,7 @@ fn every_top_candidate_lowers() {
             let result = Strategy::from_plan(&plan)
                 .map_err(|e| e.to_string())
                 .and_then(|s| {
-                    let t = for_strategy(&graph, &s, seq).map_err(|e| e.to_string())?;
+                    let t = for_strategy(&graph, &s, seq, Objective::Lm).map_err(|e| e.to_string())?;
                     lower(&t, &s).map_err(|e| e.to_string())
                 });
             match result {

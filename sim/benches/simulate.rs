@@ -7,7 +7,7 @@
 
 use autopar_cost_models::published::megatron_sc21;
 use autopar_cost_models::{estimate, Calibration, Cluster, Recompute, Workload};
-use autopar_lower::{for_strategy, Strategy};
+use autopar_lower::{for_strategy, Objective, Strategy};
 use autopar_sim::{simulate, Pricing, PricingOptions, SimOptions};
 use std::time::Instant;
 
@@ -31,7 +31,7 @@ fn main() {
         s.chunks = cfg.virtual_stages;
         s.schedule = cfg.schedule;
         s.recompute = vec![Recompute::Full; cfg.pp];
-        let t = for_strategy(&g, &s, r.setting.seq).expect("training graph");
+        let t = for_strategy(&g, &s, r.setting.seq, Objective::Lm).expect("training graph");
         let cluster = Cluster::preset(&r.setting.cluster)
             .and_then(|c| c.with_gpus(r.gpus))
             .expect("cluster");

@@ -118,7 +118,9 @@ fn plan_pricing<'a>(
     Ok(pricing.sharing_cores(s.world(), cores, slowdown))
 }
 
-/// Plan `p`'s strategy and training graph over `model`, built as `autopar run` builds them.
+/// Plan `p`'s strategy and training graph over `model`, built as `autopar
+/// run` builds them (for the objective the model's inputs and outputs call
+/// for).
 fn lower_model_plan(p: &Plan, model: &Graph) -> Result<(Strategy, TrainingGraph), SimError> {
     let strategy = Strategy::from_plan(p)?;
     let seq = model
@@ -128,7 +130,7 @@ fn lower_model_plan(p: &Plan, model: &Graph) -> Result<(Strategy, TrainingGraph)
         .or(p.inputs.seq)
         .or_else(|| model.bindings.get("seq").copied())
         .ok_or(SimError::Sequence)?;
-    let t = lower::for_strategy(model, &strategy, seq)?;
+    let t = lower::for_strategy(model, &strategy, seq, lower::Objective::infer(model)?)?;
     Ok((strategy, t))
 }
 

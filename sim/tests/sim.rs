@@ -10,7 +10,7 @@ use autopar_cost_models::comm::{Algorithm, Collective};
 use autopar_cost_models::published::megatron_sc21;
 use autopar_cost_models::{estimate, AttentionKernel, Calibration, Cluster, Recompute, Workload};
 use autopar_ir::DType;
-use autopar_lower::{for_strategy, Strategy};
+use autopar_lower::{for_strategy, Objective, Strategy};
 use autopar_sim::{simulate, Pricing, PricingOptions, SimOptions, Simulation};
 
 const ZOO: &str = "gpt:layers=4,hidden=64,heads=4,vocab=128,seq=16";
@@ -21,7 +21,7 @@ fn run(s: &Strategy, every_rank: bool) -> Simulation {
 
 fn run_with(s: &Strategy, every_rank: bool, calibration: &Calibration) -> Simulation {
     let g = autopar_import::zoo::build(ZOO).unwrap();
-    let t = for_strategy(&g, s, 16).unwrap();
+    let t = for_strategy(&g, s, 16, Objective::Lm).unwrap();
     let cluster = Cluster::preset("dgx-a100-80g")
         .unwrap()
         .with_gpus(s.world())
@@ -86,7 +86,7 @@ fn single_stage_sc21_runs_simulate_within_ten_percent_of_the_analytic_estimate()
         let mut s =
             Strategy::new(cfg.dp, cfg.pp, r.layers, 1, cfg.global_batch / cfg.dp).with_tp(cfg.tp, false);
         s.recompute = vec![Recompute::Full; cfg.pp];
-        let t = for_strategy(&g, &s, r.setting.seq).unwrap();
+        let t = for_strategy(&g, &s, r.setting.seq, Objective::Lm).unwrap();
         let cluster = Cluster::preset("dgx-a100-80g")
             .unwrap()
             .with_gpus(r.gpus)
@@ -167,7 +167,7 @@ fn a_bucket_is_priced_as_one_collective_and_zero_2_reduces_every_micro_batch() {
         s
     };
     let s = with(0, 1, 0);
-    let t = for_strategy(&g, &s, 16).unwrap();
+    let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
     let cluster = Cluster::preset("dgx-a100-80g").unwrap().with_gpus(2).unwrap();
     let calibration = Calibration::default();
     let pricing = Pricing::new(&t, &cluster, &calibration, &PricingOptions::default()).unwrap();
@@ -220,7 +220,7 @@ fn data_parallel_traffic_runs_on_the_stream_its_instruction_declares() {
     for zero in [0, 1, 3] {
         let mut s = Strategy::new(2, 2, 4, 1, 2);
         s.zero = zero;
-        let t = for_strategy(&g, &s, 16).unwrap();
+        let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
         let programs = autopar_lower::lower(&t, &s).unwrap();
         let declared: std::collections::HashMap<String, bool> = programs
             .iter()
@@ -266,7 +266,7 @@ fn a_tensor_parallel_copy_shares_its_input_s_memory() {
     use autopar_sim::compile::{Compiler, GraphIndex};
     let s = autopar_lower::Strategy::new(1, 1, 2, 1, 2).with_tp(2, false);
     let g = autopar_import::zoo::build("gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8").unwrap();
-    let t = autopar_lower::for_strategy(&g, &s, 8).unwrap();
+    let t = autopar_lower::for_strategy(&g, &s, 8, Objective::Lm).unwrap();
     let programs = autopar_lower::lower(&t, &s).unwrap();
     let op = |node: &str| {
         let g = &t.graph;

@@ -20,7 +20,7 @@ use autopar_exec::TrainReport;
 use autopar_import::ModelSpec;
 use autopar_ir::interp::Precision;
 use autopar_ir::NodeIndex;
-use autopar_lower::{for_strategy, lower, Instr, Program, Strategy, TrainingGraph};
+use autopar_lower::{for_strategy, lower, Instr, Objective, Program, Strategy, TrainingGraph};
 use std::collections::HashMap;
 
 /// Steps run; the first (warm-up) is left out, and each node's time and
@@ -53,12 +53,18 @@ fn traced_run(
     initialize(&mut g, 1).map_err(|e| model_error(e.to_string()))?;
     let mut s = Strategy::new(dp, 1, layers, plan.micro_batch, 1);
     s.zero = zero;
-    let t = for_strategy(&g, &s, seq).map_err(|e| model_error(e.to_string()))?;
+    let t = for_strategy(&g, &s, seq, Objective::Lm).map_err(|e| model_error(e.to_string()))?;
     let programs = lower(&t, &s).map_err(|e| model_error(e.to_string()))?;
     let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-3), STEPS);
     opts.trace = true;
-    let report = train(&t, &programs, &TokenSource::synthetic(vocab, 1), &opts, &|_| {})
-        .map_err(|e| model_error(e.to_string()))?;
+    let report = train(
+        &t,
+        &programs,
+        &TokenSource::synthetic(vocab, 1).into(),
+        &opts,
+        &|_| {},
+    )
+    .map_err(|e| model_error(e.to_string()))?;
     Ok((t, programs, report))
 }
 

@@ -22,11 +22,11 @@ use super::{four_digits, Plan, ProfileError};
 use autopar_cost_models::calibration::OpRate;
 use autopar_cost_models::measured::{gemm_seconds, gemm_shape, node_work, priced_as_matmul, NodeWork};
 use autopar_cost_models::Calibration;
-use autopar_exec::train::{initialize, TokenSource};
+use autopar_exec::train::{initialize, Data};
 use autopar_import::ModelSpec;
 use autopar_ir::interp::{run_with, Precision, RunError};
 use autopar_ir::{DType, NodeIndex, Value};
-use autopar_lower::{training_graph, Feed, TrainingGraph};
+use autopar_lower::{training_graph, Objective, TrainingGraph};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -65,16 +65,16 @@ impl ModelGraph {
             message,
         };
         let parsed: ModelSpec = spec.parse().map_err(|e| model_error(format!("{e}")))?;
-        let (seq, vocab) = match &parsed {
-            ModelSpec::Gpt(c) => (c.seq, c.vocab),
-            ModelSpec::Llama(c) => (c.seq, c.vocab),
-            ModelSpec::Bert(c) => (c.seq, c.vocab),
+        let seq = match &parsed {
+            ModelSpec::Gpt(c) => c.seq,
+            ModelSpec::Llama(c) => c.seq,
+            ModelSpec::Bert(c) => c.seq,
         };
         let model = parsed.build().map_err(|e| model_error(format!("{e}")))?;
-        let mut training = training_graph(&model, micro_batch, seq, micro_batch * seq)
+        let mut training = training_graph(&model, micro_batch, seq, micro_batch, Objective::Lm)
             .map_err(|e| model_error(format!("{e}")))?;
         initialize(&mut training.graph, 0).map_err(|e| model_error(format!("{e}")))?;
-        let feeds = feeds(&training, vocab).map_err(model_error)?;
+        let feeds = feeds(&training).map_err(model_error)?;
         Ok(ModelGraph {
             spec: spec.into(),
             training,
@@ -123,19 +123,11 @@ impl ModelGraph {
     }
 }
 
-/// Values for the training graph's data inputs, as a run feeds them:
-/// synthetic token rows, ones for masks and the loss seed, positions `0..seq`.
-fn feeds(t: &TrainingGraph, vocab: usize) -> Result<BTreeMap<String, Value>, String> {
+/// Values for the training graph's data inputs, as a run feeds the first
+/// micro-batch of its first step from synthetic data.
+fn feeds(t: &TrainingGraph) -> Result<BTreeMap<String, Value>, String> {
     let g = &t.graph;
-    let source = TokenSource::synthetic(vocab, 0);
-    let mut rows = Vec::new();
-    for row in 0..t.micro_batch {
-        rows.push(source.sequence(0, row, t.seq).map_err(|e| e.to_string())?);
-    }
-    let token = |i: u64, shift: usize| {
-        let (row, col) = (i as usize / t.seq, i as usize % t.seq);
-        rows.get(row).map_or(0, |r| r[col + shift])
-    };
+    let data = Data::open(&t.task, None, None, 0).map_err(|e| e.to_string())?;
     let mut out = BTreeMap::new();
     for (name, feed) in &t.feeds {
         let tensor = g
@@ -148,19 +140,18 @@ fn feeds(t: &TrainingGraph, vocab: usize) -> Result<BTreeMap<String, Value>, Str
             .shape
             .resolve(&g.bindings)
             .ok_or_else(|| format!("feed '{name}' has unbound dims {}", tensor.ty.shape))?;
-        let count: usize = shape.iter().product();
-        let ints = |f: &dyn Fn(u64) -> i64| {
-            Value::ints(tensor.ty.dtype, shape.clone(), (0..count as u64).map(f).collect())
-        };
-        let value = match feed {
-            Feed::Tokens => ints(&|i| token(i, 0)),
-            Feed::Targets => ints(&|i| token(i, 1)),
-            Feed::Ones => ints(&|_| 1),
-            Feed::Zeros => ints(&|_| 0),
-            Feed::Positions => ints(&|i| (i % t.seq as u64) as i64),
-            Feed::Seed => Value::f32(shape.clone(), vec![1.0; count]),
-        };
-        out.insert(name.clone(), value.map_err(|e| format!("feed '{name}': {e}"))?);
+        let value = data
+            .batch(
+                &t.task,
+                *feed,
+                name,
+                tensor.ty.dtype,
+                &shape,
+                (0, t.micro_batch),
+                0,
+            )
+            .map_err(|e| format!("feed '{name}': {e}"))?;
+        out.insert(name.clone(), value);
     }
     Ok(out)
 }

@@ -14,7 +14,7 @@ use super::overlap::CommStream;
 use super::slices;
 use super::{ExecError, TrainOptions};
 use crate::trace::{stream_of, Stream, TraceEvent};
-use crate::train::TokenSource;
+use crate::train::Data;
 use crate::zero_parts::shard_of;
 use autopar_comm::collective::Endpoint;
 use autopar_ir::interp::widen;
@@ -58,7 +58,7 @@ pub(super) struct RankRun<'a, B: Backend> {
     t: &'a TrainingGraph,
     program: &'a Program,
     ep: Endpoint,
-    data: &'a TokenSource,
+    data: &'a Data,
     opts: &'a TrainOptions,
     nodes: HashMap<&'a str, NodeIndex>,
     tensors: HashMap<&'a str, TensorId>,
@@ -98,7 +98,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
         t: &'a TrainingGraph,
         program: &'a Program,
         ep: Endpoint,
-        data: &'a TokenSource,
+        data: &'a Data,
         opts: &'a TrainOptions,
         epoch: Instant,
     ) -> RankRun<'a, B> {

@@ -134,6 +134,8 @@ impl<B: Backend> RankRun<'_, B> {
         })
     }
 
+    /// The value of data input `tensor` (fed with `feed`) for rows
+    /// `rows.0..rows.1` of step `step`'s global batch.
     pub(super) fn load(
         &self,
         tensor: &str,
@@ -142,27 +144,9 @@ impl<B: Backend> RankRun<'_, B> {
         step: usize,
     ) -> Result<Value, Failure> {
         let (dtype, shape) = self.ty(tensor)?;
-        let seq = self.t.seq;
-        let count: usize = shape.iter().product();
-        let tokens = |shift: usize| -> Result<Vec<i64>, Failure> {
-            let mut out = Vec::with_capacity(count);
-            for row in rows.0..rows.1 {
-                let s = self.data.sequence(step as u64, row, seq)?;
-                out.extend_from_slice(&s[shift..shift + seq]);
-            }
-            Ok(out)
-        };
-        let ints = |v: Vec<i64>| Value::ints(dtype, shape.clone(), v).map_err(Failure::from);
-        match feed {
-            Feed::Tokens => ints(tokens(0)?),
-            Feed::Targets => ints(tokens(1)?),
-            Feed::Ones => ints(vec![1; count]),
-            Feed::Zeros => ints(vec![0; count]),
-            Feed::Positions => ints((0..count).map(|i| (i % seq) as i64).collect()),
-            Feed::Seed => {
-                let v = Value::f32(shape.clone(), vec![1.0; count])?;
-                Ok(widen(v, self.opts.precision))
-            }
-        }
+        let v = self
+            .data
+            .batch(&self.t.task, feed, tensor, dtype, &shape, rows, step as u64)?;
+        Ok(v)
     }
 }

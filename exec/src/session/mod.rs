@@ -10,14 +10,15 @@
 //! process or one rank under a launcher is the session's one choice, made once.
 
 use crate::trace::TraceEvent;
-use crate::train::{initialize, DataError, InitError, Optimizer, TokenSource};
+use crate::train::{initialize, Data, DataError, InitError, Optimizer};
 use crate::{ExecError, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_comm::collective::{connect, Endpoint, MeshError};
 use autopar_comm::launch::LaunchEnv;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{
-    for_strategy, lower, LowerError, Program, Strategy, StrategyError, TrainingError, TrainingGraph,
+    for_strategy, lower, LowerError, Objective, Program, Strategy, StrategyError, TrainingError,
+    TrainingGraph,
 };
 use autopar_planner::Plan;
 use std::path::PathBuf;
@@ -29,7 +30,7 @@ use std::time::Duration;
 pub struct Work<'a> {
     pub training: &'a TrainingGraph,
     pub programs: &'a [Program],
-    pub data: &'a TokenSource,
+    pub data: &'a Data,
     pub opts: &'a TrainOptions,
     pub progress: &'a (dyn Fn(&StepReport) + Sync),
 }
@@ -57,11 +58,18 @@ pub trait Runner {
 #[derive(Debug, Clone)]
 pub struct RunOptions {
     pub steps: usize,
-    /// Seeds the initial weights and the synthetic tokens.
+    /// Seeds the initial weights and the synthetic data.
     pub seed: u64,
     pub optimizer: Optimizer,
-    /// A tokens.bin file (little-endian uint16); `None` trains on synthetic tokens.
+    /// What to train the model for; `None`: what its inputs and outputs
+    /// call for ([`Objective::infer`]).
+    pub objective: Option<Objective>,
+    /// A tokens.bin file (little-endian uint16) for token objectives, or
+    /// arrays of features (`.npy`, `.safetensors`) for the others; `None`
+    /// trains on synthetic data (see [`Data::open`]).
     pub data: Option<PathBuf>,
+    /// Labels for `.npy` features.
+    pub labels: Option<PathBuf>,
     /// What the programs' host values use (also what the simulator prices).
     pub precision: Precision,
     /// Gradient reductions and weight refreshes beside the backward pass.
@@ -83,8 +91,6 @@ pub enum SessionError {
     Training(#[source] TrainingError),
     #[error("lowering the plan")]
     Lower(#[source] LowerError),
-    #[error("the training graph has no loss over fixed-size logits")]
-    NoVocab,
     #[error(transparent)]
     Data(#[from] DataError),
     #[error("connecting the launched processes")]
@@ -99,7 +105,7 @@ pub struct Session {
     strategy: Strategy,
     training: TrainingGraph,
     programs: Vec<Program>,
-    data: TokenSource,
+    data: Data,
     opts: TrainOptions,
     launch: LaunchEnv,
     rendezvous_wait: Duration,
@@ -118,7 +124,7 @@ pub struct Outcome<D> {
 /// What a run did.
 #[derive(Debug, Clone)]
 pub struct SessionReport<D> {
-    /// Mean token cross-entropy of each step.
+    /// The objective's mean loss of each step.
     pub losses: Vec<f64>,
     pub step_times_s: Vec<f64>,
     pub per_rank: Vec<RankRun>,
@@ -169,18 +175,23 @@ impl Session {
     ) -> Result<Session, SessionError> {
         let strategy = Strategy::from_plan(&plan).map_err(SessionError::Strategy)?;
         initialize(&mut graph, opts.seed).map_err(SessionError::Init)?;
-        let training = for_strategy(&graph, &strategy, seq).map_err(SessionError::Training)?;
-        let programs = lower(&training, &strategy).map_err(SessionError::Lower)?;
-        let vocab = vocab_of(&training.graph).ok_or(SessionError::NoVocab)?;
-        let data = match &opts.data {
-            None => TokenSource::synthetic(vocab, opts.seed),
-            Some(path) => TokenSource::open(path, vocab, seq, opts.seed)?,
+        let objective = match opts.objective {
+            Some(o) => o,
+            None => Objective::infer(&graph).map_err(SessionError::Training)?,
         };
+        let training = for_strategy(&graph, &strategy, seq, objective).map_err(SessionError::Training)?;
+        let programs = lower(&training, &strategy).map_err(SessionError::Lower)?;
+        let data = Data::open(
+            &training.task,
+            opts.data.as_deref(),
+            opts.labels.as_deref(),
+            opts.seed,
+        )?;
         let mut train = TrainOptions::new(opts.precision, opts.optimizer, opts.steps);
         train.trace = opts.trace;
         train.overlap_comm = opts.overlap;
         Ok(Session {
-            tokens_per_step: strategy.global_batch() * seq,
+            tokens_per_step: strategy.global_batch() * training.task.throughput_unit().0,
             plan,
             strategy,
             training,
@@ -217,8 +228,8 @@ impl Session {
         self.opts.precision
     }
 
-    /// The tokens every step reads.
-    pub fn data(&self) -> &TokenSource {
+    /// The data every step reads.
+    pub fn data(&self) -> &Data {
         &self.data
     }
 
@@ -227,6 +238,8 @@ impl Session {
         &self.opts
     }
 
+    /// What a step's throughput counts (tokens, or samples: see
+    /// [`autopar_lower::Task::throughput_unit`]).
     pub fn tokens_per_step(&self) -> usize {
         self.tokens_per_step
     }
@@ -282,11 +295,4 @@ impl Session {
             details,
         }
     }
-}
-
-/// The vocabulary: the last dim of the logits the loss reads.
-fn vocab_of(g: &Graph) -> Option<usize> {
-    g.tensors()
-        .find(|(_, t)| t.name == "loss/log_softmax")
-        .and_then(|(_, t)| t.ty.shape.0.last()?.fixed())
 }

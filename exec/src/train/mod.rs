@@ -9,6 +9,6 @@ mod init;
 mod optim;
 mod random;
 
-pub use data::{DataError, TokenSource};
+pub use data::{Arrays, Data, DataError, TokenSource};
 pub use init::{initialize, InitError, INIT_STD};
 pub use optim::{decays, Corrections, OptimError, Optimizer, State, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};

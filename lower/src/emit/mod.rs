@@ -8,11 +8,12 @@
 //! buffers are tracked by integer [`Key`]s in dense tables; names are only
 //! copied into the instructions themselves.
 
+use super::objective::Feed;
 use super::partition::Partition;
 use super::program::{Buf, Coord, Instr, Program};
 use super::schedule::{stage_order, Phase, Task};
 use super::strategy::Strategy;
-use super::training::{Feed, TrainingGraph};
+use super::training::TrainingGraph;
 use super::LowerError;
 use autopar_cost_models::Recompute;
 use autopar_ir::{CommGroup, NodeIndex, Op, OpClass, Role, TensorId};

@@ -1,10 +1,9 @@
-//! Token batches for training, deterministic and independent of how many
-//! ranks consume them: row `r` of step `s`'s global batch is a pure function
-//! of `(seed, s, r)`, so a data-parallel rank asks for its own rows and a
-//! single process asking for all rows sees the same tokens (the
-//! "parallel = single" tests rest on this).
+//! Token streams: synthetic progressions or a token file, each row a
+//! window of consecutive tokens drawn from `(seed, step, row)`. What a
+//! token objective makes of a window is [`super::token_tasks`]'.
 
-use super::random;
+use super::DataError;
+use crate::train::random;
 use std::path::{Path, PathBuf};
 
 /// Strides of the synthetic progressions (see [`TokenSource::Synthetic`]).
@@ -36,30 +35,6 @@ pub enum TokenSource {
         tokens: Vec<u32>,
         seed: u64,
     },
-}
-
-/// Why tokens could not be loaded or served; file errors name the file.
-#[derive(Debug, thiserror::Error)]
-pub enum DataError {
-    #[error("cannot read token file {}: {source}", path.display())]
-    Read { path: PathBuf, source: std::io::Error },
-    #[error("token file {} has {bytes} bytes, not a whole number of uint16 tokens", path.display())]
-    OddBytes { path: PathBuf, bytes: usize },
-    #[error("token file {} has {tokens} tokens, fewer than seq + 1 = {}", path.display(), seq + 1)]
-    TooShort {
-        path: PathBuf,
-        tokens: usize,
-        seq: usize,
-    },
-    #[error("token file {}: token {index} is {token}, not below the vocabulary size {vocab}", path.display())]
-    TokenOutOfRange {
-        path: PathBuf,
-        index: usize,
-        token: u32,
-        vocab: usize,
-    },
-    #[error("synthetic tokens need a vocabulary of at least one token")]
-    EmptyVocab,
 }
 
 impl TokenSource {
@@ -104,8 +79,16 @@ impl TokenSource {
         Ok(source)
     }
 
-    /// Row `row` of the global batch of `step`: `seq + 1` tokens, whose
-    /// first `seq` are the inputs and last `seq` the targets.
+    /// The seed its rows are drawn from.
+    pub fn seed(&self) -> u64 {
+        match self {
+            TokenSource::Synthetic { seed, .. } | TokenSource::File { seed, .. } => *seed,
+        }
+    }
+
+    /// Row `row` of the global batch of `step`: `seq + 1` consecutive
+    /// tokens (next-token prediction reads the first `seq` and predicts
+    /// the last `seq`).
     pub fn sequence(&self, step: u64, row: usize, seq: usize) -> Result<Vec<i64>, DataError> {
         match self {
             TokenSource::Synthetic { vocab, seed } => {
