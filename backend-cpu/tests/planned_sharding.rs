@@ -51,6 +51,19 @@ fn cases() -> Vec<Case> {
             tps,
         });
     }
+    // Falcon's multi-query attention: four query heads, one key/value head
+    // (before the MoE model, which stays last).
+    let at = all.len() - 1;
+    all.insert(
+        at,
+        Case {
+            name: "falcon.ts.onnx",
+            graph: fixture("../hf-models/falcon.ts.onnx"),
+            seq: 16,
+            vocab: 512,
+            tps: &[2],
+        },
+    );
     all
 }
 
@@ -351,5 +364,45 @@ fn priced_tensor_parallel_bytes_are_what_the_planned_programs_send() {
         "{} agree; these differ:\n{}",
         equal,
         wrong.join("\n")
+    );
+}
+
+/// Falcon's multi-query attention split by query heads, its one key/value
+/// head read whole: the losses and gradients equal one rank's and the
+/// bytes are what the cost model prices. (Falcon fuses query, key and
+/// value into one product split afterwards, so the split heads are sliced
+/// from its replicated output.)
+#[test]
+fn multi_query_attention_splits_its_query_heads() {
+    let c = cases().into_iter().find(|c| c.name == "falcon.ts.onnx").unwrap();
+    let attention = c
+        .graph
+        .node_indices()
+        .map(|i| c.graph.node(i))
+        .find(|n| matches!(n.op, autopar_ir::Op::Attention { .. }))
+        .unwrap()
+        .name
+        .clone();
+    let pins = [(attention.as_str(), "query heads")];
+    let sharding = planned(&c.graph, 2, false, c.seq, Ask::Pinned(&pins));
+    let names: BTreeMap<String, String> = sharding
+        .iter()
+        .map(|o| (o.node.clone(), o.strategy.clone()))
+        .collect();
+    assert_eq!(names[&attention], "query heads");
+    let w = Workload::build_planned(&c.graph, &workload_options(c.seq, 2, false), &names).unwrap();
+    let s = strategy(&c.graph, 2, false, sharding);
+    let t = for_strategy(&c.graph, &s, c.seq, Objective::Lm).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let sent: f64 = lowered_bytes(&t, &programs[0], 2).values().sum();
+    let priced = priced_bytes(&w, 2);
+    assert!(
+        (sent - priced).abs() <= 1e-9 * priced,
+        "sent {sent}, priced {priced}"
+    );
+    assert_same_step(
+        &single(&c),
+        &run(&c.graph, &s, c.seq, c.vocab),
+        "falcon query heads",
     );
 }

@@ -691,8 +691,10 @@ impl<'a> Evaluator<'a> {
 /// Checks the model can be split as asked.
 fn check_model(w: &Workload, cfg: &TrainingConfig) -> Result<(), EstimateError> {
     for &(q, kv) in &w.heads {
+        // A single key/value head is read whole by every rank (multi-query).
+        let kv_ok = kv == 1 && q > 1;
         for (heads, kind) in [(q, "query"), (kv, "key/value")] {
-            if heads % cfg.tp != 0 {
+            if heads % cfg.tp != 0 && !(kind == "key/value" && kv_ok) {
                 return Err(EstimateError::Heads {
                     tp: cfg.tp,
                     heads,

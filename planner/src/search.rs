@@ -244,7 +244,11 @@ fn sharding_groups(
 ) -> Vec<(usize, usize, usize)> {
     let mut groups = Vec::new();
     for tp in divisors(gpus) {
-        let heads_ok = facts.heads.iter().all(|&(q, kv)| q % tp == 0 && kv % tp == 0);
+        // A single key/value head is read whole by every rank (multi-query).
+        let heads_ok = facts
+            .heads
+            .iter()
+            .all(|&(q, kv)| q % tp == 0 && (kv % tp == 0 || kv == 1));
         if tp > per_node || tp > limits.tp || !heads_ok || !spans_nodes_alike(tp, per_node, gpus) {
             continue;
         }

@@ -38,6 +38,17 @@ fn attention(v: &NodeView) -> Vec<Strategy> {
     if v.splits(q[1]) && v.splits(k[1]) {
         all.push(split("heads", 1));
     }
+    // Multi-query attention (one key/value head, as Falcon's): each rank
+    // takes its query heads against the one key/value head, read whole
+    // (its gradient a partial sum over the ranks' query heads).
+    if v.splits(q[1]) && k[1] == 1 && q[1] > 1 {
+        let inputs = v.slots(|i, s| match i {
+            0 => Layout::Shard(1),
+            3 => aligned(s, 4, 1, q[1]),
+            _ => Layout::Replicate,
+        });
+        all.push(Strategy::new("query heads", inputs, vec![Layout::Shard(1)], v.tp).grad(3, false));
+    }
     if v.splits(q[0]) {
         all.push(split("batch", 0));
     }
