@@ -11,7 +11,7 @@ use autopar_exec::TrainOptions;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{for_strategy, lower, Objective, Strategy};
-use common::{fixture, MICRO_BATCH};
+use common::{fixture, planned, Ask, MICRO_BATCH};
 
 const SEQ: usize = 16;
 const STEPS: usize = 2;
@@ -29,20 +29,27 @@ fn losses(g: &Graph, objective: Objective, s: &Strategy) -> Vec<f64> {
 }
 
 /// `(label, strategy)` over the same global batch as one rank running
-/// `micro_batches` micro-batches.
-fn strategies(layers: usize, pipeline: bool, tensor: bool, context: bool) -> Vec<(&'static str, Strategy)> {
+/// `micro_batches` micro-batches. Tensor parallelism runs the per-op
+/// sharding the planner's integer program picks, as a plan does.
+fn strategies(g: &Graph, pipeline: bool, tensor: bool, context: bool) -> Vec<(&'static str, Strategy)> {
+    let layers = g.blocks.len();
     let mut all = vec![("dp 2", Strategy::new(2, 1, layers, MICRO_BATCH, 2))];
     if pipeline {
         all.push(("pp 2", Strategy::new(1, 2, layers, MICRO_BATCH, 4)));
     }
     if tensor {
+        let sharded = |sp| planned(g, 2, sp, SEQ, Ask::Pinned(&[]));
         all.push((
             "tp 2",
-            Strategy::new(1, 1, layers, MICRO_BATCH, 4).with_tp(2, false),
+            Strategy::new(1, 1, layers, MICRO_BATCH, 4)
+                .with_tp(2, false)
+                .with_sharding(sharded(false)),
         ));
         all.push((
             "dp 2 · tp 2 (sp)",
-            Strategy::new(2, 1, layers, MICRO_BATCH, 2).with_tp(2, true),
+            Strategy::new(2, 1, layers, MICRO_BATCH, 2)
+                .with_tp(2, true)
+                .with_sharding(sharded(true)),
         ));
     }
     if context {
@@ -62,25 +69,25 @@ fn every_objective_trains_in_parallel_to_one_ranks_losses() {
             &mlp,
             "mlp.ts",
             Objective::Classify,
-            strategies(0, false, true, false),
+            strategies(&mlp, false, true, false),
         ),
         (
             &mlp,
             "mlp.ts",
             Objective::Regress,
-            strategies(0, false, true, false),
+            strategies(&mlp, false, true, false),
         ),
         (
             &bart,
             "bart.ts",
             Objective::Seq2Seq,
-            strategies(bart.blocks.len(), true, true, false),
+            strategies(&bart, true, true, false),
         ),
         (
             &bert,
             "bert-tiny.dynamo",
             Objective::Mlm,
-            strategies(bert.blocks.len(), true, true, true),
+            strategies(&bert, true, true, true),
         ),
     ];
     for (g, name, objective, strategies) in cases {
