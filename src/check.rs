@@ -175,6 +175,10 @@ struct ManifestGrad {
     /// weight into, holding that use's share of its gradient.
     #[serde(default)]
     tie: Option<String>,
+    /// `derived-constant`: computed from a buffer, not a weight (a rotary
+    /// table); the importer keeps such initializers constant.
+    #[serde(default)]
+    relation: Option<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -231,6 +235,9 @@ fn check_gradients(
     for (name, entry) in &manifest.grads {
         let path = dir.join(&entry.file);
         let (_, reference) = read_tensor_file(&path).with_context(|| path.display().to_string())?;
+        if entry.relation.as_deref() == Some("derived-constant") && !computed.contains_key(name) {
+            continue;
+        }
         let partial = entry.tie.as_deref() == Some("tied-partial");
         match partial && !computed.contains_key(name) {
             // The importer read this copy as the weight it copies: its

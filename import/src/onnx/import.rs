@@ -170,7 +170,8 @@ impl Builder {
     }
 
     /// Adds the initializers: float ones are parameters, except copies of
-    /// an earlier one, which read it (see [`super::ties`]).
+    /// an earlier one, which read it (see [`super::ties`]), and constants
+    /// the exporter folded (see [`super::buffers`]).
     fn add_initializers(&mut self, proto: &GraphProto) -> Result<(), OnnxError> {
         let mut loaded = Vec::with_capacity(proto.initializer.len());
         for init in &proto.initializer {
@@ -197,7 +198,8 @@ impl Builder {
                     self.emit(&node, "Transpose", op, vec![Some(ids[j])], &[])?[0]
                 }
                 None => {
-                    let role = if ty.dtype.is_float() {
+                    let buffer = data.as_deref().is_some_and(super::buffers::is_buffer);
+                    let role = if ty.dtype.is_float() && !buffer {
                         Role::Parameter
                     } else {
                         Role::Constant

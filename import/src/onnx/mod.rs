@@ -7,6 +7,7 @@
 //! types are all reported in one error.
 
 mod attrs;
+mod buffers;
 mod error;
 mod import;
 mod ops;
