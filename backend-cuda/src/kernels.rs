@@ -18,6 +18,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("softmax", include_str!("kernels/softmax.cu")),
     ("attention", include_str!("kernels/attention.cu")),
     ("optimizer", include_str!("kernels/optimizer.cu")),
+    ("conv", include_str!("kernels/conv.cu")),
 ];
 
 /// Storage types, as kernel-name suffixes: `float` and `__nv_bfloat16`.
@@ -132,6 +133,18 @@ fn contract(source: &str) -> Option<(&'static [Family], &'static [&'static str])
             NONE,
         ),
         "optimizer" => (&[("adamw", NONE), ("sgd", NONE)], NONE),
+        "conv" => (
+            &[
+                ("im2col", NONE),
+                ("col2im", NONE),
+                ("channel_bias", NONE),
+                ("max_pool_fwd", NONE),
+                ("avg_pool_fwd", NONE),
+                ("max_pool_bwd", NONE),
+                ("avg_pool_bwd", NONE),
+            ],
+            NONE,
+        ),
         _ => return None,
     })
 }

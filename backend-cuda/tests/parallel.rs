@@ -383,6 +383,37 @@ fn the_bundled_onnx_models_train_in_parallel() {
     }
 }
 
+/// The image classifiers (convolutions, pools) give the host's step on
+/// this backend, and the same step under data and pipeline parallelism.
+fn the_image_classifiers_train_as_on_the_host() {
+    for file in ["convnet3.ts.onnx", "vit.dynamo.onnx"] {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/hf-models/").to_string() + file;
+        let g = autopar_import::onnx::load_model(std::path::Path::new(&path)).unwrap();
+        let (mut g, _) = autopar_rewrite::canonicalize(&g).unwrap();
+        g.blocks = autopar_rewrite::detect_blocks(&g).unwrap();
+        let layers = g.blocks.len();
+        let run = |on: On, s: &Strategy| {
+            let t = for_strategy(&g, s, 1, Objective::Classify).unwrap();
+            let programs = lower(&t, s).unwrap();
+            let mut opts = TrainOptions::new(Precision::F64, Optimizer::sgd(0.1), 1);
+            opts.record_grads = true;
+            let data = Data::open(&t.task, None, None, 3).unwrap();
+            train(on, &t, &programs, &data, &opts)
+        };
+        let single = Strategy::new(1, 1, layers, 2, 2);
+        let host = run(On::Cpu, &single);
+        assert_same_step(&host, &run(ON, &single), tol(ON, Precision::F64));
+        let mut strategies = vec![Strategy::new(2, 1, layers, 2, 1)];
+        if layers >= 2 {
+            strategies.push(Strategy::new(1, 2, layers, 2, 2));
+        }
+        for s in strategies {
+            eprintln!("{file}: dp {} pp {}", s.dp, s.pp);
+            assert_same_step(&host, &run(ON, &s), tol(ON, Precision::F64));
+        }
+    }
+}
+
 fn expert_parallel_on_mixtral_tiny() {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),

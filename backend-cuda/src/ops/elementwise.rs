@@ -78,7 +78,7 @@ pub(super) fn eval(gpu: &Gpu, op: &Op, args: &[Option<&GpuTensor>], out: &[Tenso
         Op::Split { axis, .. } => split(gpu, x, out, *axis),
         // Operands the kernels above do not take, and the other modules' ops.
         Op::Unary { .. } | Op::Binary { .. } | Op::Cast { .. } => Ok(None),
-        linalg_ops!() | fused_ops!() | host_ops!() => Ok(None),
+        linalg_ops!() | fused_ops!() | conv_ops!() | host_ops!() => Ok(None),
     }
 }
 

@@ -11,7 +11,7 @@ use autopar_ir::{Activation, DType, GeluApprox, Op, ReduceKind, TensorType};
 use cudarc::driver::LaunchConfig;
 
 /// A float scratch buffer (f32 whatever the run's precision).
-fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, CudaError> {
+pub(super) fn scratch(gpu: &Gpu, shape: Vec<usize>, zeroed: bool) -> Result<GpuTensor, CudaError> {
     allocate(&gpu.stream, DType::F32, Storage::F32, shape, zeroed)
 }
 
@@ -68,7 +68,7 @@ fn index_node(
 }
 
 /// An f32 accumulator as an output of type `ty`: itself in f32 runs, cast to bf16 otherwise.
-fn finish(gpu: &Gpu, acc: GpuTensor, ty: &TensorType) -> Result<GpuTensor, CudaError> {
+pub(super) fn finish(gpu: &Gpu, acc: GpuTensor, ty: &TensorType) -> Result<GpuTensor, CudaError> {
     if gpu.float() == Storage::F32 {
         let shape = acc.shape.clone();
         return Ok(acc.alias(ty.dtype, shape));
@@ -173,7 +173,7 @@ pub(super) fn eval(gpu: &Gpu, op: &Op, args: &[Option<&GpuTensor>], out: &[Tenso
         | Op::LogSoftmax { .. }
         | Op::SoftmaxGrad { .. }
         | Op::AttentionGrad { .. } => Ok(None),
-        elementwise_ops!() | linalg_ops!() | host_ops!() => Ok(None),
+        elementwise_ops!() | linalg_ops!() | conv_ops!() | host_ops!() => Ok(None),
     }
 }
 

@@ -191,7 +191,7 @@ pub(super) fn eval(
             };
             (g, bias)
         }
-        elementwise_ops!() | fused_ops!() | host_ops!() => return Ok(None),
+        elementwise_ops!() | fused_ops!() | conv_ops!() | host_ops!() => return Ok(None),
     };
     // cuBLAS rejects empty products (zero leading dims); the host does them.
     if g.m == 0 || g.n == 0 || g.k == 0 || addend.is_some_and(|c| !c.storage.is_float()) {

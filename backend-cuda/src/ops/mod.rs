@@ -57,6 +57,17 @@ macro_rules! fused_ops {
     };
 }
 
+/// The ops `conv.rs` runs: convolutions and pools with their adjoints.
+macro_rules! conv_ops {
+    () => {
+        Op::Conv { .. }
+            | Op::ConvTranspose { .. }
+            | Op::ConvGrad { .. }
+            | Op::Pool { .. }
+            | Op::PoolGrad { .. }
+    };
+}
+
 /// The ops with no device kernel yet: the host's reference kernels run them.
 macro_rules! host_ops {
     () => {
@@ -79,14 +90,10 @@ macro_rules! host_ops {
             | Op::GatherNdGrad { .. }
             | Op::ConstantOfShape { .. }
             | Op::Range
-            | Op::Conv { .. }
-            | Op::ConvTranspose { .. }
-            | Op::ConvGrad { .. }
-            | Op::Pool { .. }
-            | Op::PoolGrad { .. }
     };
 }
 
+mod conv;
 mod elementwise;
 mod fused;
 pub(crate) mod linalg;
@@ -297,6 +304,7 @@ pub(crate) fn eval(
         elementwise_ops!() => elementwise::eval(gpu, op, args, &out),
         linalg_ops!() => linalg::eval(gpu, op, args, &out),
         fused_ops!() => fused::eval(gpu, op, args, &out),
+        conv_ops!() => conv::eval(gpu, op, args, &out),
         host_ops!() => Ok(None),
     }
 }

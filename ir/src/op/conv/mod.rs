@@ -22,6 +22,7 @@ use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
 mod pool;
+pub use pool::divisors as pool_divisors;
 pub(super) mod shard;
 mod window;
 pub use window::Window;

@@ -23,15 +23,7 @@ impl Windows {
     fn new(kind: PoolKind, kernel: &[usize], window: &Window, input: &[usize], output: &[usize]) -> Windows {
         let table = window.taps(&input[2..], kernel, &output[2..]);
         let taps = prod(kernel);
-        let counts = match kind {
-            PoolKind::Average {
-                count_include_pad: true,
-            } => padded_counts(window, kernel, &input[2..], &output[2..]),
-            _ => table
-                .chunks(taps.max(1))
-                .map(|w| w.iter().flatten().count())
-                .collect(),
-        };
+        let counts = divisors(kind, kernel, window, &input[2..], &output[2..]);
         Windows {
             planes: input[0] * input[1],
             ins: prod(&input[2..]),
@@ -54,6 +46,29 @@ impl Windows {
             Some(b) if plane[b].is_nan() || (!plane[p].is_nan() && plane[p] <= plane[b]) => Some(b),
             _ => Some(p),
         })
+    }
+}
+
+/// Per output position of a pool over spatial dims `input` → `output`, what
+/// an average divides its window's sum by: the taps inside the input, or
+/// (`count_include_pad`) inside the padded input. Max pools ignore it. The
+/// reference kernel and the CUDA kernels both take it from here.
+pub fn divisors(
+    kind: PoolKind,
+    kernel: &[usize],
+    window: &Window,
+    input: &[usize],
+    output: &[usize],
+) -> Vec<usize> {
+    match kind {
+        PoolKind::Average {
+            count_include_pad: true,
+        } => padded_counts(window, kernel, input, output),
+        _ => {
+            let taps = prod(kernel).max(1);
+            let table = window.taps(input, kernel, output);
+            table.chunks(taps).map(|w| w.iter().flatten().count()).collect()
+        }
     }
 }
 

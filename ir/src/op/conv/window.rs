@@ -84,7 +84,7 @@ impl Window {
     /// dims, taps fastest), the flat input position it reads, or `None` in
     /// the padding. Kernels read every window through this one table, so
     /// the forward pass and both adjoints agree on which element a tap is.
-    pub(crate) fn taps(&self, input: &[usize], kernel: &[usize], output: &[usize]) -> Vec<Option<usize>> {
+    pub fn taps(&self, input: &[usize], kernel: &[usize], output: &[usize]) -> Vec<Option<usize>> {
         let taps: usize = kernel.iter().product();
         let outs: usize = output.iter().product();
         let mut table = Vec::with_capacity(outs * taps);
