@@ -75,6 +75,7 @@ fn data_axes(inputs: &[(String, Value)]) -> model::Axes {
         Some((_, v)) => model::Axes {
             batch: v.shape.first().copied(),
             seq: tokens.and_then(|(_, v)| v.shape.get(1).copied()),
+            ..Default::default()
         },
         None => model::Axes::default(),
     }

@@ -60,7 +60,14 @@ pub struct Layers {
 
 /// Builds the report for `model` with optional batch/seq overrides.
 pub fn report(model_arg: &str, batch: Option<usize>, seq: Option<usize>) -> Result<InspectReport> {
-    let m = model::load_with(model_arg, model::Axes { batch, seq })?;
+    let m = model::load_with(
+        model_arg,
+        model::Axes {
+            batch,
+            seq,
+            ..Default::default()
+        },
+    )?;
     let canonical = model::canonical(&m)?;
     let bindings = model::bindings(&m.graph, batch, seq);
     let cost = graph_cost(&canonical, &bindings)?;

@@ -30,6 +30,10 @@ pub struct Model {
 pub struct Axes {
     pub batch: Option<usize>,
     pub seq: Option<usize>,
+    /// The batch to bind only if the export cannot keep its batch axis
+    /// symbolic (its shape arithmetic reads the batch size); a symbolic
+    /// batch lets the planner choose the micro-batch.
+    pub batch_if_needed: Option<usize>,
 }
 
 /// The sequence length a model with a dynamic sequence axis trains and is
@@ -37,12 +41,15 @@ pub struct Axes {
 pub const DEFAULT_DYNAMIC_SEQ: usize = 128;
 
 impl Axes {
-    /// The axes to plan or train at: the given sizes, else one row of
-    /// [`DEFAULT_DYNAMIC_SEQ`] tokens (a model with static axes keeps its own).
+    /// The axes to plan or train at: the given sizes, else
+    /// [`DEFAULT_DYNAMIC_SEQ`] tokens and a batch left to the plan, or of
+    /// one row where the export needs it bound (a model with static axes
+    /// keeps its own).
     pub fn training(batch: Option<usize>, seq: Option<usize>) -> Axes {
         Axes {
-            batch: Some(batch.unwrap_or(1)),
+            batch,
             seq: Some(seq.unwrap_or(DEFAULT_DYNAMIC_SEQ)),
+            batch_if_needed: Some(1),
         }
     }
 
@@ -77,7 +84,19 @@ pub fn load_with(model: &str, axes: Axes) -> Result<Model> {
         .map(str::to_ascii_lowercase);
     match ext.as_deref() {
         Some("onnx") => {
-            let graph = onnx::load_model_with(path, &axes.import_options()).with_context(|| model.to_string())?;
+            let graph = match onnx::load_model_with(path, &axes.import_options()) {
+                Err(onnx::OnnxError::DynamicAxes { axes: open, .. })
+                    if axes.batch.is_none() && axes.batch_if_needed.is_some() && open.iter().any(|a| a == "batch") =>
+                {
+                    let bound = Axes {
+                        batch: axes.batch_if_needed,
+                        ..axes
+                    };
+                    onnx::load_model_with(path, &bound.import_options())
+                }
+                other => other,
+            }
+            .with_context(|| model.to_string())?;
             Ok(Model {
                 graph,
                 source: Source::Onnx,

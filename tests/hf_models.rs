@@ -79,6 +79,7 @@ fn dynamic_axes_bind_to_the_flags_or_name_them() {
         model::Axes {
             batch: Some(3),
             seq: Some(24),
+            ..Default::default()
         },
     )
     .unwrap();

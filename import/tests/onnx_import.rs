@@ -7,7 +7,7 @@ use autopar_import::onnx::proto::{
     TensorProto, TensorShapeProto, TypeProto, TypeProtoTensor, ValueInfoProto,
 };
 use autopar_import::onnx::{import_model_bytes, load_model, read_tensor_file, ImportOptions, OnnxError};
-use autopar_ir::{Bindings, DType, Op, Role, Shape, Value};
+use autopar_ir::{Bindings, DType, Dim, Op, Role, Shape, Value};
 use prost::Message;
 use std::path::{Path, PathBuf};
 
@@ -556,4 +556,52 @@ fn batch_norm_freezes_its_running_statistics() {
     assert_eq!(grads["w"].to_f64_vec(), vec![2.0; 3]);
     assert_eq!(grads["b"].to_f64_vec(), vec![2.0; 3]);
     assert!(!grads.contains_key("mean") && !grads.contains_key("var"));
+}
+
+/// A dynamic axis that no shape arithmetic reads stays symbolic, renamed
+/// to its role (`batch`: dim 0 of an input), so a plan can bind it; bound
+/// through the options, it is fixed.
+#[test]
+fn dynamic_axes_take_their_role_names_or_their_bound_sizes() {
+    let mut proto = ModelProto::decode(
+        model(
+            vec![node("Mul", "", "scale", &["x", "w"], &["y"])],
+            vec![ones_weight()],
+            "y",
+        )
+        .as_slice(),
+    )
+    .unwrap();
+    let input = &mut proto.graph.as_mut().unwrap().input[0];
+    let dims = &mut input
+        .r#type
+        .as_mut()
+        .unwrap()
+        .tensor_type
+        .as_mut()
+        .unwrap()
+        .shape
+        .as_mut()
+        .unwrap()
+        .dim;
+    dims[0] = Dimension {
+        dim_param: Some("N".into()),
+        ..Default::default()
+    };
+    let bytes = proto.encode_to_vec();
+    let graph = import_model_bytes(&bytes, &ImportOptions::default()).unwrap();
+    let x = graph.tensor(graph.inputs[0]);
+    assert_eq!(
+        x.ty.shape.to_string(),
+        Shape(vec![Dim::Sym("batch".into()), Dim::Fixed(3)]).to_string()
+    );
+    let opts = ImportOptions {
+        dims: [("batch".to_string(), 5)].into(),
+        ..Default::default()
+    };
+    let graph = import_model_bytes(&bytes, &opts).unwrap();
+    assert_eq!(
+        graph.tensor(graph.inputs[0]).ty.shape.as_fixed(),
+        Some(vec![5, 3])
+    );
 }
