@@ -5,7 +5,8 @@
 // columns col[(c * taps + t) * outs + o] (im2col) for a cuBLAS GEMM; its
 // input adjoint adds columns back into an f32 accumulator the executor
 // zeroes (col2im). Pools reduce each window; their adjoint adds into an f32
-// accumulator. `plane0` is the first input plane (sample · channels + first
+// accumulator; the four pool kernels share one argument list (the max
+// pools ignore the divisors, the average adjoint the input). `plane0` is the first input plane (sample · channels + first
 // channel of the group) the launch reads or writes.
 
 template <typename T>
@@ -122,20 +123,21 @@ __device__ __forceinline__ void avg_pool_bwd(float* acc, const T* dy, const long
     KERNEL channel_bias_##S(T* y, const T* bias, long long channels, long long positions, long long n) {     \
         channel_bias(y, bias, channels, positions, n);                                                      \
     }                                                                                                       \
-    KERNEL max_pool_fwd_##S(T* y, const T* x, const long long* table, long long planes, long long ins,       \
-                            long long outs, long long taps) {                                               \
+    KERNEL max_pool_fwd_##S(T* y, const T* x, const long long* table, const long long*, long long planes,    \
+                            long long ins, long long outs, long long taps) {                                \
         max_pool_fwd(y, x, table, planes, ins, outs, taps);                                                 \
     }                                                                                                       \
     KERNEL avg_pool_fwd_##S(T* y, const T* x, const long long* table, const long long* divisors,             \
                             long long planes, long long ins, long long outs, long long taps) {              \
         avg_pool_fwd(y, x, table, divisors, planes, ins, outs, taps);                                       \
     }                                                                                                       \
-    KERNEL max_pool_bwd_##S(float* acc, const T* x, const T* dy, const long long* table, long long planes,   \
-                            long long ins, long long outs, long long taps) {                                \
+    KERNEL max_pool_bwd_##S(float* acc, const T* x, const T* dy, const long long* table, const long long*,   \
+                            long long planes, long long ins, long long outs, long long taps) {              \
         max_pool_bwd(acc, x, dy, table, planes, ins, outs, taps);                                           \
     }                                                                                                       \
-    KERNEL avg_pool_bwd_##S(float* acc, const T* dy, const long long* table, const long long* divisors,      \
-                            long long planes, long long ins, long long outs, long long taps) {              \
+    KERNEL avg_pool_bwd_##S(float* acc, const T*, const T* dy, const long long* table,                       \
+                            const long long* divisors, long long planes, long long ins, long long outs,     \
+                            long long taps) {                                                               \
         avg_pool_bwd(acc, dy, table, divisors, planes, ins, outs, taps);                                    \
     }
 FOR_EACH_TYPE(CONV_KERNELS)

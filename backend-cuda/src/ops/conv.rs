@@ -328,6 +328,16 @@ impl Pool {
         )
     }
 
+    /// The kernel of this pool's kind (`max_pool`, `avg_pool`) and pass
+    /// (`fwd`, `bwd`) for `x`'s storage.
+    fn kernel(&self, pass: &str, x: &GpuTensor) -> String {
+        let kind = match self.kind {
+            PoolKind::Max => "max",
+            PoolKind::Average { .. } => "avg",
+        };
+        format!("{kind}_pool_{pass}_{}", x.storage.suffix())
+    }
+
     fn forward(&self, gpu: &Gpu, x: &GpuTensor, y: &GpuTensor) -> Result<(), CudaError> {
         let (planes, ins, outs, taps) = self.sizes();
         let (py, px, pt, pd) = (
@@ -336,80 +346,43 @@ impl Pool {
             gpu.ptr(&self.table),
             gpu.ptr(&self.divisors),
         );
-        let suffix = x.storage.suffix();
         let cfg = grid(self.planes * self.outs);
-        match self.kind {
-            PoolKind::Max => launch!(
-                gpu,
-                format!("max_pool_fwd_{suffix}"),
-                cfg,
-                py,
-                px,
-                pt,
-                planes,
-                ins,
-                outs,
-                taps
-            ),
-            PoolKind::Average { .. } => {
-                launch!(
-                    gpu,
-                    format!("avg_pool_fwd_{suffix}"),
-                    cfg,
-                    py,
-                    px,
-                    pt,
-                    pd,
-                    planes,
-                    ins,
-                    outs,
-                    taps
-                )
-            }
-        }
+        launch!(
+            gpu,
+            self.kernel("fwd", x),
+            cfg,
+            py,
+            px,
+            pt,
+            pd,
+            planes,
+            ins,
+            outs,
+            taps
+        )
     }
 
     /// The input's gradient in a zeroed f32 accumulator.
     fn backward(&self, gpu: &Gpu, x: &GpuTensor, dy: &GpuTensor) -> Result<GpuTensor, CudaError> {
         let (planes, ins, outs, taps) = self.sizes();
         let acc = scratch(gpu, x.shape.clone(), true)?;
-        let (pa, px, pg, pt, pd) = (
-            gpu.ptr(&acc),
-            gpu.ptr(x),
-            gpu.ptr(dy),
-            gpu.ptr(&self.table),
-            gpu.ptr(&self.divisors),
-        );
-        let suffix = x.storage.suffix();
+        let (pa, px, pg) = (gpu.ptr(&acc), gpu.ptr(x), gpu.ptr(dy));
+        let (pt, pd) = (gpu.ptr(&self.table), gpu.ptr(&self.divisors));
         let cfg = grid(self.planes * self.outs);
-        match self.kind {
-            PoolKind::Max => launch!(
-                gpu,
-                format!("max_pool_bwd_{suffix}"),
-                cfg,
-                pa,
-                px,
-                pg,
-                pt,
-                planes,
-                ins,
-                outs,
-                taps
-            )?,
-            PoolKind::Average { .. } => launch!(
-                gpu,
-                format!("avg_pool_bwd_{suffix}"),
-                cfg,
-                pa,
-                pg,
-                pt,
-                pd,
-                planes,
-                ins,
-                outs,
-                taps
-            )?,
-        }
+        launch!(
+            gpu,
+            self.kernel("bwd", x),
+            cfg,
+            pa,
+            px,
+            pg,
+            pt,
+            pd,
+            planes,
+            ins,
+            outs,
+            taps
+        )?;
         Ok(acc)
     }
 }
