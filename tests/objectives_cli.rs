@@ -190,19 +190,13 @@ fn misfits_are_named_with_the_flag_that_fits() {
             &["--objective mlm trains one float output"],
         ),
     ];
-    for (extra, needles) in cases {
-        let mut args = vec![
-            "run",
-            mlp.as_str(),
-            "--plan",
-            "auto",
-            "--ranks",
-            "1",
-            "--steps",
-            "1",
-        ];
+    let refused = |model: &str, extra: &[&str], needles: &[&str]| {
+        let mut args = vec!["run", model, "--plan", "auto", "--ranks", "1", "--steps", "1"];
         args.extend_from_slice(extra);
         assert_error(&args, 2, needles);
+    };
+    for (extra, needles) in cases {
+        refused(&mlp, extra, needles);
     }
     let bart_cases: [(&[&str], &[&str]); 3] = [
         (
@@ -222,18 +216,7 @@ fn misfits_are_named_with_the_flag_that_fits() {
         ),
     ];
     for (extra, needles) in bart_cases {
-        let mut args = vec![
-            "run",
-            bart.as_str(),
-            "--plan",
-            "auto",
-            "--ranks",
-            "1",
-            "--steps",
-            "1",
-        ];
-        args.extend_from_slice(extra);
-        assert_error(&args, 2, needles);
+        refused(&bart, extra, needles);
     }
     // An unknown objective is refused by the flag's parser, listing the names.
     let (code, _, err) = autopar(&[
