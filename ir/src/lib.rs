@@ -22,8 +22,8 @@ pub use dtype::DType;
 pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
 pub use lowp::RoundMode;
 pub use op::{
-    pool_divisors, Activation, BinaryOp, CommGroup, CommKind, Cost, GeluApprox, InferInput, Op, OpClass,
-    OpError, PoolKind, ReduceKind, ScalarValue, TensorType, UnaryOp, Window,
+    pool_divisors, Activation, BinaryOp, CommGroup, CommKind, ConvSizes, Cost, GeluApprox, InferInput, Op,
+    OpClass, OpError, PoolKind, ReduceKind, ScalarValue, TensorType, UnaryOp, Window,
 };
 pub use petgraph::stable_graph::NodeIndex;
 pub use shape::{Bindings, Dim, Shape};

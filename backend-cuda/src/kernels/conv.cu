@@ -9,15 +9,21 @@
 // pools ignore the divisors, the average adjoint the input). `plane0` is the first input plane (sample · channels + first
 // channel of the group) the launch reads or writes.
 
+// The input element column entry i = (c * taps + t) * outs + o reads
+// (relative to plane 0 of the whole input), or -1 in the padding.
+__device__ __forceinline__ long long column_source(long long i, const long long* table, long long ins,
+                                                   long long outs, long long taps, long long plane0) {
+    const long long o = i % outs, row = i / outs;
+    const long long p = table[o * taps + row % taps];
+    return p < 0 ? -1 : (plane0 + row / taps) * ins + p;
+}
+
 template <typename T>
 __device__ __forceinline__ void im2col(T* col, const T* x, const long long* table, long long channels,
                                        long long ins, long long outs, long long taps, long long plane0) {
     GRID_STRIDE(i, channels * taps * outs) {
-        const long long o = i % outs;
-        const long long row = i / outs;
-        const long long t = row % taps, c = row / taps;
-        const long long p = table[o * taps + t];
-        col[i] = p < 0 ? from_float<T>(0.0f) : x[(plane0 + c) * ins + p];
+        const long long p = column_source(i, table, ins, outs, taps, plane0);
+        col[i] = p < 0 ? from_float<T>(0.0f) : x[p];
     }
 }
 
@@ -25,11 +31,8 @@ template <typename T>
 __device__ __forceinline__ void col2im(float* acc, const T* col, const long long* table, long long channels,
                                        long long ins, long long outs, long long taps, long long plane0) {
     GRID_STRIDE(i, channels * taps * outs) {
-        const long long o = i % outs;
-        const long long row = i / outs;
-        const long long t = row % taps, c = row / taps;
-        const long long p = table[o * taps + t];
-        if (p >= 0) atomicAdd(acc + (plane0 + c) * ins + p, to_float(col[i]));
+        const long long p = column_source(i, table, ins, outs, taps, plane0);
+        if (p >= 0) atomicAdd(acc + p, to_float(col[i]));
     }
 }
 

@@ -13,7 +13,7 @@ use super::linalg::{gemm, Gemm};
 use super::{float_arg, grid, launch, Gpu};
 use crate::tensor::{upload, GpuTensor};
 use crate::CudaError;
-use autopar_ir::{pool_divisors, Op, PoolKind, TensorType, Value, Window};
+use autopar_ir::{pool_divisors, ConvSizes, Op, PoolKind, TensorType, Value, Window};
 
 type Outputs = Result<Option<Vec<GpuTensor>>, CudaError>;
 
@@ -97,16 +97,9 @@ fn table(
     upload(&gpu.stream, &value, gpu.precision)
 }
 
-/// One convolution seen as `Conv` sees it: input `[n, c, ins...]`, weight
-/// `[m, c/groups, taps...]`, output `[n, m, outs...]`.
+/// One convolution's sizes (the IR's [`ConvSizes`]) and its tap table on the device.
 struct Geometry {
-    n: usize,
-    c: usize,
-    m: usize,
-    groups: usize,
-    ins: usize,
-    outs: usize,
-    taps: usize,
+    size: ConvSizes,
     table: GpuTensor,
 }
 
@@ -120,58 +113,39 @@ impl Geometry {
         groups: usize,
     ) -> Result<Geometry, CudaError> {
         Ok(Geometry {
-            n: input[0],
-            c: input[1],
-            m: weight[0],
-            groups,
-            ins: input[2..].iter().product(),
-            outs: output[2..].iter().product(),
-            taps: weight[2..].iter().product(),
+            size: ConvSizes::new(input, weight, output, groups),
             table: table(gpu, window, &input[2..], &weight[2..], &output[2..])?,
         })
     }
 
-    fn cg(&self) -> usize {
-        self.c / self.groups
-    }
-
-    fn mg(&self) -> usize {
-        self.m / self.groups
-    }
-
-    /// Rows of a group's column matrix: its channels' taps.
-    fn rows(&self) -> usize {
-        self.cg() * self.taps
-    }
-
     /// A column buffer of one group of one sample, in the run's float storage.
     fn columns(&self, gpu: &Gpu) -> Result<GpuTensor, CudaError> {
-        crate::tensor::allocate(
-            &gpu.stream,
-            autopar_ir::DType::F32,
-            gpu.float(),
-            vec![self.rows(), self.outs],
-            false,
-        )
+        let shape = vec![self.size.rows(), self.size.outs];
+        crate::tensor::allocate(&gpu.stream, autopar_ir::DType::F32, gpu.float(), shape, false)
     }
 
-    /// `col ← windows of sample s, group g of x`.
-    fn im2col(&self, gpu: &Gpu, x: &GpuTensor, col: &GpuTensor, s: usize, g: usize) -> Result<(), CudaError> {
-        let (pc, px, pt) = (gpu.ptr(col), gpu.ptr(x), gpu.ptr(&self.table));
-        let (cg, ins, outs, taps) = (
-            self.cg() as i64,
-            self.ins as i64,
-            self.outs as i64,
-            self.taps as i64,
-        );
-        let plane0 = (s * self.c + g * self.cg()) as i64;
-        let k = format!("im2col_{}", x.storage.suffix());
+    /// Runs `im2col` (`dst` the columns, `src` the input) or `col2im` (`dst`
+    /// the input's f32 accumulator, `src` the columns) for sample `s`, group
+    /// `g`: both take the same arguments, typed by `src`.
+    fn columns_kernel(
+        &self,
+        gpu: &Gpu,
+        kernel: &str,
+        (dst, src): (&GpuTensor, &GpuTensor),
+        s: usize,
+        g: usize,
+    ) -> Result<(), CudaError> {
+        let z = &self.size;
+        let (pd, ps, pt) = (gpu.ptr(dst), gpu.ptr(src), gpu.ptr(&self.table));
+        let (cg, ins, outs, taps) = (z.cg() as i64, z.ins as i64, z.outs as i64, z.taps as i64);
+        let plane0 = z.plane0(s, g) as i64;
+        let k = format!("{kernel}_{}", src.storage.suffix());
         launch!(
             gpu,
             k,
-            grid(self.rows() * self.outs),
-            pc,
-            px,
+            grid(z.rows() * z.outs),
+            pd,
+            ps,
             pt,
             cg,
             ins,
@@ -188,14 +162,13 @@ impl Geometry {
 
     /// `y = conv(x, w)` (no bias), into `y`.
     fn forward(&self, gpu: &Gpu, x: &GpuTensor, w: &GpuTensor, y: &GpuTensor) -> Result<(), CudaError> {
-        let (rows, mg) = (self.rows(), self.mg());
+        let z = &self.size;
         let col = self.columns(gpu)?;
-        for s in 0..self.n {
-            for g in 0..self.groups {
-                self.im2col(gpu, x, &col, s, g)?;
-                let out = Self::at(gpu, y, (s * self.m + g * mg) * self.outs);
-                let a = Self::at(gpu, w, g * mg * rows);
-                gemm(gpu, a, gpu.ptr(&col), out, &Gemm::plain(mg, self.outs, rows))?;
+        for s in 0..z.n {
+            for g in 0..z.groups {
+                self.columns_kernel(gpu, "im2col", (&col, x), s, g)?;
+                let (a, out) = (Self::at(gpu, w, z.weight_at(g)), Self::at(gpu, y, z.out_at(s, g)));
+                gemm(gpu, a, gpu.ptr(&col), out, &Gemm::plain(z.mg(), z.outs, z.rows()))?;
             }
         }
         Ok(())
@@ -203,42 +176,21 @@ impl Geometry {
 
     /// The input adjoint from `dy`, in a zeroed f32 accumulator of the input's shape.
     fn backward_data(&self, gpu: &Gpu, dy: &GpuTensor, w: &GpuTensor) -> Result<GpuTensor, CudaError> {
-        let (rows, mg) = (self.rows(), self.mg());
-        let mut shape = vec![self.n, self.c];
-        shape.push(self.ins);
-        let acc = scratch(gpu, shape, true)?;
+        let z = &self.size;
+        let acc = scratch(gpu, vec![z.n, z.c, z.ins], true)?;
         let col = self.columns(gpu)?;
-        let (cg, ins, outs, taps) = (
-            self.cg() as i64,
-            self.ins as i64,
-            self.outs as i64,
-            self.taps as i64,
-        );
-        let k = format!("col2im_{}", dy.storage.suffix());
-        for s in 0..self.n {
-            for g in 0..self.groups {
-                let product = Gemm {
-                    trans_a: true,
-                    ..Gemm::plain(rows, self.outs, mg)
-                };
-                let a = Self::at(gpu, w, g * mg * rows);
-                let b = Self::at(gpu, dy, (s * self.m + g * mg) * self.outs);
+        let product = Gemm {
+            trans_a: true,
+            ..Gemm::plain(z.rows(), z.outs, z.mg())
+        };
+        for s in 0..z.n {
+            for g in 0..z.groups {
+                let (a, b) = (
+                    Self::at(gpu, w, z.weight_at(g)),
+                    Self::at(gpu, dy, z.out_at(s, g)),
+                );
                 gemm(gpu, a, b, gpu.ptr(&col), &product)?;
-                let (pa, pc, pt) = (gpu.ptr(&acc), gpu.ptr(&col), gpu.ptr(&self.table));
-                let plane0 = (s * self.c + g * self.cg()) as i64;
-                launch!(
-                    gpu,
-                    k,
-                    grid(rows * self.outs),
-                    pa,
-                    pc,
-                    pt,
-                    cg,
-                    ins,
-                    outs,
-                    taps,
-                    plane0
-                )?;
+                self.columns_kernel(gpu, "col2im", (&acc, &col), s, g)?;
             }
         }
         Ok(acc)
@@ -252,18 +204,20 @@ impl Geometry {
         dy: &GpuTensor,
         dw: &GpuTensor,
     ) -> Result<(), CudaError> {
-        let (rows, mg) = (self.rows(), self.mg());
+        let z = &self.size;
         let col = self.columns(gpu)?;
-        for s in 0..self.n {
-            for g in 0..self.groups {
-                self.im2col(gpu, x, &col, s, g)?;
+        for s in 0..z.n {
+            for g in 0..z.groups {
+                self.columns_kernel(gpu, "im2col", (&col, x), s, g)?;
                 let product = Gemm {
                     trans_b: true,
                     beta: if s == 0 { 0.0 } else { 1.0 },
-                    ..Gemm::plain(mg, rows, self.outs)
+                    ..Gemm::plain(z.mg(), z.rows(), z.outs)
                 };
-                let a = Self::at(gpu, dy, (s * self.m + g * mg) * self.outs);
-                let c = Self::at(gpu, dw, g * mg * rows);
+                let (a, c) = (
+                    Self::at(gpu, dy, z.out_at(s, g)),
+                    Self::at(gpu, dw, z.weight_at(g)),
+                );
                 gemm(gpu, a, gpu.ptr(&col), c, &product)?;
             }
         }

@@ -207,6 +207,26 @@ pub(crate) fn pass(b: &mut Builder, n: &NodeCtx, op: Op) -> Result<(), OnnxError
     single(b, n, op, n.inputs.clone())
 }
 
+/// `√(variance + ε)` as sub-nodes (`epsilon`, `var_eps`, `std`), for the
+/// normalisations the importer composes.
+pub(crate) fn std_dev(
+    b: &mut Builder,
+    n: &NodeCtx,
+    variance: TensorId,
+    epsilon: Value,
+) -> Result<TensorId, OnnxError> {
+    let eps = b.constant(&n.sub("epsilon"), "", epsilon)?;
+    let add = Op::Binary { func: BinaryOp::Add };
+    let shifted = sub_node(b, n, "var_eps", add, vec![Some(variance), Some(eps)])?;
+    sub_node(
+        b,
+        n,
+        "std",
+        Op::Unary { func: UnaryOp::Sqrt },
+        vec![Some(shifted)],
+    )
+}
+
 /// Adds an internal sub-node with one output and returns it.
 pub(crate) fn sub_node(
     b: &mut Builder,
@@ -596,21 +616,7 @@ fn layer_norm(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
         vec![Some(centered), Some(centered)],
     )?;
     let variance = sub_node(b, n, "variance", mean_op, vec![Some(squared)])?;
-    let eps = b.constant(&n.sub("epsilon"), "", float_scalar(stash, epsilon))?;
-    let shifted = sub_node(
-        b,
-        n,
-        "var_eps",
-        binary(BinaryOp::Add),
-        vec![Some(variance), Some(eps)],
-    )?;
-    let std = sub_node(
-        b,
-        n,
-        "std",
-        Op::Unary { func: UnaryOp::Sqrt },
-        vec![Some(shifted)],
-    )?;
+    let std = std_dev(b, n, variance, float_scalar(stash, epsilon))?;
     let inv = Op::Unary {
         func: UnaryOp::Reciprocal,
     };

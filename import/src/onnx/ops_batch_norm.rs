@@ -15,9 +15,9 @@
 //!   parallel run equals one device running the same micro-batches.
 
 use super::import::Builder;
-use super::ops::{float_scalar, ints_const, sub_node, NodeCtx};
+use super::ops::{float_scalar, ints_const, std_dev, sub_node, NodeCtx};
 use super::OnnxError;
-use autopar_ir::op::{BinaryOp, Op, ReduceKind, UnaryOp};
+use autopar_ir::op::{BinaryOp, Op, ReduceKind};
 use autopar_ir::TensorId;
 
 fn binary(func: BinaryOp) -> Op {
@@ -51,7 +51,6 @@ pub(crate) fn batch_norm(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> 
             vec![Some(t), Some(channel_shape)],
         )
     };
-    let eps = b.constant(&n.sub("epsilon"), "", float_scalar(ty.dtype, epsilon))?;
     let (centred, variance) = if training {
         let axes: Vec<i64> = std::iter::once(0).chain(2..rank as i64).collect();
         let axes = ints_const(b, n, "axes", axes)?;
@@ -137,20 +136,7 @@ pub(crate) fn batch_norm(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> 
         let centred = sub_node(b, n, "centred", binary(BinaryOp::Sub), vec![Some(x), Some(mean)])?;
         (centred, per_channel(b, var, "var")?)
     };
-    let shifted = sub_node(
-        b,
-        n,
-        "var_eps",
-        binary(BinaryOp::Add),
-        vec![Some(variance), Some(eps)],
-    )?;
-    let std = sub_node(
-        b,
-        n,
-        "std",
-        Op::Unary { func: UnaryOp::Sqrt },
-        vec![Some(shifted)],
-    )?;
+    let std = std_dev(b, n, variance, float_scalar(ty.dtype, epsilon))?;
     let normed = sub_node(
         b,
         n,

@@ -49,7 +49,7 @@ mod testing;
 
 use crate::{DType, Value};
 use context::{EvalCtx, InferCtx};
-pub use conv::{pool_divisors, PoolKind, Window};
+pub use conv::{pool_divisors, ConvSizes, PoolKind, Window};
 use define::define_ops;
 use serde::{Deserialize, Serialize};
 

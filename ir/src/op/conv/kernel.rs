@@ -5,64 +5,35 @@
 
 use super::super::context::{finish, EvalCtx};
 use super::super::gemm::{gemm, Mat};
-use super::super::geometry::prod;
 use super::super::numeric::{float_kernel, Real};
 use super::super::OpError;
-use super::Window;
+use super::{ConvSizes, Window};
 use crate::Value;
 
-/// One convolution's sizes, seen from the convolution (`Conv`'s own view;
-/// a transposed convolution is this view run backwards): input
-/// `[n, c, ins...]`, weight `[m, c/groups, taps...]`, output `[n, m, outs...]`.
+/// One convolution's sizes (see [`ConvSizes`]) and the input position of
+/// each (output position, tap), `None` in the padding.
 struct Geometry {
-    n: usize,
-    c: usize,
-    m: usize,
-    groups: usize,
-    ins: usize,
-    outs: usize,
-    taps: usize,
-    /// Input position of each (output position, tap); `None` in the padding.
+    size: ConvSizes,
     table: Vec<Option<usize>>,
 }
 
 impl Geometry {
     fn new(window: &Window, input: &[usize], weight: &[usize], output: &[usize], groups: usize) -> Geometry {
         Geometry {
-            n: input[0],
-            c: input[1],
-            m: weight[0],
-            groups,
-            ins: prod(&input[2..]),
-            outs: prod(&output[2..]),
-            taps: prod(&weight[2..]),
+            size: ConvSizes::new(input, weight, output, groups),
             table: window.taps(&input[2..], &weight[2..], &output[2..]),
         }
     }
 
-    /// Input channels per group.
-    fn cg(&self) -> usize {
-        self.c / self.groups
-    }
-
-    /// Filters per group.
-    fn mg(&self) -> usize {
-        self.m / self.groups
-    }
-
-    /// Rows of a group's window matrix: its channels' taps.
-    fn rows(&self) -> usize {
-        self.cg() * self.taps
-    }
-
     /// Group `g`'s windows of sample `s` as `col[(channel·taps + tap)·outs + position]`.
     fn gather<T: Real>(&self, x: &[T], s: usize, g: usize, col: &mut [T]) {
-        for ci in 0..self.cg() {
-            let plane = &x[(s * self.c + g * self.cg() + ci) * self.ins..][..self.ins];
-            for t in 0..self.taps {
-                let row = &mut col[(ci * self.taps + t) * self.outs..][..self.outs];
+        let z = &self.size;
+        for ci in 0..z.cg() {
+            let plane = &x[(z.plane0(s, g) + ci) * z.ins..][..z.ins];
+            for t in 0..z.taps {
+                let row = &mut col[(ci * z.taps + t) * z.outs..][..z.outs];
                 for (o, out) in row.iter_mut().enumerate() {
-                    *out = self.table[o * self.taps + t].map_or(T::zero(), |p| plane[p]);
+                    *out = self.table[o * z.taps + t].map_or(T::zero(), |p| plane[p]);
                 }
             }
         }
@@ -70,12 +41,13 @@ impl Geometry {
 
     /// Adds a window matrix back into sample `s`'s input planes (col2im).
     fn scatter<T: Real>(&self, col: &[T], s: usize, g: usize, dx: &mut [T]) {
-        for ci in 0..self.cg() {
-            let plane = &mut dx[(s * self.c + g * self.cg() + ci) * self.ins..][..self.ins];
-            for t in 0..self.taps {
-                let row = &col[(ci * self.taps + t) * self.outs..][..self.outs];
+        let z = &self.size;
+        for ci in 0..z.cg() {
+            let plane = &mut dx[(z.plane0(s, g) + ci) * z.ins..][..z.ins];
+            for t in 0..z.taps {
+                let row = &col[(ci * z.taps + t) * z.outs..][..z.outs];
                 for (o, &v) in row.iter().enumerate() {
-                    if let Some(p) = self.table[o * self.taps + t] {
+                    if let Some(p) = self.table[o * z.taps + t] {
                         plane[p] += v;
                     }
                 }
@@ -83,32 +55,28 @@ impl Geometry {
         }
     }
 
-    /// Offset of sample `s`, group `g`'s first output plane.
-    fn out_at(&self, s: usize, g: usize) -> usize {
-        (s * self.m + g * self.mg()) * self.outs
-    }
-
     /// `y = conv(x, w)`, no bias.
     fn forward<T: Real>(&self, op: &str, x: &[T], w: &[T]) -> Result<Vec<T>, OpError> {
-        let (rows, mg) = (self.rows(), self.mg());
-        let mut y = vec![T::zero(); self.n * self.m * self.outs];
-        let mut col = vec![T::zero(); rows * self.outs];
-        for s in 0..self.n {
-            for g in 0..self.groups {
+        let z = &self.size;
+        let (rows, mg, outs) = (z.rows(), z.mg(), z.outs);
+        let mut y = vec![T::zero(); z.n * z.m * outs];
+        let mut col = vec![T::zero(); rows * outs];
+        for s in 0..z.n {
+            for g in 0..z.groups {
                 self.gather(x, s, g, &mut col);
-                let a = Mat::row_major(w, g * mg * rows, rows, false);
-                let b = Mat::row_major(&col, 0, self.outs, false);
+                let a = Mat::row_major(w, z.weight_at(g), rows, false);
+                let b = Mat::row_major(&col, 0, outs, false);
                 gemm(
                     op,
                     mg,
                     rows,
-                    self.outs,
+                    outs,
                     T::one(),
                     a,
                     b,
                     T::zero(),
                     &mut y,
-                    self.out_at(s, g),
+                    z.out_at(s, g),
                 )?;
             }
         }
@@ -117,14 +85,15 @@ impl Geometry {
 
     /// The input adjoint: `dx` from `dy` (a transposed convolution's forward).
     fn backward_data<T: Real>(&self, op: &str, dy: &[T], w: &[T]) -> Result<Vec<T>, OpError> {
-        let (rows, mg) = (self.rows(), self.mg());
-        let mut dx = vec![T::zero(); self.n * self.c * self.ins];
-        let mut col = vec![T::zero(); rows * self.outs];
-        for s in 0..self.n {
-            for g in 0..self.groups {
-                let a = Mat::row_major(w, g * mg * rows, rows, true);
-                let b = Mat::row_major(dy, self.out_at(s, g), self.outs, false);
-                gemm(op, rows, mg, self.outs, T::one(), a, b, T::zero(), &mut col, 0)?;
+        let z = &self.size;
+        let (rows, mg, outs) = (z.rows(), z.mg(), z.outs);
+        let mut dx = vec![T::zero(); z.n * z.c * z.ins];
+        let mut col = vec![T::zero(); rows * outs];
+        for s in 0..z.n {
+            for g in 0..z.groups {
+                let a = Mat::row_major(w, z.weight_at(g), rows, true);
+                let b = Mat::row_major(dy, z.out_at(s, g), outs, false);
+                gemm(op, rows, mg, outs, T::one(), a, b, T::zero(), &mut col, 0)?;
                 self.scatter(&col, s, g, &mut dx);
             }
         }
@@ -133,25 +102,26 @@ impl Geometry {
 
     /// The weight adjoint: `dw = Σ_samples dy · windowsᵀ`.
     fn backward_weight<T: Real>(&self, op: &str, x: &[T], dy: &[T]) -> Result<Vec<T>, OpError> {
-        let (rows, mg) = (self.rows(), self.mg());
-        let mut dw = vec![T::zero(); self.m * rows];
-        let mut col = vec![T::zero(); rows * self.outs];
-        for s in 0..self.n {
-            for g in 0..self.groups {
+        let z = &self.size;
+        let (rows, mg, outs) = (z.rows(), z.mg(), z.outs);
+        let mut dw = vec![T::zero(); z.m * rows];
+        let mut col = vec![T::zero(); rows * outs];
+        for s in 0..z.n {
+            for g in 0..z.groups {
                 self.gather(x, s, g, &mut col);
-                let a = Mat::row_major(dy, self.out_at(s, g), self.outs, false);
-                let b = Mat::row_major(&col, 0, self.outs, true);
+                let a = Mat::row_major(dy, z.out_at(s, g), outs, false);
+                let b = Mat::row_major(&col, 0, outs, true);
                 gemm(
                     op,
                     mg,
-                    self.outs,
+                    outs,
                     rows,
                     T::one(),
                     a,
                     b,
                     T::one(),
                     &mut dw,
-                    g * mg * rows,
+                    z.weight_at(g),
                 )?;
             }
         }
@@ -183,7 +153,7 @@ pub(super) fn eval_conv(cx: &EvalCtx, window: &Window, groups: usize) -> Result<
     let geo = Geometry::new(window, &x.shape, &w.shape, &out, groups);
     let data = float_kernel!(cx.op, x, T => {
         let y = geo.forward(cx.op, cx.floats::<T>(0)?, cx.floats::<T>(1)?)?;
-        finish_conv(cx, y, geo.outs)?
+        finish_conv(cx, y, geo.size.outs)?
     });
     Ok(vec![finish(x.dtype, out, data)])
 }
@@ -196,7 +166,7 @@ pub(super) fn eval_transpose(cx: &EvalCtx, window: &Window, groups: usize) -> Re
     let geo = Geometry::new(window, &out, &w.shape, &x.shape, groups);
     let data = float_kernel!(cx.op, x, T => {
         let y = geo.backward_data(cx.op, cx.floats::<T>(0)?, cx.floats::<T>(1)?)?;
-        finish_conv(cx, y, geo.ins)?
+        finish_conv(cx, y, geo.size.ins)?
     });
     Ok(vec![finish(x.dtype, out, data)])
 }

@@ -22,9 +22,11 @@ use super::adjoint::float_outputs;
 pub(crate) mod backward;
 mod kernel;
 mod pool;
+mod sizes;
 pub use pool::divisors as pool_divisors;
 pub(super) mod shard;
 mod window;
+pub use sizes::ConvSizes;
 pub use window::Window;
 
 /// What a pool takes of each window.
