@@ -7,6 +7,7 @@
 
 mod common;
 
+use autopar_cost_models::estimate::unsplit_heads;
 use autopar_cost_models::Workload;
 use autopar_exec::train::{Optimizer, TokenSource};
 use autopar_exec::TrainOptions;
@@ -25,7 +26,7 @@ fn strategy(layers: usize, tp: usize, sp: bool) -> Strategy {
 /// `tp` ways (the estimate refuses those plans).
 fn priced(model: &Graph, seq: usize, tp: usize, sp: bool) -> Option<f64> {
     let w = Workload::build(model, &workload_options(seq, tp, sp)).unwrap();
-    if w.heads.iter().any(|&(q, kv)| q % tp != 0 || kv % tp != 0) {
+    if w.heads.iter().any(|&(q, kv)| unsplit_heads(q, kv, tp).is_some()) {
         return None;
     }
     Some(priced_bytes(&w, tp))

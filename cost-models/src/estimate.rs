@@ -688,19 +688,29 @@ impl<'a> Evaluator<'a> {
     }
 }
 
+/// The heads an attention with `q` query and `kv` key/value heads cannot
+/// split `tp` ways, as `(count, kind)`: query heads must divide, and so
+/// must key/value heads unless there is one (multi-query attention, which
+/// every rank reads whole: the attention's `query heads` sharding rule).
+pub fn unsplit_heads(q: usize, kv: usize, tp: usize) -> Option<(usize, &'static str)> {
+    if q % tp != 0 {
+        Some((q, "query"))
+    } else if kv % tp != 0 && kv != 1 {
+        Some((kv, "key/value"))
+    } else {
+        None
+    }
+}
+
 /// Checks the model can be split as asked.
 fn check_model(w: &Workload, cfg: &TrainingConfig) -> Result<(), EstimateError> {
     for &(q, kv) in &w.heads {
-        // A single key/value head is read whole by every rank (multi-query).
-        let kv_ok = kv == 1 && q > 1;
-        for (heads, kind) in [(q, "query"), (kv, "key/value")] {
-            if heads % cfg.tp != 0 && !(kind == "key/value" && kv_ok) {
-                return Err(EstimateError::Heads {
-                    tp: cfg.tp,
-                    heads,
-                    kind,
-                });
-            }
+        if let Some((heads, kind)) = unsplit_heads(q, kv, cfg.tp) {
+            return Err(EstimateError::Heads {
+                tp: cfg.tp,
+                heads,
+                kind,
+            });
         }
     }
     if cfg.pp > 1 && w.layers == 0 {

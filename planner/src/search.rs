@@ -26,6 +26,7 @@
 
 use crate::stages::{self, StageChoice};
 use autopar_cost_models::comm::Algorithm;
+use autopar_cost_models::estimate::unsplit_heads;
 use autopar_cost_models::workload::Layered;
 use autopar_cost_models::{
     AttentionKernel, Calibration, Cluster, Estimate, EstimateError, Evaluator, GradCompression, GradReduce,
@@ -244,11 +245,10 @@ fn sharding_groups(
 ) -> Vec<(usize, usize, usize)> {
     let mut groups = Vec::new();
     for tp in divisors(gpus) {
-        // A single key/value head is read whole by every rank (multi-query).
         let heads_ok = facts
             .heads
             .iter()
-            .all(|&(q, kv)| q % tp == 0 && (kv % tp == 0 || kv == 1));
+            .all(|&(q, kv)| unsplit_heads(q, kv, tp).is_none());
         if tp > per_node || tp > limits.tp || !heads_ok || !spans_nodes_alike(tp, per_node, gpus) {
             continue;
         }

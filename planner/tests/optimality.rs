@@ -4,6 +4,7 @@
 //! recomputation, evaluated without pruning.
 
 use autopar_cost_models::comm::Algorithm;
+use autopar_cost_models::estimate::unsplit_heads;
 use autopar_cost_models::workload::Layered;
 use autopar_cost_models::{
     AttentionKernel, Calibration, Cluster, Evaluator, GradReduce, Mesh, MeshOrder, Recompute, Schedule,
@@ -77,7 +78,11 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
     let mut best = f64::INFINITY;
     let mut evaluated = 0;
     for tp in divisors(gpus).into_iter().filter(|&t| t <= cluster.gpus_per_node) {
-        if probe.heads.iter().any(|&(q, kv)| q % tp != 0 || kv % tp != 0) {
+        if probe
+            .heads
+            .iter()
+            .any(|&(q, kv)| unsplit_heads(q, kv, tp).is_some())
+        {
             continue;
         }
         for cp in divisors(gpus / tp) {
