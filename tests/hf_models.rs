@@ -1,7 +1,8 @@
-//! The development set's vision models and dynamic-axes export
-//! (`fixtures/hf-models/`: a CNN and a ViT from both exporters, Qwen2 with
-//! dynamic batch and sequence axes) import, give onnxruntime's outputs,
-//! and plan on a GPU node and on this host.
+//! The development set's vision models, dynamic-axes export and folded
+//! tied head (`fixtures/hf-models/`: a CNN and a ViT from both exporters,
+//! Qwen2 with dynamic batch and sequence axes, MobileBERT's legacy export)
+//! import, give onnxruntime's outputs, have PyTorch's parameter count, and
+//! plan on a GPU node and on this host.
 
 mod common;
 
@@ -11,12 +12,13 @@ use common::{autopar, scratch};
 use std::path::PathBuf;
 
 const MODELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/hf-models");
-const STEMS: [&str; 5] = [
+const STEMS: [&str; 6] = [
     "convnet3.ts",
     "convnet3.dynamo",
     "vit.ts",
     "vit.dynamo",
     "qwen2_dynamic.ts",
+    "mobilebert.ts",
 ];
 
 fn path(stem: &str) -> String {
@@ -31,6 +33,34 @@ fn each_matches_onnxruntime_with_and_without_rewrites() {
             let r = check::run(&path(stem), &data, rewrite, Precision::F32, None).unwrap();
             assert!(r.ok, "{stem} rewrite={rewrite}: {}", check::render(&r));
         }
+    }
+}
+
+/// The trainable elements are PyTorch's `parameters()`, recorded beside
+/// each export: the ViT's dynamo export folds its class token expanded over
+/// the batch (one weight) and its attention mask (a constant), and
+/// MobileBERT's legacy export folds the tied embedding into its LM head.
+/// The CNN is left out: both exporters fold its batch norms' scales and
+/// shifts into the convolutions (eval mode), so those 32 are not there.
+#[test]
+fn parameter_counts_are_pytorchs() {
+    for stem in ["vit.ts", "vit.dynamo", "mobilebert.ts"] {
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{MODELS}/{stem}.meta.json")).unwrap())
+                .unwrap();
+        let m = model::load_with(
+            &path(stem),
+            model::Axes {
+                batch: Some(2),
+                seq: Some(16),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let ours = m
+            .graph
+            .float_parameter_elements(&model::bindings(&m.graph, Some(2), Some(16)));
+        assert_eq!(ours, meta["torch_params"].as_u64().unwrap(), "{stem}");
     }
 }
 
@@ -88,29 +118,18 @@ fn dynamic_axes_bind_to_the_flags_or_name_them() {
 }
 
 /// Both exports of a model train one set of weights: the legacy exporter's
-/// transposed copy of GPT-2's tied embedding reads the embedding, and the
+/// transposed copy of GPT-2's tied embedding reads the embedding, the
 /// rotary tables and scalars the dynamo exporter folded from Llama's
-/// buffers stay constants, so the two exports give one loss curve.
+/// buffers stay constants, and the ViT's folded class token and mask are
+/// one weight and a constant, so the two exports give one loss curve.
 #[test]
 fn both_exports_train_the_same_losses() {
-    let losses = |model: &str, export: &str| -> Vec<f64> {
-        let path = format!(
-            "{}/fixtures/models/{model}.{export}.onnx",
-            env!("CARGO_MANIFEST_DIR")
-        );
+    let losses = |stem: &str| -> Vec<f64> {
         let args = [
-            "run",
-            path.as_str(),
-            "--plan",
-            "auto",
-            "--ranks",
-            "1",
-            "--steps",
-            "3",
-            "--json",
+            "run", stem, "--plan", "auto", "--ranks", "1", "--steps", "3", "--json",
         ];
         let (code, stdout, err) = autopar(&args);
-        assert_eq!(code, 0, "{model}.{export}: {err}");
+        assert_eq!(code, 0, "{stem}: {err}");
         let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         v["losses"]
             .as_array()
@@ -119,11 +138,22 @@ fn both_exports_train_the_same_losses() {
             .map(|l| l.as_f64().unwrap())
             .collect()
     };
-    for model in ["gpt2-tiny", "llama-tiny"] {
-        let (ts, dynamo) = (losses(model, "ts"), losses(model, "dynamo"));
+    let fixture = |model: &str, export: &str| {
+        format!(
+            "{}/fixtures/models/{model}.{export}.onnx",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    };
+    let pairs = [
+        (fixture("gpt2-tiny", "ts"), fixture("gpt2-tiny", "dynamo")),
+        (fixture("llama-tiny", "ts"), fixture("llama-tiny", "dynamo")),
+        (path("vit.ts"), path("vit.dynamo")),
+    ];
+    for (a, b) in pairs {
+        let (ts, dynamo) = (losses(&a), losses(&b));
         assert_eq!(ts.len(), 3);
-        for (a, b) in ts.iter().zip(&dynamo) {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{model}: {ts:?} vs {dynamo:?}");
+        for (x, y) in ts.iter().zip(&dynamo) {
+            assert!((x - y).abs() <= 1e-5 * y.abs(), "{a}: {ts:?} vs {dynamo:?}");
         }
     }
 }

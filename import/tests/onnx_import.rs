@@ -605,3 +605,107 @@ fn dynamic_axes_take_their_role_names_or_their_bound_sizes() {
         Some(vec![5, 3])
     );
 }
+
+/// What the exporter records decides what trains, and folded copies of a
+/// weight train as that weight: a tagged buffer and a constant folded from
+/// shape arithmetic (a mask) stay constants though they are float
+/// initializers; a value folded from module state and repeated over the
+/// batch is one slice; a matrix whose leading columns copy another weight
+/// is that weight joined to a parameter of the rest. The graph still
+/// computes what the file does.
+#[test]
+fn exporter_records_decide_what_trains() {
+    use autopar_import::onnx::proto::StringStringEntryProto;
+    let floats = |name: &str, dims: &[i64], v: Vec<f32>| TensorProto {
+        name: name.into(),
+        data_type: DType::F32.onnx_code(),
+        dims: dims.to_vec(),
+        float_data: v,
+        ..Default::default()
+    };
+    let tagged = |name: &str, key: &str, value: &str| ValueInfoProto {
+        name: name.into(),
+        metadata_props: vec![StringStringEntryProto {
+            key: key.into(),
+            value: value.into(),
+        }],
+        ..Default::default()
+    };
+    let w: Vec<f32> = (0..9).map(|i| 0.1 * i as f32 - 0.3).collect();
+    let cls = [0.5, -0.25, 0.125];
+    // head = [w | own column]: its leading 3 columns are w.
+    let head: Vec<f32> = (0..3)
+        .flat_map(|r| [w[3 * r], w[3 * r + 1], w[3 * r + 2], 0.7 + r as f32])
+        .collect();
+    let nodes = vec![
+        node("MatMul", "", "mm", &["x", "w"], &["h"]),
+        node("Add", "", "a1", &["h", "buf"], &["h1"]),
+        node("Add", "", "a2", &["h1", "mask"], &["h2"]),
+        node("Add", "", "a3", &["h2", "cls"], &["h3"]),
+        node("MatMul", "", "out", &["h3", "head"], &["y"]),
+    ];
+    let initializer = vec![
+        floats("w", &[3, 3], w.clone()),
+        floats("buf", &[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+        floats("mask", &[2, 3], vec![0.0, -1e30, 0.0, 0.0, 0.0, -1e30]),
+        floats("cls", &[2, 3], cls.iter().chain(&cls).copied().collect()),
+        floats("head", &[3, 4], head),
+    ];
+    let kind = "pkg.torch.export.graph_signature.InputSpec.kind";
+    let folded = "pkg.onnxscript.optimizer.folded_from";
+    let mut proto = ModelProto::decode(model(nodes, initializer, "y").as_slice()).unwrap();
+    let graph = proto.graph.as_mut().unwrap();
+    graph.value_info = vec![
+        tagged("w", kind, "PARAMETER"),
+        tagged("buf", kind, "BUFFER"),
+        tagged("mask", folded, "['arange', 'val_3']"),
+        tagged("cls", folded, "['m.cls_token', 'val_7']"),
+    ];
+    let graph = import_model_bytes(&proto.encode_to_vec(), &ImportOptions::default()).unwrap();
+    let params: Vec<(&str, Vec<usize>)> = graph
+        .tensors()
+        .filter(|(_, t)| t.role == Role::Parameter)
+        .map(|(_, t)| (t.name.as_str(), t.ty.shape.as_fixed().unwrap()))
+        .collect();
+    assert_eq!(
+        params,
+        vec![("w", vec![3, 3]), ("cls", vec![1, 3]), ("head", vec![3, 1])]
+    );
+
+    // The file's computation, by hand, for x = 1.
+    let x = Value::f32(vec![2, 3], vec![1.0; 6]).unwrap();
+    let mut feeds = std::collections::BTreeMap::new();
+    feeds.insert("x".to_string(), x);
+    let got = autopar_ir::interp::run(&graph, &feeds, autopar_ir::interp::Precision::F64).unwrap();
+    let buf = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mask = [0.0, -1e30, 0.0, 0.0, 0.0, -1e30];
+    let h3: Vec<f64> = (0..6)
+        .map(|i| {
+            let c = i % 3;
+            let h: f64 = (0..3).map(|k| f64::from(w[3 * k + c])).sum();
+            h + buf[i] + mask[i] + f64::from(cls[c])
+        })
+        .collect();
+    let want: Vec<f64> = (0..2)
+        .flat_map(|r| {
+            let h3 = &h3;
+            let w = &w;
+            (0..4).map(move |c| {
+                (0..3)
+                    .map(|k| {
+                        let head = if c < 3 {
+                            f64::from(w[3 * k + c])
+                        } else {
+                            0.7 + k as f64
+                        };
+                        h3[3 * r + k] * head
+                    })
+                    .sum::<f64>()
+            })
+        })
+        .collect();
+    let got = got[0].to_f64_vec();
+    for (g, e) in got.iter().zip(&want) {
+        assert!((g - e).abs() <= 1e-6 * e.abs().max(1.0), "{got:?} vs {want:?}");
+    }
+}

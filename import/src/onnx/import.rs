@@ -9,8 +9,9 @@
 
 use super::ops::{converter, NodeCtx};
 use super::proto::{GraphProto, ModelProto, TypeProtoTensor, ValueInfoProto};
+use super::provenance::Origin;
 use super::tensor::{dtype_from_code, is_external, tensor_type, tensor_value};
-use super::ties::Copy;
+use super::ties::{Block, Copy};
 use super::OnnxError;
 use autopar_ir::op::{InferInput, Op, TensorType};
 use autopar_ir::{Dim, Graph, Role, Shape, TensorId, Value};
@@ -170,8 +171,10 @@ impl Builder {
     }
 
     /// Adds the initializers: float ones are parameters, except copies of
-    /// an earlier one, which read it (see [`super::ties`]), and constants
-    /// the exporter folded (see [`super::buffers`]).
+    /// an earlier one, which read it (see [`super::ties`]), and what the
+    /// exporter records as buffers or folded from shapes alone (see
+    /// [`super::provenance`]) or, without a record, what the data shows to
+    /// be a folded constant (see [`super::buffers`]).
     fn add_initializers(&mut self, proto: &GraphProto) -> Result<(), OnnxError> {
         let mut loaded = Vec::with_capacity(proto.initializer.len());
         for init in &proto.initializer {
@@ -185,32 +188,104 @@ impl Builder {
             }
             loaded.push((ty, data));
         }
+        let origins = super::provenance::origins(proto);
         let copies = super::ties::copies(&loaded.iter().map(|(_, d)| d.as_deref()).collect::<Vec<_>>());
         let mut ids = Vec::with_capacity(loaded.len());
+        let mut values: Vec<Option<Arc<Value>>> = Vec::with_capacity(loaded.len());
         for ((init, (ty, data)), copy) in proto.initializer.iter().zip(loaded).zip(copies) {
-            let id = match copy {
-                Some(Copy::Same(j)) => ids[j],
-                Some(Copy::Transposed(j)) => {
-                    let op = Op::Transpose {
-                        perm: Some(vec![1, 0]),
-                    };
-                    let node = format!("{}/tied", init.name);
-                    self.emit(&node, "Transpose", op, vec![Some(ids[j])], &[])?[0]
+            let origin = origins
+                .get(init.name.as_str())
+                .copied()
+                .unwrap_or(Origin::Unknown);
+            let id = match (copy, origin) {
+                (_, Origin::Buffer | Origin::FoldedFromShapes) => {
+                    self.new_tensor(&init.name, ty, Role::Constant, data.clone())
                 }
-                None => {
+                (Some(Copy::Same(j)), _) => ids[j],
+                (Some(Copy::Transposed(j)), _) => self.transposed(&init.name, ids[j])?,
+                (Some(Copy::Block(block)), _) => {
+                    let (matrix, tied) = (data.as_deref(), values[block.of].as_deref());
+                    let rest = block.rest(matrix.expect("matched on data"), tied.expect("matched on data"));
+                    self.joined(&init.name, block, ids[block.of], rest)?
+                }
+                (None, Origin::FoldedFromState)
+                    if data.as_deref().is_some_and(super::ties::repeats_leading_axis) =>
+                {
+                    self.expanded(&init.name, ty, data.as_deref().expect("checked"))?
+                }
+                (None, Origin::Parameter) if ty.dtype.is_float() => {
+                    self.new_tensor(&init.name, ty, Role::Parameter, data.clone())
+                }
+                (None, _) => {
                     let buffer = data.as_deref().is_some_and(super::buffers::is_buffer);
                     let role = if ty.dtype.is_float() && !buffer {
                         Role::Parameter
                     } else {
                         Role::Constant
                     };
-                    self.new_tensor(&init.name, ty, role, data)
+                    self.new_tensor(&init.name, ty, role, data.clone())
                 }
             };
             self.define(&init.name, id)?;
             ids.push(id);
+            values.push(data);
         }
         Ok(())
+    }
+
+    /// A transposed copy of a matrix weight: that weight, transposed.
+    fn transposed(&mut self, name: &str, of: TensorId) -> Result<TensorId, OnnxError> {
+        let op = Op::Transpose {
+            perm: Some(vec![1, 0]),
+        };
+        Ok(self.emit(&format!("{name}/tied"), "Transpose", op, vec![Some(of)], &[])?[0])
+    }
+
+    /// A matrix with a tied block: the tied weight (transposed if the block
+    /// is) joined to a parameter holding the rest, in the matrix's order.
+    fn joined(&mut self, name: &str, block: Block, of: TensorId, rest: Value) -> Result<TensorId, OnnxError> {
+        let tied = if block.transposed {
+            self.transposed(name, of)?
+        } else {
+            of
+        };
+        let ty = TensorType {
+            dtype: rest.dtype,
+            shape: Shape::fixed(&rest.shape),
+        };
+        let own = self.new_tensor(name, ty, Role::Parameter, Some(Arc::new(rest)));
+        let parts = if block.at_start { [tied, own] } else { [own, tied] };
+        let op = Op::Concat {
+            axis: block.axis as i64,
+        };
+        Ok(self.emit(
+            &format!("{name}/joined"),
+            "Concat",
+            op,
+            parts.map(Some).to_vec(),
+            &[],
+        )?[0])
+    }
+
+    /// A weight the exporter expanded over its leading axis: one slice,
+    /// trained once, expanded back to the stored shape.
+    fn expanded(&mut self, name: &str, ty: TensorType, v: &Value) -> Result<TensorId, OnnxError> {
+        let mut shape = v.shape.clone();
+        shape[0] = 1;
+        let slice = Value::new(v.dtype, shape.clone(), super::ties::leading_slice(v)).expect("one slice");
+        let ty = TensorType {
+            dtype: ty.dtype,
+            shape: Shape::fixed(&shape),
+        };
+        let one = self.new_tensor(name, ty, Role::Parameter, Some(Arc::new(slice)));
+        let dims: Vec<i64> = v.shape.iter().map(|&d| d as i64).collect();
+        let node = format!("{name}/expanded");
+        let target = self.constant(
+            &node,
+            "",
+            Value::i64(vec![dims.len()], dims).expect("a shape vector"),
+        )?;
+        Ok(self.emit(&node, "Expand", Op::Expand, vec![Some(one), Some(target)], &[])?[0])
     }
 
     fn add_inputs(

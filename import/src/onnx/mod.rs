@@ -16,6 +16,7 @@ mod ops_batch_norm;
 mod ops_conv;
 mod ops_pad;
 pub mod proto;
+mod provenance;
 mod tensor;
 mod ties;
 

@@ -180,6 +180,10 @@ pub struct ValueInfoProto {
     pub r#type: Option<TypeProto>,
     #[prost(string, tag = "3")]
     pub doc_string: String,
+    /// What the exporter recorded about the value (the dynamo exporter: a
+    /// module state's kind, the values a folded constant came from).
+    #[prost(message, repeated, tag = "4")]
+    pub metadata_props: Vec<StringStringEntryProto>,
 }
 
 /// A value's type; only dense tensors are read (sequences, maps, optionals
