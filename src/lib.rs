@@ -5,12 +5,14 @@
 pub mod check;
 pub mod convert;
 pub mod estimate;
+pub mod export_weights;
 pub mod host_profile;
 pub mod inspect;
 pub mod model;
 pub mod output;
 pub mod plan;
 pub mod profile;
+pub mod replan;
 pub mod run;
 pub mod simulate;
 pub mod units;

@@ -104,6 +104,39 @@ enum Command {
     /// Train a model under a parallel plan: lower it to per-rank programs
     /// and run them, one thread per rank.
     Run(RunArgs),
+    /// Write a checkpoint's trained weights: FILE.safetensors (whole
+    /// tensors named as the model's parameters: an ONNX model's initializer
+    /// names) or FILE.onnx (the model the run trained, its initializers
+    /// trained).
+    ExportWeights {
+        /// A checkpoint folder (`--save DIR`: its latest) or DIR/step-<S>.
+        dir: PathBuf,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// With -o FILE.onnx: the ONNX model to write with the trained
+        /// weights (default: the one the run trained).
+        #[arg(long)]
+        model: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Plan a checkpoint's model and global batch again for the GPUs left
+    /// (after losing some), for `autopar run PLAN --resume DIR`.
+    Replan {
+        /// A checkpoint folder (`--save DIR`: its latest) or DIR/step-<S>.
+        dir: PathBuf,
+        /// GPUs (ranks) to plan for.
+        #[arg(long)]
+        gpus: usize,
+        /// A preset or a cluster .toml file (default: the one the checkpoint's plan was made for).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// The plan file to write (default: DIR/plan-<GPUS>.json).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Replay a plan's per-rank programs in virtual time: step time next to
     /// the analytic estimate by term, bubble, memory, a pipeline timeline.
     Simulate {
@@ -201,6 +234,32 @@ struct RunArgs {
     /// or to rule it out).
     #[arg(long)]
     no_overlap: bool,
+    /// Save checkpoints in DIR: `DIR/step-<S>/` holds one safetensors file
+    /// per rank (its shards of weights and optimizer state) and index.json;
+    /// `DIR/latest` names the newest complete one. Saved after the last
+    /// step (and every --save-every steps), written while training goes on.
+    #[arg(long, value_name = "DIR")]
+    save: Option<PathBuf>,
+    /// With --save: also save after every K steps (default: after the last only).
+    #[arg(long, value_name = "K")]
+    save_every: Option<usize>,
+    /// With --save: keep the newest N checkpoints.
+    #[arg(long, value_name = "N", default_value_t = autopar::run::DEFAULT_KEEP)]
+    keep: usize,
+    /// Continue from a checkpoint: DIR (the one `DIR/latest` names) or
+    /// DIR/step-<S>. --steps stays the total, so a run saved at step 3 and
+    /// resumed with --steps 6 runs steps 4-6. Under another plan or rank
+    /// count the weights and optimizer state are resharded. A DIR with no
+    /// checkpoint yet starts at step 0, so a supervisor can relaunch one
+    /// command (`--save DIR --resume DIR --plan auto`).
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// Seconds a rank waits for a peer in a collective or transfer before
+    /// the run fails naming it (default: $AUTOPAR_TIMEOUT, else 60). Under
+    /// a launcher a peer process that sends nothing, not even a heartbeat,
+    /// is named after half of it, even when no collective waits on it.
+    #[arg(long, value_name = "SECONDS")]
+    timeout: Option<f64>,
     #[arg(long)]
     json: bool,
 }
@@ -466,6 +525,9 @@ fn run_command(a: RunArgs) -> Result<()> {
         trace: a.trace,
         calibration: a.calibration,
         overlap: !a.no_overlap,
+        save: run::save_policy(a.save, a.save_every, a.keep)?,
+        resume: a.resume,
+        timeout: a.timeout,
     };
     let json = a.json;
     let bar = step_bar(a.steps);
@@ -653,6 +715,33 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Explain { plan: path } => emit(&plan::explain(&plan::load(&path)?))?,
         Command::Estimate(a) => estimate_command(a)?,
         Command::Run(a) => run_command(a)?,
+        Command::ExportWeights {
+            dir,
+            output,
+            model,
+            json,
+        } => {
+            let e = autopar::export_weights::run(&dir, &output, model.as_deref())?;
+            if json {
+                print_json(&e)?
+            } else {
+                emit(&autopar::export_weights::render(&e))?
+            }
+        }
+        Command::Replan {
+            dir,
+            gpus,
+            cluster,
+            output,
+            json,
+        } => {
+            let r = autopar::replan::run(&dir, gpus, cluster.as_deref(), output)?;
+            if json {
+                print_json(&r)?
+            } else {
+                emit(&autopar::replan::render(&r, &dir))?
+            }
+        }
         Command::Simulate {
             plan,
             calibration,

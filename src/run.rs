@@ -12,6 +12,7 @@ use autopar_cost_models::{AttentionKernel, Calibration};
 use autopar_cpu::profile::{profile, ProfileOptions};
 use autopar_cpu::CpuRunner;
 use autopar_cuda::{self as cuda, CudaOptions, CudaReport, CudaRunner, GpuPrecision};
+use autopar_exec::checkpoint::{self, CheckpointError, Restored, SavePolicy};
 use autopar_exec::session::{RunOptions, Session};
 use autopar_exec::trace::chrome_json;
 use autopar_exec::train::{Optimizer, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
@@ -25,6 +26,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How long the processes of a launched run wait for each other to start
@@ -33,13 +35,33 @@ const RENDEZVOUS_WAIT: Duration = Duration::from_secs(300);
 /// Overrides [`RENDEZVOUS_WAIT`], in seconds (slow starts on big clusters).
 const RENDEZVOUS_WAIT_VAR: &str = "AUTOPAR_RENDEZVOUS_TIMEOUT";
 
+/// How long a rank waits for a peer in a collective or transfer by default.
+pub const TIMEOUT_S: f64 = 60.0;
+/// Sets the timeout when `--timeout` is not given, in seconds.
+pub const TIMEOUT_VAR: &str = "AUTOPAR_TIMEOUT";
+
 /// How long to wait for the other processes: [`RENDEZVOUS_WAIT_VAR`] or the default.
 pub(crate) fn rendezvous_wait() -> Result<Duration> {
-    match std::env::var(RENDEZVOUS_WAIT_VAR) {
-        Err(_) => Ok(RENDEZVOUS_WAIT),
+    Ok(seconds_from_env(RENDEZVOUS_WAIT_VAR)?.unwrap_or(RENDEZVOUS_WAIT))
+}
+
+/// The collective and transfer timeout: `--timeout`, [`TIMEOUT_VAR`] or [`TIMEOUT_S`].
+fn timeout(flag: Option<f64>) -> Result<Duration> {
+    let env = seconds_from_env(TIMEOUT_VAR)?;
+    match flag {
+        Some(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Duration::from_secs_f64(s)),
+        Some(s) => bail!("--timeout {s}: expected a positive number of seconds"),
+        None => Ok(env.unwrap_or(Duration::from_secs_f64(TIMEOUT_S))),
+    }
+}
+
+/// A positive number of seconds from environment variable `var`, if set.
+fn seconds_from_env(var: &str) -> Result<Option<Duration>> {
+    match std::env::var(var) {
+        Err(_) => Ok(None),
         Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
-            _ => bail!("{RENDEZVOUS_WAIT_VAR}='{v}' is invalid: expected a positive number of seconds"),
+            Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+            _ => bail!("{var}='{v}' is invalid: expected a positive number of seconds"),
         },
     }
 }
@@ -81,6 +103,52 @@ pub struct Request {
     /// Gradient reductions and weight refreshes beside the backward pass
     /// (a communication thread on the CPU, a stream on the GPU).
     pub overlap: bool,
+    /// Save checkpoints.
+    pub save: Option<SavePolicy>,
+    /// Continue from the checkpoint this folder (or its `latest`) holds.
+    pub resume: Option<PathBuf>,
+    /// `--timeout`: seconds a rank waits for a peer.
+    pub timeout: Option<f64>,
+}
+
+/// How many checkpoints `--save` keeps by default.
+pub const DEFAULT_KEEP: usize = 3;
+
+/// The checkpoint policy `--save DIR --save-every K --keep N` ask for.
+pub fn save_policy(dir: Option<PathBuf>, every: Option<usize>, keep: usize) -> Result<Option<SavePolicy>> {
+    let Some(dir) = dir else {
+        if every.is_some() {
+            bail!("--save-every needs --save DIR");
+        }
+        return Ok(None);
+    };
+    if every == Some(0) {
+        bail!("--save-every must be at least 1");
+    }
+    if keep == 0 {
+        bail!("--keep must be at least 1 (the checkpoint just saved)");
+    }
+    Ok(Some(SavePolicy {
+        dir,
+        every: every.unwrap_or(0),
+        keep,
+    }))
+}
+
+/// The checkpoint `--resume` names, or `None` (with a note) where its
+/// folder holds none yet: the first launch of a supervised job.
+fn resumed(path: &Path) -> Result<Option<Arc<Restored>>> {
+    match checkpoint::resolve(path) {
+        Err(CheckpointError::NoCheckpoint { .. }) => {
+            eprintln!(
+                "note: --resume {}: no checkpoint there yet; starting at step 0",
+                path.display()
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e).context("--resume"),
+        Ok(_) => Ok(Some(Arc::new(checkpoint::open(path).context("--resume")?))),
+    }
 }
 
 /// The arithmetic of a run: f32 or f64 on the CPU; f32 or bf16 mixed
@@ -154,7 +222,10 @@ pub struct Report {
     pub plan: PlanSummary,
     /// What the run trained the model for.
     pub objective: Objective,
-    /// The objective's mean loss of each step (token or class
+    /// The steps a resumed run's checkpoint had completed (`losses` are
+    /// of the steps after it); `null` for a fresh run.
+    pub resumed_from_step: Option<usize>,
+    /// The objective's mean loss of each step this run ran (token or class
     /// cross-entropy, or squared error).
     pub losses: Vec<f64>,
     pub step_times_s: Vec<f64>,
@@ -243,31 +314,16 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
         Some("auto") => {
             let m = model::load_with(&r.target, model::Axes::training(None, r.seq))?;
             let batch = fixed_batch(&m.graph).unwrap_or(1);
-            // Expert parallelism splits fused MoeExperts ops; without them it cannot run.
             let canonical = model::canonical(&m)?;
-            let fused_experts = canonical
-                .node_indices()
-                .any(|i| matches!(canonical.node(i).op, autopar_ir::Op::MoeExperts { .. }));
-            let request = plan::Request {
-                model: r.target.clone(),
-                cluster: "cpu".into(),
-                gpus: ranks,
-                global_batch: r.global_batch.unwrap_or(4 * ranks * batch),
-                seq: r.seq,
-                max_memory_fraction: 0.9,
-                top: 5,
-                attention: AttentionKernel::Fused,
-                dropout: false,
-                moe_capacity_factor: None,
-                calibration: None,
-                output: r.save_plan.clone().unwrap_or_default(),
-                limits: DegreeLimits {
-                    ep: if fused_experts { usize::MAX } else { 1 },
-                    ..DegreeLimits::RUNNABLE
-                },
-                tp_comm_overlap: false,
-                verify: 0,
-            };
+            let request = runnable_request(
+                &r.target,
+                &canonical,
+                "cpu",
+                ranks,
+                r.global_batch.unwrap_or(4 * ranks * batch),
+                r.seq,
+                r.save_plan.clone().unwrap_or_default(),
+            );
             let p = match &r.save_plan {
                 Some(_) if writer => plan::run(&request, &|_, _| {})?,
                 _ => plan::make(&request, &|_, _| {})?,
@@ -287,6 +343,43 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
             let graph = model::canonical(&model::load_with(&model, model::Axes::of_plan(&p))?)?;
             Ok((p, model, graph))
         }
+    }
+}
+
+/// A search for plans `autopar run` executes (the runnable degrees and
+/// knobs; expert parallelism only where the canonical graph has fused
+/// experts, which it splits) for `model` on `gpus` of `cluster`.
+pub(crate) fn runnable_request(
+    model: &str,
+    canonical: &Graph,
+    cluster: &str,
+    gpus: usize,
+    global_batch: usize,
+    seq: Option<usize>,
+    output: PathBuf,
+) -> plan::Request {
+    let fused_experts = canonical
+        .node_indices()
+        .any(|i| matches!(canonical.node(i).op, autopar_ir::Op::MoeExperts { .. }));
+    plan::Request {
+        model: model.to_string(),
+        cluster: cluster.into(),
+        gpus,
+        global_batch,
+        seq,
+        max_memory_fraction: 0.9,
+        top: 5,
+        attention: AttentionKernel::Fused,
+        dropout: false,
+        moe_capacity_factor: None,
+        calibration: None,
+        output,
+        limits: DegreeLimits {
+            ep: if fused_experts { usize::MAX } else { 1 },
+            ..DegreeLimits::RUNNABLE
+        },
+        tp_comm_overlap: false,
+        verify: 0,
     }
 }
 
@@ -391,9 +484,26 @@ pub fn run(
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
+    let restored = r.resume.as_deref().map(resumed).transpose()?.flatten();
     let mut opts = run_options(r, &launch)?;
     let calibration = r.calibration.as_deref().map(Calibration::load).transpose()?;
     let nominal = host_profile::nominal_requested()?;
+    let resumed_request;
+    let r = match &restored {
+        // The data stream and global batch continue as the checkpoint's run had them.
+        Some(c) => {
+            let saved: Plan = serde_json::from_value(c.index.plan.clone())
+                .with_context(|| format!("--resume {}: the checkpoint's plan", c.dir.display()))?;
+            let mut request = r.clone();
+            request.global_batch = request.global_batch.or(Some(saved.inputs.global_batch));
+            request.seed = c.index.data.seed;
+            opts.seed = c.index.data.seed;
+            opts.resume = Some(Arc::clone(c));
+            resumed_request = request;
+            &resumed_request
+        }
+        None => r,
+    };
     let (p, model_arg, graph) = resolve(r, ranks, launch.rank == 0)?;
     let world = p.mesh.ranks.len();
     if world != ranks && launch.world_size > 1 {
@@ -475,6 +585,7 @@ pub fn run(
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
     }
     Ok(Some(Report {
+        resumed_from_step: restored.as_ref().map(|c| c.index.step),
         model: model_arg,
         ranks: world,
         processes: if session.launched() { world } else { 1 },
@@ -593,6 +704,9 @@ fn run_options(r: &Request, launch: &LaunchEnv) -> Result<RunOptions> {
         } else {
             RENDEZVOUS_WAIT
         },
+        timeout: timeout(r.timeout)?,
+        save: r.save.clone(),
+        resume: None,
     })
 }
 
@@ -792,6 +906,7 @@ mod tests {
         };
         let gib = 1u64 << 30;
         let report = Report {
+            resumed_from_step: None,
             model: "m".into(),
             ranks: 2,
             processes: 1,
@@ -837,6 +952,7 @@ mod tests {
         assert_eq!(cpu_seconds_of_stat("4242 (autopar) R 1 2"), None);
         assert!(process_cpu_seconds().is_some_and(|s| s >= 0.0));
         let report = Report {
+            resumed_from_step: None,
             model: "m".into(),
             ranks: 4,
             processes: 1,

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{assert_error, assert_error_with, autopar, autopar_with, binary};
+use common::{assert_error, assert_error_with, autopar, autopar_with, free_port, launched};
 use std::path::Path;
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
@@ -221,26 +221,6 @@ fn a_missing_data_file_is_named() {
         ],
         &["cannot read token file", missing],
     );
-}
-
-/// A loopback port no other test of this process is using.
-fn free_port() -> u16 {
-    autopar_comm::launch::loopback_test_port().expect("a free loopback port")
-}
-
-/// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.
-fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::process::Child {
-    binary()
-        .args(args)
-        .env("RANK", rank.to_string())
-        .env("WORLD_SIZE", world.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", port.to_string())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap()
 }
 
 #[test]
@@ -609,4 +589,67 @@ fn the_nominal_switch_takes_only_1_or_0() {
     let env = [("AUTOPAR_NOMINAL_CPU", "yes")];
     let args = ["run", ZOO, "--plan", "auto", "--ranks", "1", "--steps", "1"];
     assert_error_with(&args, &env, 2, &["AUTOPAR_NOMINAL_CPU='yes' is invalid"]);
+}
+
+/// A frozen process (SIGSTOP: alive, silent) is noticed by its heartbeats
+/// stopping: the others fail within the timeout, each naming it, not the
+/// rank that waits for it.
+#[test]
+fn a_frozen_process_is_named_within_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    let ck = ck.to_str().unwrap();
+    let args = [
+        "run",
+        ZOO,
+        "--plan",
+        "auto",
+        "--steps",
+        "1000000",
+        "--timeout",
+        "2",
+        "--save",
+        ck,
+        "--save-every",
+        "1",
+        "--keep",
+        "1",
+    ];
+    let port = free_port();
+    let mut children: Vec<_> = (0..4).map(|rank| launched(rank, 4, port, &args)).collect();
+    let began = std::time::Instant::now();
+    while !Path::new(ck).join("latest").exists() {
+        assert!(began.elapsed().as_secs() < 120, "training never started");
+        assert!(
+            children[0].try_wait().unwrap().is_none(),
+            "rank 0 ended before training"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let frozen = children[3].id().to_string();
+    let stop = std::process::Command::new("kill")
+        .args(["-STOP", &frozen])
+        .status()
+        .unwrap();
+    assert!(stop.success());
+    let stopped = std::time::Instant::now();
+    let frozen_child = children.pop().unwrap();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let waited = stopped.elapsed().as_secs_f64();
+    let _ = std::process::Command::new("kill")
+        .args(["-KILL", &frozen])
+        .status();
+    let _ = frozen_child.wait_with_output();
+    assert!(waited < 6.0, "the others took {waited:.1} s to give up");
+    for (rank, out) in outputs.iter().enumerate() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {rank} went on");
+        assert!(
+            err.contains("rank 3") && err.contains("heartbeat"),
+            "rank {rank} blames another: {err}"
+        );
+    }
 }

@@ -76,6 +76,20 @@ impl Backend for CpuBackend {
         Ok(State::new(optimizer, len, self.precision))
     }
 
+    fn save_state(&mut self, state: &State) -> Result<Vec<Value>, BackendError> {
+        Ok(state.to_values())
+    }
+
+    fn load_state(&mut self, optimizer: &Optimizer, slots: &[Value]) -> Result<State, BackendError> {
+        State::from_values(optimizer, slots, self.precision).ok_or_else(|| BackendError::StateSlots {
+            slots: slots.len(),
+            what: slots.first().map_or("nothing".into(), |v| {
+                format!("{} {:?} elements", v.numel(), v.dtype)
+            }),
+            want: optimizer.state_slots(),
+        })
+    }
+
     fn update(
         &mut self,
         optimizer: &Optimizer,

@@ -85,6 +85,12 @@ impl Backend for Summing {
     fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<State, BackendError> {
         self.cpu.new_state(optimizer, len)
     }
+    fn save_state(&mut self, state: &State) -> Result<Vec<Value>, BackendError> {
+        self.cpu.save_state(state)
+    }
+    fn load_state(&mut self, optimizer: &Optimizer, slots: &[Value]) -> Result<State, BackendError> {
+        self.cpu.load_state(optimizer, slots)
+    }
     fn update(
         &mut self,
         optimizer: &Optimizer,

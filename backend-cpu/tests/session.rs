@@ -58,6 +58,9 @@ fn session() -> Session {
         overlap: true,
         trace: false,
         rendezvous_wait: Duration::from_secs(5),
+        timeout: Duration::from_secs(60),
+        save: None,
+        resume: None,
     };
     Session::new(plan, graph, 8, run, LaunchEnv::single()).unwrap()
 }

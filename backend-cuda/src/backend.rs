@@ -290,6 +290,49 @@ impl Backend for CudaBackend {
         })
     }
 
+    fn save_state(&mut self, state: &GpuState) -> Result<Vec<Value>, BackendError> {
+        if state.master.is_some() {
+            return Err(BackendError::Device(
+                "checkpoints of runs with bf16 weights are not supported yet (their f32 master copy is not saved)"
+                    .into(),
+            ));
+        }
+        [&state.first, &state.second]
+            .into_iter()
+            .flatten()
+            .map(|slot| {
+                let host = self.gpu.stream.clone_dtoh(slot).map_err(err)?;
+                Value::f32(vec![host.len()], host).map_err(err)
+            })
+            .collect()
+    }
+
+    fn load_state(&mut self, optimizer: &Optimizer, slots: &[Value]) -> Result<GpuState, BackendError> {
+        let mismatch = || BackendError::StateSlots {
+            slots: slots.len(),
+            what: slots.first().map_or("nothing".into(), |v| {
+                format!("{} {:?} elements", v.numel(), v.dtype)
+            }),
+            want: optimizer.state_slots(),
+        };
+        if slots.len() != optimizer.state_slots() {
+            return Err(mismatch());
+        }
+        let mut upload = slots.iter().map(|v| match &v.data {
+            // An empty shard's state still holds one element, as `new_state` makes it.
+            autopar_ir::Data::F32(d) if d.is_empty() => self.gpu.stream.alloc_zeros::<f32>(1).map_err(err),
+            autopar_ir::Data::F32(d) => self.gpu.stream.clone_htod(d).map_err(err),
+            _ => Err(mismatch()),
+        });
+        let first = upload.next().transpose()?;
+        let second = upload.next().transpose()?;
+        Ok(GpuState {
+            master: None,
+            first,
+            second,
+        })
+    }
+
     fn update(
         &mut self,
         optimizer: &Optimizer,

@@ -29,6 +29,9 @@ pub enum BackendError {
     UpdateTypes,
     #[error(transparent)]
     Optimizer(#[from] OptimError),
+    /// Restored optimizer state does not fit the optimizer or precision.
+    #[error("restored optimizer state has {slots} slots of {what}; the run's optimizer needs {want}")]
+    StateSlots { slots: usize, what: String, want: usize },
     /// A collective was asked for what it cannot do (a group this rank is
     /// not in, slices that do not divide).
     #[error("{0}")]
@@ -78,6 +81,12 @@ pub trait Backend {
     fn accumulate(&mut self, acc: &mut Self::Tensor, g: &Self::Tensor) -> Result<(), BackendError>;
     /// Fresh optimizer state for `len` elements.
     fn new_state(&mut self, optimizer: &Optimizer, len: usize) -> Result<Self::State, BackendError>;
+    /// The state's slots as flat host values, in the optimizer's
+    /// [`Optimizer::slot_names`] order (for a checkpoint).
+    fn save_state(&mut self, state: &Self::State) -> Result<Vec<Value>, BackendError>;
+    /// State holding `slots`, as [`Backend::save_state`] gave them (a
+    /// resumed run's).
+    fn load_state(&mut self, optimizer: &Optimizer, slots: &[Value]) -> Result<Self::State, BackendError>;
     /// One optimizer step (`step` counts from 1) of `weight[w]` by `grad[g]`
     /// (flattened ranges of equal length).
     #[allow(clippy::too_many_arguments)]

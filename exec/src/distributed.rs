@@ -64,10 +64,10 @@ pub fn train_rank_on<B: Backend>(
         let steps = if rank == 0 {
             for peer in 1..world {
                 let (tx, endpoint) = (tx.clone(), endpoint.clone());
-                scope.spawn(move || forward_steps(&endpoint, peer, opts.steps, patience, &tx));
+                scope.spawn(move || forward_steps(&endpoint, peer, opts.step_range().len(), patience, &tx));
             }
             let reporters = loss_reporters(programs);
-            Some(scope.spawn(move || collect_steps(&rx, reporters, opts.steps, progress)))
+            Some(scope.spawn(move || collect_steps(&rx, reporters, opts.step_range(), progress)))
         } else {
             let endpoint = endpoint.clone();
             scope.spawn(move || {

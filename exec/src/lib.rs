@@ -13,6 +13,7 @@
 
 mod backend;
 pub mod buckets;
+pub mod checkpoint;
 mod distributed;
 mod overlap;
 mod rank;
@@ -53,6 +54,13 @@ pub struct TrainOptions {
     /// communication worker beside each rank's compute thread (default);
     /// off, they run inline where the program issues them.
     pub overlap_comm: bool,
+    /// The step the run starts at (a resumed run's: the steps its
+    /// checkpoint completed); `steps` counts from zero regardless.
+    pub first_step: usize,
+    /// Weights and optimizer state to start from instead of the graph's.
+    pub restore: Option<Arc<checkpoint::Restored>>,
+    /// Where and when ranks save checkpoints.
+    pub saver: Option<Arc<checkpoint::Saver>>,
 }
 
 impl TrainOptions {
@@ -67,7 +75,15 @@ impl TrainOptions {
             fault: None,
             trace: false,
             overlap_comm: true,
+            first_step: 0,
+            restore: None,
+            saver: None,
         }
+    }
+
+    /// The steps this run executes.
+    pub fn step_range(&self) -> std::ops::Range<usize> {
+        self.first_step..self.steps.max(self.first_step)
     }
 }
 
@@ -184,7 +200,7 @@ pub fn train_on<B: Backend>(
             })
             .collect();
         drop(tx);
-        collect_steps(&rx, reporters, opts.steps, progress);
+        collect_steps(&rx, reporters, opts.step_range(), progress);
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| panic!("a rank thread panicked")))
@@ -205,7 +221,7 @@ pub fn train_on<B: Backend>(
     if let Some((e, _)) = errors.into_iter().next() {
         return Err(e);
     }
-    Ok(summarise(t, outcomes, opts.steps))
+    Ok(summarise(t, outcomes, opts.step_range()))
 }
 
 /// How many ranks report a loss each step (the last pipeline stage's).
@@ -225,13 +241,13 @@ fn loss_reporters(programs: &[Program]) -> usize {
 fn collect_steps(
     rx: &mpsc::Receiver<StepDone>,
     reporters: usize,
-    steps: usize,
+    steps: std::ops::Range<usize>,
     progress: &(dyn Fn(&StepReport) + Sync),
 ) -> Vec<StepReport> {
     let mut reported = Vec::new();
     // Step → (ranks that reported a loss, loss sum, slowest rank's seconds).
     let mut pending: BTreeMap<usize, (usize, f64, f64)> = BTreeMap::new();
-    let mut next = 0;
+    let mut next = steps.start;
     while let Ok(done) = rx.recv() {
         let e = pending.entry(done.step).or_insert((0, 0.0, 0.0));
         if done.reported_loss {
@@ -239,7 +255,7 @@ fn collect_steps(
             e.1 += done.loss;
         }
         e.2 = e.2.max(done.seconds);
-        while next < steps && reporters > 0 && pending.get(&next).is_some_and(|e| e.0 == reporters) {
+        while next < steps.end && reporters > 0 && pending.get(&next).is_some_and(|e| e.0 == reporters) {
             let (_, loss, seconds) = pending[&next];
             let report = StepReport {
                 step: next,
@@ -254,8 +270,12 @@ fn collect_steps(
     reported
 }
 
-fn summarise(t: &TrainingGraph, outcomes: Vec<rank::RankOutcome>, steps: usize) -> TrainReport {
-    let mut reports: Vec<StepReport> = (0..steps)
+fn summarise(
+    t: &TrainingGraph,
+    outcomes: Vec<rank::RankOutcome>,
+    steps: std::ops::Range<usize>,
+) -> TrainReport {
+    let mut reports: Vec<StepReport> = steps
         .map(|step| StepReport {
             step,
             loss: 0.0,

@@ -97,3 +97,23 @@ pub fn assert_usage_error(args: &[&str], needles: &[&str]) {
         assert!(err.contains(needle), "{args:?}: expected '{needle}' in: {err}");
     }
 }
+
+/// A loopback port no other test of this process is using.
+pub fn free_port() -> u16 {
+    autopar_comm::launch::loopback_test_port().expect("a free loopback port")
+}
+
+/// `autopar args…` as rank `rank` of `world` processes meeting on loopback `port`.
+pub fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::process::Child {
+    binary()
+        .args(args)
+        .env("RANK", rank.to_string())
+        .env("WORLD_SIZE", world.to_string())
+        .env("LOCAL_RANK", rank.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

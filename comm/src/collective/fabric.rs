@@ -35,6 +35,8 @@ pub(super) struct Shared {
     sent: Vec<AtomicU64>,
     timeout: Duration,
     aborted: AtomicBool,
+    /// Whether the other processes were told of a failure seen here.
+    told: AtomicBool,
     /// Who aborted first, and why (set before `aborted`).
     abort_cause: Mutex<Option<(usize, String)>>,
 }
@@ -64,6 +66,7 @@ impl Shared {
             sent: (0..world).map(|_| AtomicU64::new(0)).collect(),
             timeout,
             aborted: AtomicBool::new(false),
+            told: AtomicBool::new(false),
             abort_cause: Mutex::new(None),
         })
     }
@@ -92,6 +95,25 @@ impl Shared {
             let _inbox = lock(&mailbox.inbox);
             mailbox.arrived.notify_all();
         }
+    }
+
+    /// [`Shared::fail`], and, the first time, tells every other process too
+    /// (as a peer would not learn who failed from a connection that ends).
+    pub(super) fn fail_everywhere(&self, by: usize, reason: &str) {
+        // The others are told first: once this process fails its own waits
+        // it may exit, and a connection that ends names only this process.
+        if !self.aborted.load(Ordering::SeqCst) && !self.told.swap(true, Ordering::SeqCst) {
+            // Best effort: a peer whose connection is gone notices on its own.
+            for link in self.links().filter(|l| l.peer() != by) {
+                let _ = link.abort(by, reason);
+            }
+        }
+        self.fail(by, reason);
+    }
+
+    /// Ranks in the fabric.
+    pub(super) fn world(&self) -> usize {
+        self.mailboxes.len()
     }
 
     /// The links to ranks in other processes.
@@ -304,14 +326,7 @@ impl Endpoint {
     /// [`CommError::Aborted`] at once, naming this rank and `reason`, instead
     /// of timing out. The first abort's cause is the one reported.
     pub fn abort(&self, reason: &str) {
-        let first = !self.shared.aborted.load(Ordering::SeqCst);
-        self.shared.fail(self.rank, reason);
-        if first {
-            // Best effort: a peer whose connection is gone notices on its own.
-            for link in self.shared.links() {
-                let _ = link.abort(reason);
-            }
-        }
+        self.shared.fail_everywhere(self.rank, reason);
     }
 
     /// The rank that aborted the fabric and why, once any has (this process's

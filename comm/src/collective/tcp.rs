@@ -8,7 +8,11 @@
 //! process's mailboxes, so sends never block on a peer that is busy
 //! computing, exactly as in-process sends never block. An abort travels as a
 //! message; a connection that ends without a goodbye aborts the fabric,
-//! naming the rank whose process went away.
+//! naming the rank whose process went away. Every process also sends a
+//! heartbeat on each link while nothing else flows, so a peer that falls
+//! silent (a frozen process, an unreachable host) is named within half the
+//! fabric's timeout even when no collective waits on it — before any
+//! collective's own timeout could blame the rank that waits for it.
 
 use super::buffer::Element;
 use super::fabric::Shared;
@@ -23,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 const MAGIC: [u8; 4] = *b"APFB";
-const PROTOCOL_VERSION: u32 = 1;
+const PROTOCOL_VERSION: u32 = 2;
 /// Longest tag a peer may send (tags name a collective and a step).
 const MAX_TAG_BYTES: usize = 64 * 1024;
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
@@ -33,6 +37,14 @@ const CONNECT_RETRY: Duration = Duration::from_millis(20);
 const MESSAGE: u8 = 0;
 const ABORT: u8 = 1;
 const GOODBYE: u8 = 2;
+const HEARTBEAT: u8 = 3;
+
+/// How long a peer may send nothing before it is declared silent, out of
+/// the fabric's timeout: half, so the silent rank is named before a
+/// collective waiting on a rank that waits on it times out.
+const SILENCE_OF_TIMEOUT: u32 = 2;
+/// Heartbeats per silence limit (several, so one late beat is no failure).
+const BEATS_PER_SILENCE: u32 = 4;
 
 /// Element types of a message's buffer.
 const F32: u8 = 0;
@@ -98,7 +110,9 @@ pub fn connect(env: &LaunchEnv, wait: Duration, timeout: Duration) -> Result<End
         };
         let what = format!("setting up the connection to rank {peer}");
         stream.set_nodelay(true).map_err(io(&what))?;
-        stream.set_read_timeout(None).map_err(io(&what))?;
+        stream
+            .set_read_timeout(Some(timeout / SILENCE_OF_TIMEOUT))
+            .map_err(io(&what))?;
         stream.set_write_timeout(Some(timeout)).map_err(io(&what))?;
         let reading = stream.try_clone().map_err(io(&what))?;
         let link = Link::new(peer, stream).map_err(io(&what))?;
@@ -107,15 +121,37 @@ pub fn connect(env: &LaunchEnv, wait: Duration, timeout: Duration) -> Result<End
     }
     let pool = Arc::<Pool>::default();
     let shared = Shared::new(links, Arc::clone(&pool), timeout);
+    let silence = timeout / SILENCE_OF_TIMEOUT;
     for (peer, stream, state) in readers {
         let shared = Arc::downgrade(&shared);
         let pool = Arc::clone(&pool);
         std::thread::Builder::new()
             .name(format!("rank {rank} ← rank {peer}"))
-            .spawn(move || read_loop(stream, peer, rank, &shared, &pool, &state))
+            .spawn(move || read_loop(stream, peer, rank, &shared, &pool, &state, silence))
             .map_err(io("starting a reader thread"))?;
     }
+    let beating = Arc::downgrade(&shared);
+    std::thread::Builder::new()
+        .name(format!("rank {rank} heartbeat"))
+        .spawn(move || heartbeat(&beating, silence / BEATS_PER_SILENCE))
+        .map_err(io("starting the heartbeat thread"))?;
     Ok(Endpoint::on(rank, shared))
+}
+
+/// Sends a heartbeat on every link each `interval` until the fabric is
+/// gone. A link whose writer is busy (a message on its way) is skipped:
+/// that message is the peer's sign of life, and a write blocked on a
+/// frozen peer must not hold up the beats to the others.
+fn heartbeat(shared: &Weak<Shared>, interval: Duration) {
+    loop {
+        std::thread::sleep(interval);
+        let Some(shared) = shared.upgrade() else { return };
+        for link in shared.links() {
+            if !link.state.closing.load(Ordering::SeqCst) {
+                link.beat();
+            }
+        }
+    }
 }
 
 /// Connects to `host:port` (each address it resolves to in turn: a name
@@ -288,9 +324,20 @@ impl Link {
         })
     }
 
-    /// Tells the peer this rank failed, and why.
-    pub(super) fn abort(&self, reason: &str) -> io::Result<()> {
-        self.frame(ABORT, |w| write_bytes(w, reason.as_bytes()))
+    /// A sign of life, unless a frame is being written now.
+    fn beat(&self) {
+        if let Ok(mut w) = self.writer.try_lock() {
+            let _ = w.write_all(&[HEARTBEAT]).and_then(|()| w.flush());
+        }
+    }
+
+    /// Tells the peer that rank `by` (this one, or one this process saw
+    /// fail) failed, and why.
+    pub(super) fn abort(&self, by: usize, reason: &str) -> io::Result<()> {
+        self.frame(ABORT, |w| {
+            w.write_all(&(by as u32).to_le_bytes())?;
+            write_bytes(w, reason.as_bytes())
+        })
     }
 
     /// Tells the peer this side sends nothing more.
@@ -368,8 +415,9 @@ fn write_bytes(w: &mut impl Write, bytes: &[u8]) -> io::Result<()> {
 }
 
 /// Files every message from `peer` into rank `me`'s mailbox until the peer
-/// says goodbye; an abort from the peer, or a connection that ends without
-/// a goodbye while this side is not closing, fails the fabric.
+/// says goodbye; an abort from the peer, a connection that ends without a
+/// goodbye, or a peer that sends nothing (not even a heartbeat) for
+/// `silence`, while this side is not closing, fails the fabric naming it.
 fn read_loop(
     stream: TcpStream,
     peer: usize,
@@ -377,6 +425,7 @@ fn read_loop(
     shared: &Weak<Shared>,
     pool: &Pool,
     state: &LinkState,
+    silence: Duration,
 ) {
     let mut r = BufReader::new(stream);
     loop {
@@ -384,14 +433,26 @@ fn read_loop(
         let Some(shared) = shared.upgrade() else { break };
         match frame {
             Ok(Frame::Message(tag, data)) => shared.deliver(peer, me, tag, data),
-            Ok(Frame::Abort(reason)) => shared.fail(peer, &reason),
+            Ok(Frame::Heartbeat) => {}
+            // A rank out of range can only come from a corrupt frame: blame the sender.
+            Ok(Frame::Abort(by, reason)) => shared.fail(if by < shared.world() { by } else { peer }, &reason),
             Ok(Frame::Goodbye) => break,
             Err(e) => {
                 if !state.closing.load(Ordering::SeqCst) {
-                    let reason = format!(
-                        "its connection to rank {me} ended before the run did ({e}); did its process exit?"
-                    );
-                    shared.fail(peer, &reason);
+                    let silent = matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut);
+                    if silent {
+                        // Frees a send blocked on the silent peer at once.
+                        let _ = r.get_ref().shutdown(Shutdown::Both);
+                    }
+                    let reason = if silent {
+                        format!(
+                            "it sent rank {me} nothing, not even a heartbeat, for {:.1} s; is its process stopped or its host unreachable?",
+                            silence.as_secs_f64()
+                        )
+                    } else {
+                        format!("its connection to rank {me} ended before the run did ({e}); did its process exit?")
+                    };
+                    shared.fail_everywhere(peer, &reason);
                 }
                 break;
             }
@@ -402,7 +463,9 @@ fn read_loop(
 
 enum Frame {
     Message(String, Buffer),
-    Abort(String),
+    Heartbeat,
+    /// The failed rank and why.
+    Abort(usize, String),
     Goodbye,
 }
 
@@ -421,7 +484,11 @@ fn read_frame(r: &mut impl Read, pool: &Pool) -> io::Result<Frame> {
             };
             Ok(Frame::Message(tag, data))
         }
-        ABORT => Ok(Frame::Abort(read_string(r)?)),
+        HEARTBEAT => Ok(Frame::Heartbeat),
+        ABORT => {
+            let by = u32::from_le_bytes(read_array(r)?) as usize;
+            Ok(Frame::Abort(by, read_string(r)?))
+        }
         GOODBYE => Ok(Frame::Goodbye),
         other => Err(bad(format!("unknown frame kind {other}"))),
     }

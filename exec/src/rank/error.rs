@@ -47,6 +47,9 @@ pub enum RankError {
     NoGradient(String),
     #[error("parameter '{0}' is not held by this rank")]
     NotHeld(String),
+    /// A checkpoint asked for optimizer state the rank has not made.
+    #[error("no optimizer state of '{0}' to save")]
+    NoState(String),
     #[error("parameter '{0}' is not held whole here")]
     NotWhole(String),
     #[error("gathered pieces differ in size")]

@@ -2,6 +2,7 @@
 //! or a ZeRO shard), optimizer state, and the step loop over the program;
 //! each instruction family lives in a file of its own.
 
+mod checkpoint;
 mod data_parallel;
 mod error;
 mod execute;
@@ -13,6 +14,7 @@ use super::backend::{Backend, BackendError, DeviceCollectives};
 use super::overlap::CommStream;
 use super::slices;
 use super::{ExecError, TrainOptions};
+use crate::checkpoint::layout;
 use crate::trace::{stream_of, Stream, TraceEvent};
 use crate::train::Data;
 use crate::zero_parts::shard_of;
@@ -21,6 +23,7 @@ use autopar_ir::interp::widen;
 use autopar_ir::{NodeIndex, TensorId, Value};
 use autopar_lower::blocking::continues_transfers;
 use autopar_lower::{Buf, Instr, Program, Shard, TrainingGraph};
+use checkpoint::restored_weight;
 use data_parallel::Landing;
 pub(super) use error::{Failure, RankError};
 use execute::At;
@@ -113,7 +116,14 @@ impl<'a, B: Backend> RankRun<'a, B> {
             else {
                 continue;
             };
-            let mut full = widen((**data).clone(), opts.precision);
+            let mut full = match opts
+                .restore
+                .as_ref()
+                .and_then(|r| restored_weight(t, r, &slot.name))
+            {
+                Some(saved) => saved.clone(),
+                None => widen((**data).clone(), opts.precision),
+            };
             if let Some((slice, index, parts)) = slice_of(t, &slot.name, program.coord) {
                 full = slices::take(&full, slice.axis, slice.blocks, index, parts);
             }
@@ -199,7 +209,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
     fn steps(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
         let mut steps = Vec::new();
         let mut gradients = Vec::new();
-        for step in 0..self.opts.steps {
+        for step in self.opts.step_range() {
             let start = Instant::now();
             let mut loss = 0.0;
             let mut reported = false;
@@ -268,6 +278,13 @@ impl<'a, B: Backend> RankRun<'a, B> {
                 what: "end of step".into(),
                 message: e.to_string(),
             })?;
+            if let Some(saver) = self.opts.saver.clone().filter(|s| s.due(step + 1)) {
+                match self.snapshot(&saver, step + 1) {
+                    Ok(()) => {}
+                    Err(Failure::Comm(e)) => return Err(ExecError::Comm(e)),
+                    Err(Failure::Rank(e)) => return Err(end(e.to_string())),
+                }
+            }
             let seconds = start.elapsed().as_secs_f64();
             steps.push((loss, seconds));
             let _ = tx.send(StepDone {
@@ -326,10 +343,12 @@ pub(super) fn slice_of(
     param: &str,
     coord: autopar_lower::Coord,
 ) -> Option<(autopar_lower::WeightSlice, usize, usize)> {
-    if let Some(s) = t.slices.get(param) {
-        return Some((*s, coord.tp, t.tp));
-    }
-    t.expert_slices.get(param).map(|s| (*s, coord.dp % t.ep, t.ep))
+    let cut = layout::cut_of(t, param)?;
+    let slice = autopar_lower::WeightSlice {
+        axis: cut.axis,
+        blocks: cut.blocks,
+    };
+    Some((slice, layout::slice_index(t, param, coord), cut.parts))
 }
 
 /// Runs `f` on `dev`'s own collectives; `None` where it has none, and the

@@ -47,7 +47,10 @@ impl<B: Backend> RankRun<'_, B> {
             self.opts.optimizer.without_decay()
         };
         if !self.states.contains_key(param) {
-            let state = self.dev.new_state(&optimizer, len)?;
+            let state = match self.restored_state(&optimizer, param, start, len)? {
+                Some(state) => state,
+                None => self.dev.new_state(&optimizer, len)?,
+            };
             self.states.insert(param.to_string(), state);
         }
         let gstart = if full_grad { start } else { 0 };

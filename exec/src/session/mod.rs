@@ -9,6 +9,7 @@
 //! backend (`autopar_cuda::CudaRunner`) plug in from above, and a run in one
 //! process or one rank under a launcher is the session's one choice, made once.
 
+use crate::checkpoint::{self, CheckpointError, Restored, RunRecord, SavePolicy};
 use crate::trace::TraceEvent;
 use crate::train::{initialize, Data, DataError, InitError, Optimizer};
 use crate::{ExecError, RankResult, StepReport, TrainOptions, TrainReport};
@@ -22,6 +23,7 @@ use autopar_lower::{
 };
 use autopar_planner::Plan;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a backend trains: the programs (one per rank) of one training
@@ -78,6 +80,14 @@ pub struct RunOptions {
     pub trace: bool,
     /// How long launched processes wait for each other to start and connect.
     pub rendezvous_wait: Duration,
+    /// How long a rank waits for a peer in a collective or transfer before
+    /// declaring it failed; a peer process that sends nothing (not even a
+    /// heartbeat) is declared failed after half of it.
+    pub timeout: Duration,
+    /// Save checkpoints.
+    pub save: Option<SavePolicy>,
+    /// Start from this checkpoint: its weights, optimizer state and step.
+    pub resume: Option<Arc<Restored>>,
 }
 
 /// Why a session could not run.
@@ -97,6 +107,11 @@ pub enum SessionError {
     Connect(#[source] MeshError),
     #[error(transparent)]
     Exec(#[from] ExecError),
+    #[error("checkpoint")]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint cannot continue this run.
+    #[error("resuming {dir}: {message}")]
+    Resume { dir: String, message: String },
 }
 
 /// A plan ready to run: lowered, with its data and options.
@@ -110,6 +125,9 @@ pub struct Session {
     launch: LaunchEnv,
     rendezvous_wait: Duration,
     tokens_per_step: usize,
+    save: Option<SavePolicy>,
+    /// What every checkpoint records about the run.
+    record: RunRecord,
 }
 
 /// What a run ended with in this process.
@@ -174,6 +192,10 @@ impl Session {
         launch: LaunchEnv,
     ) -> Result<Session, SessionError> {
         let strategy = Strategy::from_plan(&plan).map_err(SessionError::Strategy)?;
+        let model_hash = checkpoint::model_hash(&graph);
+        if let Some(r) = &opts.resume {
+            resumable(r, &model_hash, &opts)?;
+        }
         initialize(&mut graph, opts.seed).map_err(SessionError::Init)?;
         let objective = match opts.objective {
             Some(o) => o,
@@ -190,6 +212,19 @@ impl Session {
         let mut train = TrainOptions::new(opts.precision, opts.optimizer, opts.steps);
         train.trace = opts.trace;
         train.overlap_comm = opts.overlap;
+        train.timeout = opts.timeout;
+        if let Some(r) = &opts.resume {
+            train.first_step = r.index.step;
+            train.restore = Some(Arc::clone(r));
+        }
+        let record = RunRecord {
+            model: plan.inputs.model.clone(),
+            model_hash,
+            precision: opts.precision,
+            optimizer: opts.optimizer,
+            seed: opts.seed,
+            plan: serde_json::to_value(&plan).unwrap_or_default(),
+        };
         Ok(Session {
             tokens_per_step: strategy.global_batch() * training.task.throughput_unit().0,
             plan,
@@ -200,7 +235,14 @@ impl Session {
             opts: train,
             launch,
             rendezvous_wait: opts.rendezvous_wait,
+            save: opts.save,
+            record,
         })
+    }
+
+    /// The step the run starts at (past a resumed checkpoint's).
+    pub fn first_step(&self) -> usize {
+        self.opts.first_step
     }
 
     pub fn plan(&self) -> &Plan {
@@ -256,11 +298,32 @@ impl Session {
         runner: &R,
         on_step: &(dyn Fn(&StepReport) + Sync),
     ) -> Result<Outcome<R::Details>, SessionError> {
+        let mut opts = self.opts.clone();
+        let saver = self.save.clone().map(|policy| {
+            let local: Vec<usize> = match self.launched() {
+                true => vec![self.launch.rank],
+                false => (0..self.programs.len()).collect(),
+            };
+            // Other processes may still be finishing the step they save.
+            let wait = self.opts.timeout.max(self.rendezvous_wait);
+            checkpoint::Saver::start(
+                policy,
+                self.record.clone(),
+                &self.training,
+                &self.programs,
+                local,
+                self.opts.first_step,
+                self.opts.steps,
+                wait,
+            )
+            .map(Arc::new)
+        });
+        opts.saver = saver.transpose()?;
         let work = Work {
             training: &self.training,
             programs: &self.programs,
             data: &self.data,
-            opts: &self.opts,
+            opts: &opts,
             progress: on_step,
         };
         let (finished, rank_trace) = if self.launched() {
@@ -271,6 +334,9 @@ impl Session {
         } else {
             (Some(runner.train_all(work)?), None)
         };
+        if let Some(saver) = &opts.saver {
+            saver.finish()?;
+        }
         let report = finished.map(|(train, details)| self.report(train, details));
         Ok(Outcome { report, rank_trace })
     }
@@ -295,4 +361,42 @@ impl Session {
             details,
         }
     }
+}
+
+/// Whether checkpoint `r` can continue a run of the model hashed
+/// `model_hash` with `opts`: the same model, precision and kind of
+/// optimizer, and steps left to run.
+fn resumable(r: &Restored, model_hash: &str, opts: &RunOptions) -> Result<(), SessionError> {
+    let refuse = |message: String| SessionError::Resume {
+        dir: r.dir.display().to_string(),
+        message,
+    };
+    let index = &r.index;
+    if index.model_hash != model_hash {
+        return Err(refuse(
+            "it is of another model (its parameters' names, types or shapes differ)".into(),
+        ));
+    }
+    let precision = checkpoint::dtype_name(opts.precision);
+    if index.precision != precision {
+        return Err(refuse(format!(
+            "it holds {} values; run with --precision {}",
+            index.precision,
+            index.precision.to_lowercase()
+        )));
+    }
+    if index.optimizer.slot_names() != opts.optimizer.slot_names() {
+        return Err(refuse(format!(
+            "it holds optimizer state {:?}; this run's optimizer keeps {:?}",
+            index.optimizer.slot_names(),
+            opts.optimizer.slot_names()
+        )));
+    }
+    if index.step >= opts.steps {
+        return Err(refuse(format!(
+            "it completed step {}; --steps {} (the total count) leaves nothing to run",
+            index.step, opts.steps
+        )));
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@
 //! same order, so a trajectory can be compared with PyTorch's.
 
 use autopar_ir::interp::Precision;
+use autopar_ir::{Data, Value};
 use std::ops::{Add, Div, Mul, Sub};
 
 /// Learning rate of `adamw` when a spec names none. Higher than PyTorch's
@@ -199,6 +200,16 @@ impl Optimizer {
         match *self {
             Optimizer::AdamW { .. } => 2,
             Optimizer::Sgd { momentum, .. } => usize::from(momentum != 0.0),
+        }
+    }
+
+    /// The names of its state slots, in [`State`]'s order (PyTorch's names,
+    /// so a checkpoint's tensors say what they hold).
+    pub fn slot_names(&self) -> &'static [&'static str] {
+        match *self {
+            Optimizer::AdamW { .. } => &["exp_avg", "exp_avg_sq"],
+            Optimizer::Sgd { momentum, .. } if momentum != 0.0 => &["momentum_buffer"],
+            Optimizer::Sgd { .. } => &[],
         }
     }
 
@@ -397,6 +408,49 @@ impl State {
             Slots::F32(_) => Precision::F32,
             Slots::F64(_) => Precision::F64,
         }
+    }
+
+    /// Its slots as flat host values (a checkpoint's).
+    pub fn to_values(&self) -> Vec<Value> {
+        let values: Vec<Result<Value, _>> = match &self.slots {
+            Slots::F32(s) => s.iter().map(|v| Value::f32(vec![self.len], v.clone())).collect(),
+            Slots::F64(s) => s.iter().map(|v| Value::f64(vec![self.len], v.clone())).collect(),
+        };
+        values
+            .into_iter()
+            .map(|v| v.expect("a slot holds len elements"))
+            .collect()
+    }
+
+    /// The state holding `slots` (as [`State::to_values`] gave them) for
+    /// `optimizer`, in `precision`; `None` where they do not fit: another
+    /// slot count, unequal lengths, or another precision.
+    pub fn from_values(optimizer: &Optimizer, slots: &[Value], precision: Precision) -> Option<State> {
+        let len = slots.first().map_or(0, Value::numel);
+        if slots.len() != optimizer.state_slots() || slots.iter().any(|v| v.numel() != len) {
+            return None;
+        }
+        let slots = match precision {
+            Precision::F32 => Slots::F32(
+                slots
+                    .iter()
+                    .map(|v| match &v.data {
+                        Data::F32(d) => Some(d.clone()),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+            Precision::F64 => Slots::F64(
+                slots
+                    .iter()
+                    .map(|v| match &v.data {
+                        Data::F64(d) => Some(d.clone()),
+                        _ => None,
+                    })
+                    .collect::<Option<_>>()?,
+            ),
+        };
+        Some(State { len, slots })
     }
 
     /// Bytes it occupies (memory checks against the cost model).

@@ -17,6 +17,9 @@ pub enum OnnxError {
     /// not protobuf at all).
     #[error("not an ONNX file: protobuf decoding failed: {0}")]
     Decode(#[from] prost::DecodeError),
+    /// A field the wire-level rewrite of a file could not read.
+    #[error("malformed protobuf: {0}")]
+    Wire(&'static str),
     /// The bytes decode but hold no graph: empty file or some other message.
     #[error("not an ONNX model: the file holds no graph (empty file, or not an ONNX ModelProto)")]
     MissingGraph,

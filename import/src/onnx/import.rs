@@ -154,7 +154,7 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
-    fn new(proto: &GraphProto) -> Builder {
+    pub(super) fn new(proto: &GraphProto) -> Builder {
         let declared = proto
             .value_info
             .iter()
@@ -175,7 +175,7 @@ impl Builder {
     /// exporter records as buffers or folded from shapes alone (see
     /// [`super::provenance`]) or, without a record, what the data shows to
     /// be a folded constant (see [`super::buffers`]).
-    fn add_initializers(&mut self, proto: &GraphProto) -> Result<(), OnnxError> {
+    pub(super) fn add_initializers(&mut self, proto: &GraphProto) -> Result<(), OnnxError> {
         let mut loaded = Vec::with_capacity(proto.initializer.len());
         for init in &proto.initializer {
             let ty = tensor_type(init)?;
@@ -369,6 +369,16 @@ impl Builder {
             });
         }
         Ok(())
+    }
+
+    /// The graph built so far.
+    pub(super) fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// The tensor an ONNX value name is bound to.
+    pub(super) fn bound(&self, name: &str) -> Option<TensorId> {
+        self.values.get(name).copied()
     }
 
     /// The static type of a tensor.

@@ -19,7 +19,9 @@ pub mod proto;
 mod provenance;
 mod tensor;
 mod ties;
+mod weights_out;
 
 pub use error::OnnxError;
 pub use import::{import_model_bytes, load_model, load_model_with, ImportOptions, AXIS_ROLES};
 pub use tensor::read_tensor_file;
+pub use weights_out::with_trained_weights;
