@@ -157,24 +157,26 @@ impl Optimizer {
         }
     }
 
-    /// Checks the ranges under which the updates are well defined.
-    fn validate(&self) -> Result<(), String> {
-        let check = |name: &str, v: f64, ok: bool| {
+    /// Checks the ranges under which the updates are well defined; the
+    /// message names the hyperparameter, its value and its range.
+    pub fn validate(&self) -> Result<(), String> {
+        let check = |name: &str, v: f64, ok: bool, range: &str| {
             if ok && v.is_finite() {
                 Ok(())
             } else {
-                Err(format!("{name} = {v} is out of range"))
+                Err(format!("{name} = {v} is out of range ({range})"))
             }
         };
+        let unit = "in [0, 1)";
         match *self {
             Optimizer::Sgd {
                 lr,
                 momentum,
                 weight_decay,
             } => {
-                check("lr", lr, lr >= 0.0)?;
-                check("momentum", momentum, (0.0..1.0).contains(&momentum))?;
-                check("wd", weight_decay, weight_decay >= 0.0)
+                check("lr", lr, lr >= 0.0, "a finite number ≥ 0")?;
+                check("momentum", momentum, (0.0..1.0).contains(&momentum), unit)?;
+                check("wd", weight_decay, weight_decay >= 0.0, "a finite number ≥ 0")
             }
             Optimizer::AdamW {
                 lr,
@@ -183,11 +185,11 @@ impl Optimizer {
                 eps,
                 weight_decay,
             } => {
-                check("lr", lr, lr >= 0.0)?;
-                check("beta1", beta1, (0.0..1.0).contains(&beta1))?;
-                check("beta2", beta2, (0.0..1.0).contains(&beta2))?;
-                check("eps", eps, eps > 0.0)?;
-                check("wd", weight_decay, weight_decay >= 0.0)
+                check("lr", lr, lr >= 0.0, "a finite number ≥ 0")?;
+                check("beta1", beta1, (0.0..1.0).contains(&beta1), unit)?;
+                check("beta2", beta2, (0.0..1.0).contains(&beta2), unit)?;
+                check("eps", eps, eps > 0.0, "a finite number > 0")?;
+                check("wd", weight_decay, weight_decay >= 0.0, "a finite number ≥ 0")
             }
         }
     }
@@ -589,7 +591,7 @@ mod tests {
         );
         assert_eq!(
             message("adamw:beta2=1"),
-            "optimizer spec 'adamw:beta2=1': beta2 = 1 is out of range"
+            "optimizer spec 'adamw:beta2=1': beta2 = 1 is out of range (in [0, 1))"
         );
     }
 
