@@ -7,6 +7,7 @@ pub mod convert;
 pub mod estimate;
 pub mod host_profile;
 pub mod inspect;
+pub mod limits;
 pub mod model;
 pub mod output;
 pub mod plan;
