@@ -44,6 +44,10 @@ pub(crate) fn rendezvous_wait() -> Result<Duration> {
     }
 }
 
+/// Rows per step per rank of `--plan auto` without `--global-batch`, in
+/// units of the model's batch.
+pub const ROWS_PER_RANK: usize = 4;
+
 /// What the user asked for (the CLI's flags).
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -66,7 +70,7 @@ pub struct Request {
     pub lr: Option<f64>,
     pub seed: u64,
     pub precision: RunPrecision,
-    /// For `--plan auto`: rows per step (default 4 per rank × the model's batch).
+    /// For `--plan auto`: rows per step (default [`ROWS_PER_RANK`] per rank × the model's batch).
     pub global_batch: Option<usize>,
     pub seq: Option<usize>,
     /// For `--plan auto`: also write the plan here.
@@ -254,7 +258,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                 model: r.target.clone(),
                 cluster: "cpu".into(),
                 gpus: ranks,
-                global_batch: r.global_batch.unwrap_or(4 * ranks * batch),
+                global_batch: r.global_batch.unwrap_or(ROWS_PER_RANK * ranks * batch),
                 seq: r.seq,
                 max_memory_fraction: 0.9,
                 top: 5,
