@@ -6,6 +6,7 @@ use std::path::Path;
 
 /// Converts `model` (optionally canonicalised) and writes JSON to `out`.
 pub fn run(model: &str, out: &Path, rewrite: bool) -> Result<()> {
+    output::check_folder(out)?;
     let m = model::load(model)?;
     let graph = if rewrite {
         autopar_rewrite::canonicalize(&m.graph)?.0

@@ -2,8 +2,8 @@
 //! training configuration of a model on a cluster, with breakdowns.
 
 use crate::inspect::human;
-use crate::model;
 use crate::units::{binary, flop_rate, seconds};
+use crate::{limits, model};
 use anyhow::{Context, Result};
 use autopar_cost_models::{
     estimate, AttentionKernel, Calibration, Cluster, Estimate, Recompute, Schedule, Sharding, TrainingConfig,
@@ -52,6 +52,26 @@ pub struct Request {
     pub calibration: Option<PathBuf>,
 }
 
+/// The size flags within [`limits`].
+fn check_sizes(r: &Request) -> Result<()> {
+    use limits::{size, size_opt, MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_RANKS};
+    limits::gpus(r.gpus)?;
+    limits::global_batch(r.global_batch)?;
+    limits::seq(r.seq)?;
+    size_opt(
+        "--micro-batch",
+        r.micro_batch,
+        MAX_GLOBAL_BATCH,
+        "MAX_GLOBAL_BATCH",
+    )?;
+    for (flag, degree) in [("--tp", r.tp), ("--pp", r.pp), ("--cp", r.cp), ("--ep", r.ep)] {
+        size(flag, degree, MAX_RANKS, "MAX_RANKS")?;
+    }
+    size_opt("--dp", r.dp, MAX_RANKS, "MAX_RANKS")?;
+    size_opt("--virtual-stages", r.virtual_stages, MAX_LAYERS, "MAX_LAYERS")?;
+    Ok(())
+}
+
 /// The estimate with what it was computed for.
 #[derive(Debug, Clone, Serialize)]
 pub struct EstimateReport {
@@ -88,12 +108,14 @@ pub struct ConfigEcho {
 
 /// Runs the estimate for `r`.
 pub fn run(r: &Request) -> Result<EstimateReport> {
+    check_sizes(r)?;
     let cluster = Cluster::load(&r.cluster)?.with_gpus(r.gpus)?;
     let calibration = match &r.calibration {
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),
     };
     let m = model::load_with(&r.model, model::Axes::training(r.micro_batch, r.seq))?;
+    model::check_seq(&r.model, &m, r.seq)?;
     let graph = model::canonical(&m)?;
     let dp = match r.dp {
         Some(dp) => dp,

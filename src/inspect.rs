@@ -2,6 +2,7 @@
 //! the bound batch/sequence, its ops before and after canonicalisation, and
 //! its repeated layers.
 
+use crate::limits;
 use crate::model::{self, Source};
 use anyhow::Result;
 use autopar_ir::{graph_cost, Bindings, Graph, Role};
@@ -60,6 +61,8 @@ pub struct Layers {
 
 /// Builds the report for `model` with optional batch/seq overrides.
 pub fn report(model_arg: &str, batch: Option<usize>, seq: Option<usize>) -> Result<InspectReport> {
+    limits::size_opt("--batch", batch, limits::MAX_GLOBAL_BATCH, "MAX_GLOBAL_BATCH")?;
+    limits::seq(seq)?;
     let m = model::load_with(
         model_arg,
         model::Axes {

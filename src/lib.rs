@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod export_weights;
 pub mod host_profile;
 pub mod inspect;
+pub mod limits;
 pub mod model;
 pub mod output;
 pub mod plan;

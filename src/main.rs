@@ -203,8 +203,8 @@ struct RunArgs {
     /// adamw or sgd.
     #[arg(long, default_value = "adamw")]
     optimizer: String,
-    /// Learning rate (default: 3e-3 for AdamW, 1e-2 for SGD).
-    #[arg(long)]
+    // The defaults are the optimizers' own, named once (see `lr_help`).
+    #[arg(long, help = lr_help())]
     lr: Option<f64>,
     /// Seed of the data and of the initial weights of weightless models.
     #[arg(long, default_value_t = 0)]
@@ -212,11 +212,15 @@ struct RunArgs {
     /// Arithmetic precision: f32 or f64 on cpu; f32 or bf16 (mixed precision) on cuda.
     #[arg(long, value_enum, default_value_t = RunPrecisionArg::F32)]
     precision: RunPrecisionArg,
-    /// With `--plan auto`: rows per step (default: 4 per rank × the model's batch).
-    #[arg(long)]
+    #[arg(long, help = format!(
+        "With `--plan auto`: rows per step (default: {} per rank × the model's batch)",
+        autopar::run::ROWS_PER_RANK
+    ))]
     global_batch: Option<usize>,
-    /// Sequence length for models whose sequence is symbolic or a dynamic ONNX axis (default for the latter: 128).
-    #[arg(long)]
+    #[arg(long, help = format!(
+        "Sequence length for models whose sequence is symbolic or a dynamic ONNX axis (default for the latter: {})",
+        autopar::model::DEFAULT_DYNAMIC_SEQ
+    ))]
     seq: Option<usize>,
     /// With `--plan auto`: also write the plan to this file.
     #[arg(long)]
@@ -278,8 +282,7 @@ struct PlanArgs {
     /// Samples per optimizer step.
     #[arg(long)]
     global_batch: usize,
-    /// Sequence length (default: the model's; 128 for an ONNX export with a dynamic sequence axis).
-    #[arg(long)]
+    #[arg(long, help = seq_help())]
     seq: Option<usize>,
     /// Share of each GPU's memory a plan may use.
     #[arg(long, default_value_t = 0.9)]
@@ -366,8 +369,7 @@ struct EstimateArgs {
     /// Samples per micro-batch (default: the model's batch; 1 for zoo specs).
     #[arg(long)]
     micro_batch: Option<usize>,
-    /// Sequence length (default: the model's; 128 for an ONNX export with a dynamic sequence axis).
-    #[arg(long)]
+    #[arg(long, help = seq_help())]
     seq: Option<usize>,
     /// none | selective | full.
     #[arg(long, default_value = "none")]
@@ -775,6 +777,20 @@ fn run(cli: Cli) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `run --lr`'s help: the optimizers' default learning rates.
+fn lr_help() -> String {
+    use autopar_exec::train::{DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
+    format!("Learning rate (default: {DEFAULT_ADAMW_LR:e} for AdamW, {DEFAULT_SGD_LR:e} for SGD)")
+}
+
+/// `plan --seq` and `estimate --seq`'s help, with the default of a dynamic axis.
+fn seq_help() -> String {
+    format!(
+        "Sequence length (default: the model's; {} for an ONNX export with a dynamic sequence axis)",
+        autopar::model::DEFAULT_DYNAMIC_SEQ
+    )
 }
 
 /// A capacity factor: a positive finite number.

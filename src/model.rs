@@ -122,6 +122,22 @@ pub fn load_with(model: &str, axes: Axes) -> Result<Model> {
     }
 }
 
+/// Refuses a `--seq` longer than a zoo model has positions (its spec's
+/// `seq`: the rows of its position tables), which training would index
+/// past; other models say so themselves where their sequence is fixed.
+pub fn check_seq(model: &str, m: &Model, seq: Option<usize>) -> Result<()> {
+    let positions = match m.source {
+        Source::Zoo => m.graph.bindings.get("seq").copied(),
+        Source::Onnx | Source::Json => None,
+    };
+    if let (Some(seq), Some(positions)) = (seq, positions) {
+        if seq > positions {
+            bail!("--seq {seq}: the model spec '{model}' has {positions} positions (its seq); --seq must be at most {positions}");
+        }
+    }
+    Ok(())
+}
+
 /// The model in canonical ops with its repeated layers found: zoo graphs are
 /// built that way; imported graphs are canonicalised and searched for layers.
 pub fn canonical(m: &Model) -> Result<Graph> {

@@ -3,7 +3,7 @@
 //! for people.
 
 use crate::units::{binary, flop_rate, seconds};
-use crate::{model, output};
+use crate::{limits, model, output};
 use anyhow::{Context, Result};
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
@@ -56,15 +56,15 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
             r.max_memory_fraction
         );
     }
-    if r.global_batch == 0 {
-        anyhow::bail!("--global-batch must be at least 1");
-    }
-    let cluster = Cluster::load(&r.cluster)?.with_gpus(r.gpus)?;
+    limits::global_batch(r.global_batch)?;
+    limits::seq(r.seq)?;
+    let cluster = Cluster::load(&r.cluster)?.with_gpus(limits::gpus(r.gpus)?)?;
     let calibration = match &r.calibration {
         Some(path) => Calibration::load(path)?,
         None => Calibration::default(),
     };
     let m = model::load_with(&r.model, model::Axes::training(None, r.seq))?;
+    model::check_seq(&r.model, &m, r.seq)?;
     let graph = model::canonical(&m)?;
     let opts = SearchOptions {
         limits: r.limits,

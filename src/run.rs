@@ -5,7 +5,7 @@
 
 use crate::host_profile::{self, HostKey, PredictionSource};
 use crate::units::{binary, seconds};
-use crate::{model, output, plan};
+use crate::{limits, model, output, plan};
 use anyhow::{bail, Context, Result};
 use autopar_comm::launch::LaunchEnv;
 use autopar_cost_models::{AttentionKernel, Calibration};
@@ -66,6 +66,10 @@ fn seconds_from_env(var: &str) -> Result<Option<Duration>> {
     }
 }
 
+/// Rows per step per rank of `--plan auto` without `--global-batch`, in
+/// units of the model's batch.
+pub const ROWS_PER_RANK: usize = 4;
+
 /// What the user asked for (the CLI's flags).
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -88,7 +92,7 @@ pub struct Request {
     pub lr: Option<f64>,
     pub seed: u64,
     pub precision: RunPrecision,
-    /// For `--plan auto`: rows per step (default 4 per rank × the model's batch).
+    /// For `--plan auto`: rows per step (default [`ROWS_PER_RANK`] per rank × the model's batch).
     pub global_batch: Option<usize>,
     pub seq: Option<usize>,
     /// For `--plan auto`: also write the plan here.
@@ -205,7 +209,8 @@ impl Request {
                 launch.world_size
             ),
             Some(0) => bail!("--steps and --ranks must be at least 1"),
-            Some(n) => Ok(n),
+            Some(n) if launched => limits::size("--ranks", n, limits::MAX_RANKS, "MAX_RANKS"),
+            Some(n) => limits::size("--ranks", n, limits::MAX_LOCAL_RANKS, "MAX_LOCAL_RANKS"),
             None if launched => Ok(launch.world_size),
             None => bail!("--ranks is required (the plan's rank count) unless a launcher sets WORLD_SIZE"),
         }
@@ -313,6 +318,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
     match r.plan.as_deref() {
         Some("auto") => {
             let m = model::load_with(&r.target, model::Axes::training(None, r.seq))?;
+            model::check_seq(&r.target, &m, r.seq)?;
             let batch = fixed_batch(&m.graph).unwrap_or(1);
             let canonical = model::canonical(&m)?;
             let request = runnable_request(
@@ -320,7 +326,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
                 &canonical,
                 "cpu",
                 ranks,
-                r.global_batch.unwrap_or(4 * ranks * batch),
+                r.global_batch.unwrap_or(ROWS_PER_RANK * ranks * batch),
                 r.seq,
                 r.save_plan.clone().unwrap_or_default(),
             );
@@ -481,6 +487,8 @@ pub fn run(
     if r.steps == 0 {
         bail!("--steps and --ranks must be at least 1");
     }
+    r.global_batch.map(limits::global_batch).transpose()?;
+    limits::seq(r.seq)?;
     if let Some(path) = &r.trace {
         output::check_folder(path)?;
     }
@@ -677,13 +685,18 @@ fn cpu_seconds_of_stat(stat: &str) -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// The optimizer `--optimizer` and `--lr` ask for.
+/// The optimizer `--optimizer` and `--lr` ask for, its learning rate in
+/// the optimizer's range.
 fn optimizer(r: &Request) -> Result<Optimizer> {
-    Ok(match r.optimizer.as_str() {
+    let optimizer = match r.optimizer.as_str() {
         "adamw" => Optimizer::adamw(r.lr.unwrap_or(DEFAULT_ADAMW_LR)),
         "sgd" => Optimizer::sgd(r.lr.unwrap_or(DEFAULT_SGD_LR)),
         other => bail!("--optimizer {other}: expected adamw or sgd"),
-    })
+    };
+    if let Err(e) = optimizer.validate() {
+        bail!("--lr: {e}");
+    }
+    Ok(optimizer)
 }
 
 /// The session's options from the flags.

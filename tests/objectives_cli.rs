@@ -34,8 +34,10 @@ fn losses(v: &serde_json::Value) -> Vec<f64> {
 }
 
 /// Every fixture trains for its objective on two ranks with a loss that
-/// falls clearly over 20 steps of synthetic data at the default learning
-/// rate (the acceptance run; one test, as it is the suite's heaviest).
+/// falls clearly over 20 steps of synthetic data at a learning rate of
+/// 3e-3 (the acceptance run; one test, as it is the suite's heaviest).
+/// These fixtures are tiny: the default rate, chosen so wider models do not
+/// diverge, moves them only slowly.
 #[test]
 fn every_objective_trains_with_falling_loss() {
     let cases: [(&str, Option<&str>, &str, f64); 7] = [
@@ -49,7 +51,7 @@ fn every_objective_trains_with_falling_loss() {
         ("bert-tiny.dynamo.onnx", Some("mlm"), "mlm", 0.7),
     ];
     for (file, flag, objective, keeps) in cases {
-        let mut args = vec!["--ranks", "2", "--steps", "20"];
+        let mut args = vec!["--ranks", "2", "--steps", "20", "--lr", "3e-3"];
         if let Some(o) = flag {
             args.extend(["--objective", o]);
         }

@@ -16,6 +16,12 @@ use std::path::Path;
 const GB: f64 = 1e9;
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// The most devices a cluster may have (nodes × GPUs per node, or
+/// `--gpus`): above the largest training clusters built (about 200,000
+/// GPUs). Plans list every rank, and the search and layout grow with the
+/// count, so a larger number is a typo, refused before any work.
+pub const MAX_GPUS: usize = 1 << 18;
+
 /// One accelerator (or, for the `cpu` preset, one CPU rank).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Device {
@@ -89,6 +95,8 @@ pub enum ClusterError {
         gpus: usize,
         per_node: usize,
     },
+    #[error("{cluster}: --gpus {gpus} is more than a cluster may have ({MAX_GPUS})")]
+    TooManyGpus { cluster: String, gpus: usize },
 }
 
 /// Names accepted by [`Cluster::preset`].
@@ -189,6 +197,13 @@ impl Cluster {
         if file.nodes == 0 {
             return Err(field("nodes", "must be at least 1"));
         }
+        if file.gpus_per_node.saturating_mul(file.nodes) > MAX_GPUS {
+            let gpus = file.gpus_per_node.saturating_mul(file.nodes);
+            return Err(field(
+                "nodes",
+                &format!("nodes × gpus_per_node = {gpus} is more than a cluster may have ({MAX_GPUS})"),
+            ));
+        }
         if file.device.peak_tflops.is_empty() {
             return Err(field("device.peak_tflops", "lists no element type"));
         }
@@ -242,6 +257,12 @@ impl Cluster {
     /// most one node, else whole nodes.
     pub fn with_gpus(mut self, gpus: usize) -> Result<Cluster, ClusterError> {
         let per_node = self.gpus_per_node;
+        if gpus > MAX_GPUS {
+            return Err(ClusterError::TooManyGpus {
+                cluster: self.name,
+                gpus,
+            });
+        }
         if gpus == 0 || (gpus > per_node && gpus % per_node != 0) {
             return Err(ClusterError::Gpus {
                 cluster: self.name,
@@ -383,6 +404,25 @@ mod tests {
         assert!(e.contains("bf17"), "{e}");
         let e = err("name = ");
         assert!(e.starts_with("my.toml: "), "{e}");
+        let e = err(&good.replace(
+            "gpus_per_node = 8",
+            "gpus_per_node = 8\nnodes = 2305843009213693952",
+        ));
+        assert!(
+            e.contains("field 'nodes'") && e.contains(&MAX_GPUS.to_string()),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn absurd_gpu_counts_are_refused_naming_the_limit() {
+        let c = Cluster::preset("dgx-h100").unwrap();
+        assert!(c.clone().with_gpus(MAX_GPUS).is_ok());
+        let e = c.with_gpus(usize::MAX - 7).unwrap_err().to_string();
+        assert!(
+            e.contains("--gpus 18446744073709551608") && e.contains(&MAX_GPUS.to_string()),
+            "{e}"
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 pub mod assemble;
 pub mod layer_sharding;
+pub mod limits;
 pub mod plan;
 pub mod search;
 pub mod sharding;

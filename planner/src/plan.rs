@@ -305,7 +305,157 @@ impl Plan {
             }
         })?;
         plan.version = VERSION;
+        plan.check_sizes()?;
         Ok(plan)
+    }
+
+    /// Refuses sizes no plan holds, naming the field: counts of zero, and
+    /// counts beyond the planner's [`limits`](crate::limits), which every
+    /// later step would allocate or loop over. Whether a plan's parts agree
+    /// with each other and with its model is for lowering to say.
+    fn check_sizes(&self) -> Result<(), PlanError> {
+        use crate::limits::{MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_RANKS, MAX_SEQ};
+        let field = |path: &str, message: String| PlanError::Field {
+            path: path.to_string(),
+            message,
+        };
+        let within = |path: &str, value: usize, limit: usize, limit_name: &str| {
+            if value == 0 {
+                Err(field(path, "must be at least 1".into()))
+            } else if value > limit {
+                Err(field(
+                    path,
+                    format!("{value} is above the limit of {limit} ({limit_name})"),
+                ))
+            } else {
+                Ok(())
+            }
+        };
+        let i = &self.inputs;
+        within(
+            "inputs.global_batch",
+            i.global_batch,
+            MAX_GLOBAL_BATCH,
+            "MAX_GLOBAL_BATCH",
+        )?;
+        if let Some(seq) = i.seq {
+            within("inputs.seq", seq, MAX_SEQ, "MAX_SEQ")?;
+        }
+        within("inputs.cluster.nodes", i.cluster.nodes, MAX_RANKS, "MAX_RANKS")?;
+        within(
+            "inputs.cluster.gpus_per_node",
+            i.cluster.gpus_per_node,
+            MAX_RANKS,
+            "MAX_RANKS",
+        )?;
+        let p = &self.parallel;
+        for (name, degree) in [
+            ("dp", p.dp),
+            ("tp", p.tp),
+            ("pp", p.pp),
+            ("cp", p.cp),
+            ("ep", p.ep),
+        ] {
+            within(&format!("parallel.{name}"), degree, MAX_RANKS, "MAX_RANKS")?;
+        }
+        let world = [p.tp, p.cp, p.pp].iter().try_fold(p.dp, |a, &b| a.checked_mul(b));
+        if world.is_none_or(|w| w > MAX_RANKS) {
+            return Err(field(
+                "parallel",
+                format!(
+                    "dp·tp·cp·pp = {}·{}·{}·{} ranks is above the limit of {MAX_RANKS} (MAX_RANKS)",
+                    p.dp, p.tp, p.cp, p.pp
+                ),
+            ));
+        }
+        within(
+            "parallel.virtual_stages",
+            p.virtual_stages,
+            MAX_LAYERS,
+            "MAX_LAYERS",
+        )?;
+        if p.pp.saturating_mul(p.virtual_stages) > MAX_LAYERS {
+            return Err(field(
+                "parallel.virtual_stages",
+                format!(
+                    "pp·virtual_stages = {}·{} layer chunks is above the limit of {MAX_LAYERS} (MAX_LAYERS)",
+                    p.pp, p.virtual_stages
+                ),
+            ));
+        }
+        within(
+            "parallel.global_batch",
+            p.global_batch,
+            MAX_GLOBAL_BATCH,
+            "MAX_GLOBAL_BATCH",
+        )?;
+        within(
+            "parallel.micro_batch",
+            p.micro_batch,
+            MAX_GLOBAL_BATCH,
+            "MAX_GLOBAL_BATCH",
+        )?;
+        within(
+            "parallel.micro_batches",
+            p.micro_batches,
+            MAX_GLOBAL_BATCH,
+            "MAX_GLOBAL_BATCH",
+        )?;
+        let rows = [p.micro_batch, p.micro_batches]
+            .iter()
+            .try_fold(p.dp, |a, &b| a.checked_mul(b));
+        if rows != Some(p.global_batch) {
+            return Err(field(
+                "parallel.micro_batches",
+                format!(
+                    "dp·micro_batch·micro_batches = {}·{}·{} is not global_batch {}",
+                    p.dp, p.micro_batch, p.micro_batches, p.global_batch
+                ),
+            ));
+        }
+        if p.zero3_prefetch > MAX_LAYERS {
+            return Err(field(
+                "parallel.zero3_prefetch",
+                format!(
+                    "{} is above the limit of {MAX_LAYERS} (MAX_LAYERS)",
+                    p.zero3_prefetch
+                ),
+            ));
+        }
+        if self.mesh.ranks.len() > MAX_RANKS {
+            return Err(field(
+                "mesh.ranks",
+                format!(
+                    "{} ranks is above the limit of {MAX_RANKS} (MAX_RANKS)",
+                    self.mesh.ranks.len()
+                ),
+            ));
+        }
+        if self.stages.len() > MAX_LAYERS {
+            return Err(field(
+                "stages",
+                format!(
+                    "{} stages is above the limit of {MAX_LAYERS} (MAX_LAYERS)",
+                    self.stages.len()
+                ),
+            ));
+        }
+        for (n, s) in self.stages.iter().enumerate() {
+            let [start, end] = s.layers;
+            if start > end {
+                return Err(field(
+                    &format!("stages[{n}].layers"),
+                    format!("[{start}, {end}] ends before it starts"),
+                ));
+            }
+            if end > MAX_LAYERS {
+                return Err(field(
+                    &format!("stages[{n}].layers"),
+                    format!("layer {end} is above the limit of {MAX_LAYERS} (MAX_LAYERS)"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The JSON Schema of plan files.
@@ -481,5 +631,69 @@ mod tests {
             "{no_stages}"
         );
         assert_eq!(fnv1a_hex(b""), "cbf29ce484222325");
+    }
+
+    /// Sizes no plan holds are refused by the reader, naming the field and
+    /// the limit, before anything allocates for them.
+    #[test]
+    fn absurd_sizes_name_the_field_and_the_limit() {
+        let huge = serde_json::Value::from(1_000_000_000_000u64);
+        let cases = [
+            (
+                edited("stages", "layers", serde_json::json!([3, 1])),
+                "stages[0].layers",
+                "ends before it starts",
+            ),
+            (
+                edited("stages", "layers", serde_json::json!([0, 100_000])),
+                "stages[0].layers",
+                "MAX_LAYERS",
+            ),
+            (
+                edited("parallel", "micro_batches", huge.clone()),
+                "parallel.micro_batches",
+                "MAX_GLOBAL_BATCH",
+            ),
+            (
+                edited("parallel", "micro_batch", huge.clone()),
+                "parallel.micro_batch",
+                "MAX_GLOBAL_BATCH",
+            ),
+            (
+                edited("parallel", "micro_batch", 3.into()),
+                "parallel.micro_batches",
+                "is not global_batch 16",
+            ),
+            (edited("parallel", "tp", 0.into()), "parallel.tp", "at least 1"),
+            (edited("parallel", "pp", huge.clone()), "parallel.pp", "MAX_RANKS"),
+            (
+                edited("parallel", "virtual_stages", 2000.into()),
+                "parallel.virtual_stages",
+                "MAX_LAYERS",
+            ),
+            (
+                edited("parallel", "zero3_prefetch", huge),
+                "parallel.zero3_prefetch",
+                "MAX_LAYERS",
+            ),
+        ];
+        for (text, path, needle) in cases {
+            let err = Plan::from_json(&text).unwrap_err();
+            assert!(
+                matches!(&err, PlanError::Field { path: p, .. } if p == path),
+                "{path}: {err}"
+            );
+            assert!(err.to_string().contains(needle), "{path}: {err}");
+        }
+        // Degrees whose product overflows are refused, not wrapped.
+        let mut v: serde_json::Value = serde_json::from_str(V1).unwrap();
+        for degree in ["dp", "tp", "pp", "cp"] {
+            v["parallel"][degree] = (1u64 << 17).into();
+        }
+        let err = Plan::from_json(&v.to_string()).unwrap_err();
+        assert!(
+            err.to_string().contains("plan field 'parallel': dp·tp·cp·pp"),
+            "{err}"
+        );
     }
 }

@@ -159,10 +159,43 @@ pub enum SearchError {
         "no parallel layout uses all {gpus} GPUs with a global batch of {global_batch} (tp·cp·pp·dp must equal the GPUs, dp divide the batch, tp stay in a node)"
     )]
     NoLayout { gpus: usize, global_batch: usize },
+    #[error("{what} {value} is above the planner's limit of {limit} ({name})")]
+    Limit {
+        what: &'static str,
+        value: usize,
+        limit: usize,
+        name: &'static str,
+    },
     #[error(transparent)]
     Workload(#[from] WorkloadError),
     #[error(transparent)]
     Estimate(#[from] EstimateError),
+}
+
+/// Refuses a space beyond the planner's [`limits`](crate::limits), whose
+/// enumeration would not end in reasonable time.
+fn check_limits(gpus: usize, opts: &SearchOptions, layers: usize) -> Result<(), SearchError> {
+    use crate::limits::{MAX_GLOBAL_BATCH, MAX_LAYERS, MAX_RANKS, MAX_SEQ};
+    let checks = [
+        ("GPUs", gpus, MAX_RANKS, "MAX_RANKS"),
+        (
+            "global batch",
+            opts.global_batch,
+            MAX_GLOBAL_BATCH,
+            "MAX_GLOBAL_BATCH",
+        ),
+        ("sequence length", opts.seq.unwrap_or(0), MAX_SEQ, "MAX_SEQ"),
+        ("layers", layers, MAX_LAYERS, "MAX_LAYERS"),
+    ];
+    match checks.into_iter().find(|&(_, value, limit, _)| value > limit) {
+        Some((what, value, limit, name)) => Err(SearchError::Limit {
+            what,
+            value,
+            limit,
+            name,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Facts about the model the space depends on.
@@ -222,8 +255,27 @@ fn workload_options(
     }
 }
 
+/// The divisors of `n`, ascending, found in `√n` steps.
 fn divisors(n: usize) -> Vec<usize> {
-    (1..=n).filter(|d| n % d == 0).collect()
+    let mut low = Vec::new();
+    let mut high = Vec::new();
+    let mut d = 1;
+    while d <= n / d {
+        if n % d == 0 {
+            low.push(d);
+            if d != n / d {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
+/// The divisors of `n` up to `max`, ascending.
+fn divisors_up_to(n: usize, max: usize) -> Vec<usize> {
+    (1..=max.min(n)).filter(|d| n % d == 0).collect()
 }
 
 /// Whether groups of `span` consecutive ranks on nodes of `per_node` GPUs
@@ -359,9 +411,11 @@ pub fn search(
     progress: &(dyn Fn(usize, usize) + Sync),
 ) -> Result<SearchResult, SearchError> {
     let start = Instant::now();
+    let gpus = cluster.gpus();
+    check_limits(gpus, opts, 0)?;
     let layered = Layered::new(graph)?;
     let facts = model_facts(graph, &layered, opts)?;
-    let gpus = cluster.gpus();
+    check_limits(gpus, opts, facts.layers)?;
     let limit = opts.max_memory_fraction * cluster.device.memory_bytes;
     let groups = sharding_groups(gpus, cluster.gpus_per_node, &facts, opts.limits);
     if groups.is_empty() {
@@ -475,10 +529,7 @@ fn search_group(
         .flat_map(|&pp| {
             let dp = gpus / (tp * cp * pp);
             if b % dp == 0 {
-                divisors(b / dp)
-                    .into_iter()
-                    .filter(|&mb| mb <= MAX_MICRO_BATCH)
-                    .collect()
+                divisors_up_to(b / dp, MAX_MICRO_BATCH)
             } else {
                 vec![]
             }
@@ -633,6 +684,11 @@ mod tests {
     #[test]
     fn divisors_and_schedules() {
         assert_eq!(divisors(12), vec![1, 2, 3, 4, 6, 12]);
+        assert_eq!(divisors(16), vec![1, 2, 4, 8, 16]);
+        assert_eq!(divisors(1), vec![1]);
+        assert_eq!(divisors(0), Vec::<usize>::new());
+        assert_eq!(divisors(1 << 40).len(), 41);
+        assert_eq!(divisors_up_to(96, 32), vec![1, 2, 3, 4, 6, 8, 12, 16, 24, 32]);
         assert_eq!(schedules(1, 8), vec![(Schedule::OneFOneB, 1)]);
         assert_eq!(
             schedules(2, 8),

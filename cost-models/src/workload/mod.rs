@@ -167,6 +167,8 @@ pub enum WorkloadError {
         fixed: usize,
         given: usize,
     },
+    #[error("expert parallelism (ep {ep}) needs a mixture-of-experts model; this one has no experts, so ep must be 1")]
+    NoExperts { ep: usize },
     #[error("context parallelism needs attention as canonical Attention ops; node '{node}' computes attention scores with MatMul")]
     ContextNeedsAttention { node: String },
     #[error("plan sharding of node '{node}': {message}")]
@@ -233,6 +235,14 @@ impl Workload {
         planned: Option<&BTreeMap<String, String>>,
     ) -> Result<Workload, WorkloadError> {
         let graph = l.graph;
+        let ep = opts.sharding.ep;
+        if ep > 1
+            && !graph
+                .node_indices()
+                .any(|i| matches!(graph.node(i).op, autopar_ir::Op::MoeExperts { .. }))
+        {
+            return Err(WorkloadError::NoExperts { ep });
+        }
         let bindings = bind(l, opts)?;
         let planned = planned
             .map(|names| Planned::new(l, &bindings, opts.sharding.tp, names))

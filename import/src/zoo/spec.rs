@@ -4,7 +4,7 @@
 //! same spec: keys in a fixed order, keys left at their default omitted.
 //!
 //! Keys per family (`*` = required; every number must be a positive integer
-//! of at most 2³²):
+//! of at most 2³², and `layers` at most [`MAX_LAYERS`]):
 //!
 //! | family  | keys |
 //! |---------|------|
@@ -28,6 +28,10 @@ use std::str::FromStr;
 /// Largest number a spec accepts, so that sizes and their small sums and
 /// products never overflow.
 const MAX_VALUE: u64 = 1 << 32;
+/// Most layers a spec builds: a spec makes one block of nodes per layer,
+/// and building, canonicalising and planning the graph grow with their
+/// count; the deepest transformers trained have about 1,000 (DeepNet).
+pub const MAX_LAYERS: usize = 1024;
 const DEFAULT_BATCH: usize = 1;
 const DEFAULT_DTYPE: DType = DType::F32;
 const DEFAULT_TOP_K: usize = 2;
@@ -210,6 +214,18 @@ impl<'a> Keys<'a> {
         }
     }
 
+    /// The layer count: a size of at most [`MAX_LAYERS`].
+    fn layers(&self) -> Result<usize, ZooError> {
+        let layers = self.size("layers")?;
+        if layers > MAX_LAYERS {
+            return Err(self.invalid(
+                "layers",
+                format!("layers={layers} is above the limit of {MAX_LAYERS} layers (MAX_LAYERS)"),
+            ));
+        }
+        Ok(layers)
+    }
+
     fn size(&self, key: &str) -> Result<usize, ZooError> {
         self.size_opt(key)?.ok_or_else(|| ZooError::MissingKey {
             family: self.family.into(),
@@ -261,7 +277,7 @@ fn parse_gpt(keys: &Keys) -> Result<GptConfig, ZooError> {
     let heads = keys.size("heads")?;
     keys.check_heads(hidden, heads)?;
     Ok(GptConfig {
-        layers: keys.size("layers")?,
+        layers: keys.layers()?,
         hidden,
         ffn: keys.size_opt("ffn")?.unwrap_or(4 * hidden),
         heads,
@@ -303,7 +319,7 @@ fn parse_llama(keys: &Keys, moe: bool) -> Result<LlamaConfig, ZooError> {
         None
     };
     Ok(LlamaConfig {
-        layers: keys.size("layers")?,
+        layers: keys.layers()?,
         hidden,
         ffn: keys.size("ffn")?,
         heads,
@@ -322,7 +338,7 @@ fn parse_bert(keys: &Keys) -> Result<BertConfig, ZooError> {
     let heads = keys.size("heads")?;
     keys.check_heads(hidden, heads)?;
     Ok(BertConfig {
-        layers: keys.size("layers")?,
+        layers: keys.layers()?,
         hidden,
         ffn: keys.size_opt("ffn")?.unwrap_or(4 * hidden),
         heads,
@@ -533,6 +549,10 @@ mod tests {
             (
                 "moe:layers=2,hidden=64,ffn=8,heads=4,vocab=10,seq=8",
                 "moe: missing required key 'experts'",
+            ),
+            (
+                "gpt:layers=100000,hidden=512,heads=8,vocab=8192,seq=256",
+                "gpt: key 'layers': layers=100000 is above the limit of 1024 layers (MAX_LAYERS)",
             ),
             ("bert:layers=2,layers=3", "bert: key 'layers' given twice"),
             ("bert:layers=2,,hidden=4", "bert: item '' is not key=value"),
