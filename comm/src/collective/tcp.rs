@@ -434,8 +434,13 @@ fn read_loop(
         match frame {
             Ok(Frame::Message(tag, data)) => shared.deliver(peer, me, tag, data),
             Ok(Frame::Heartbeat) => {}
-            // A rank out of range can only come from a corrupt frame: blame the sender.
-            Ok(Frame::Abort(by, reason)) => shared.fail(if by < shared.world() { by } else { peer }, &reason),
+            // Passed on before this process can fail and exit: a peer that sees
+            // this process's connection end learns the cause first, on the same
+            // connection. A rank out of range can only come from a corrupt frame:
+            // blame the sender.
+            Ok(Frame::Abort(by, reason)) => {
+                shared.fail_everywhere(if by < shared.world() { by } else { peer }, &reason)
+            }
             Ok(Frame::Goodbye) => break,
             Err(e) => {
                 if !state.closing.load(Ordering::SeqCst) {
