@@ -56,11 +56,11 @@ pub fn render(e: &Exported) -> String {
 }
 
 fn safetensors_file(weights: &[(&str, &Value)]) -> Result<Vec<u8>> {
-    let tensors = weights
+    let tensors: Vec<(String, Value)> = weights
         .iter()
         .map(|(n, v)| (n.to_string(), (*v).clone()))
         .collect();
-    checkpoint::safetensors_file(tensors).map_err(anyhow::Error::msg)
+    checkpoint::safetensors_file(&tensors).map_err(anyhow::Error::msg)
 }
 
 fn onnx_file(restored: &Restored, weights: &[(&str, &Value)], model: Option<&str>) -> Result<Vec<u8>> {

@@ -7,23 +7,13 @@
 
 mod common;
 
-use common::{autopar, free_port, launched};
+use common::{autopar, free_port, launched, run_json};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
 /// A zoo model small enough that a step takes milliseconds.
 const ZOO: &str = "gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8";
-
-/// `autopar run args… --json`, which must succeed.
-fn run_json(args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["run"];
-    all.extend_from_slice(args);
-    all.push("--json");
-    let (code, stdout, err) = autopar(&all);
-    assert_eq!(code, 0, "{args:?}: {err}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
 
 fn losses(v: &serde_json::Value) -> Vec<f64> {
     v["losses"]

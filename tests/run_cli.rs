@@ -5,22 +5,12 @@
 
 mod common;
 
-use common::{assert_error, assert_error_with, autopar, autopar_with, free_port, launched};
+use common::{assert_error, assert_error_with, autopar, autopar_with, free_port, launched, run_json};
 use std::path::Path;
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
 /// A zoo model small enough to plan and lower in milliseconds.
 const ZOO: &str = "gpt:layers=2,hidden=32,heads=4,vocab=64,seq=8";
-
-/// `autopar run` with `args`, which must succeed with `--json`.
-fn run_json(args: &[&str]) -> serde_json::Value {
-    let mut all = vec!["run"];
-    all.extend_from_slice(args);
-    all.push("--json");
-    let (code, stdout, err) = autopar(&all);
-    assert_eq!(code, 0, "{args:?}: {err}");
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
-}
 
 fn numbers(v: &serde_json::Value, key: &str) -> Vec<f64> {
     v[key]

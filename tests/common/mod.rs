@@ -117,3 +117,13 @@ pub fn launched(rank: usize, world: usize, port: u16, args: &[&str]) -> std::pro
         .spawn()
         .unwrap()
 }
+
+/// `autopar run args… --json`, which must succeed; its report.
+pub fn run_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["run"];
+    all.extend_from_slice(args);
+    all.push("--json");
+    let (code, stdout, err) = autopar(&all);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}

@@ -13,8 +13,10 @@ use super::CheckpointError;
 use super::Keyed;
 use crate::train::Optimizer;
 use autopar_ir::interp::Precision;
+use autopar_ir::Data;
 use autopar_ir::{DType, Value};
 use autopar_lower::{Program, TrainingGraph};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{mpsc, Mutex};
@@ -80,7 +82,7 @@ pub struct Saver {
     /// Each rank's pieces ([`super::layout::writes`]) and their keys.
     writes: Vec<Vec<Keyed>>,
     total_steps: usize,
-    tx: Mutex<Option<mpsc::Sender<Snapshot>>>,
+    tx: Mutex<Option<mpsc::SyncSender<Snapshot>>>,
     worker: Mutex<Option<JoinHandle<Result<(), CheckpointError>>>>,
 }
 
@@ -123,7 +125,9 @@ impl Saver {
         if local.contains(&0) {
             remove_unpublished(&policy.dir);
         }
-        let (tx, rx) = mpsc::channel::<Snapshot>();
+        // At most one checkpoint waits for the writer: a run that saves
+        // faster than the disk takes it waits rather than piling up copies.
+        let (tx, rx) = mpsc::sync_channel::<Snapshot>(local.len());
         let writer = Writer {
             policy: policy.clone(),
             header,
@@ -154,7 +158,8 @@ impl Saver {
         self.writes.get(rank).map_or(&[], Vec::as_slice)
     }
 
-    /// Hands a snapshot to the writer (returns at once).
+    /// Hands a snapshot to the writer: at once, unless a whole checkpoint
+    /// already waits to be written.
     pub fn submit(&self, snapshot: Snapshot) {
         if let Some(tx) = self.tx.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             // A writer that stopped has an error for `finish` to report.
@@ -187,12 +192,7 @@ impl Writer {
         for snapshot in rx {
             let dir = partial_dir(&self.policy.dir, snapshot.completed);
             std::fs::create_dir_all(&dir).map_err(CheckpointError::io(&dir))?;
-            let path = dir.join(rank_file(snapshot.rank));
-            let bytes = safetensors_file(snapshot.pieces).map_err(|message| CheckpointError::Format {
-                path: path.display().to_string(),
-                message,
-            })?;
-            write_atomic(&path, &bytes)?;
+            write_safetensors(&dir.join(rank_file(snapshot.rank)), &snapshot.pieces)?;
             let done = written.entry(snapshot.completed).or_default();
             *done += 1;
             if *done == self.local.len() && self.local.contains(&0) {
@@ -283,56 +283,103 @@ fn sync_folder(dir: &Path) {
     }
 }
 
-/// A safetensors file of `tensors` (f32 or f64), or why not.
-pub fn safetensors_file(tensors: Vec<(String, Value)>) -> Result<Vec<u8>, String> {
-    let owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = tensors
-        .into_iter()
-        .map(|(key, v)| {
-            let dtype = match v.dtype {
-                DType::F32 => safetensors::Dtype::F32,
-                DType::F64 => safetensors::Dtype::F64,
-                other => return Err(format!("'{key}' holds {other:?}, not f32 or f64")),
-            };
-            Ok((key, dtype, v.shape.clone(), v.to_le_bytes()))
-        })
-        .collect::<Result<_, _>>()?;
-    let views = owned
+/// A tensor as safetensors reads it: its bytes borrowed where the host is
+/// little-endian (no copy of a checkpoint's gigabytes), encoded otherwise.
+struct Tensor<'a> {
+    value: &'a Value,
+    dtype: safetensors::Dtype,
+}
+
+impl<'a> Tensor<'a> {
+    fn of(key: &str, value: &'a Value) -> Result<Tensor<'a>, String> {
+        let dtype = match value.dtype {
+            DType::F32 => safetensors::Dtype::F32,
+            DType::F64 => safetensors::Dtype::F64,
+            other => return Err(format!("'{key}' holds {other:?}, not f32 or f64")),
+        };
+        Ok(Tensor { value, dtype })
+    }
+}
+
+impl safetensors::View for Tensor<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.value.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match &self.value.data {
+            Data::F32(d) if cfg!(target_endian = "little") => Cow::Borrowed(bytemuck::cast_slice(d)),
+            Data::F64(d) if cfg!(target_endian = "little") => Cow::Borrowed(bytemuck::cast_slice(d)),
+            _ => Cow::Owned(self.value.to_le_bytes()),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.value.numel() * self.value.dtype.size_bytes()
+    }
+}
+
+/// `tensors` (f32 or f64) as views safetensors writes.
+fn views(tensors: &[(String, Value)]) -> Result<Vec<(&str, Tensor<'_>)>, String> {
+    tensors
         .iter()
-        .map(|(key, dtype, shape, bytes)| {
-            safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes)
-                .map(|view| (key.clone(), view))
-                .map_err(|e| e.to_string())
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    safetensors::tensor::serialize(views, None).map_err(|e| e.to_string())
+        .map(|(key, v)| Ok((key.as_str(), Tensor::of(key, v)?)))
+        .collect()
+}
+
+/// A safetensors file of `tensors` (f32 or f64), or why not.
+pub fn safetensors_file(tensors: &[(String, Value)]) -> Result<Vec<u8>, String> {
+    safetensors::tensor::serialize(views(tensors)?, None).map_err(|e| e.to_string())
+}
+
+/// Writes `tensors` as a safetensors file at `path`, atomically (see
+/// [`write_atomic`]), streaming each tensor's bytes to the file.
+fn write_safetensors(path: &Path, tensors: &[(String, Value)]) -> Result<(), CheckpointError> {
+    let views = views(tensors).map_err(|message| CheckpointError::Format {
+        path: path.display().to_string(),
+        message,
+    })?;
+    replace_atomically(path, |tmp| {
+        safetensors::tensor::serialize_to_file(views, None, tmp)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    })
 }
 
 /// Writes `bytes` to a temporary file beside `path`, syncs it, renames it
 /// over `path` and syncs the folder: readers see the old file or the new
 /// one, never part of one.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    use std::io::Write;
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    replace_atomically(path, |tmp| std::fs::write(tmp, bytes))
+}
+
+/// Has `write` fill a temporary file beside `path`, then syncs it, makes it
+/// readable as any file the user writes, renames it over `path` and syncs
+/// the folder.
+fn replace_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> Result<(), CheckpointError> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
+    let tmp = tempfile::Builder::new()
         .prefix(TEMPORARY_PREFIX)
         .suffix(".tmp")
         .tempfile_in(dir)
         .map_err(CheckpointError::io(dir))?;
-    tmp.write_all(bytes).map_err(CheckpointError::io(path))?;
-    // Readable as any file the user writes (the temporary file starts private).
+    write(tmp.path()).map_err(CheckpointError::io(path))?;
+    let file = std::fs::File::open(tmp.path()).map_err(CheckpointError::io(path))?;
+    file.sync_all().map_err(CheckpointError::io(path))?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let _ = tmp
-            .as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644));
+        let _ = file.set_permissions(std::fs::Permissions::from_mode(0o644));
     }
-    tmp.as_file().sync_all().map_err(CheckpointError::io(path))?;
     tmp.persist(path)
         .map_err(|e| CheckpointError::io(path)(e.error))?;
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
+    sync_folder(dir);
     Ok(())
 }
 
