@@ -344,3 +344,55 @@ fn replan_plans_the_checkpoint_for_the_gpus_left() {
         assert!((a - b).abs() <= 1e-5 * b.abs(), "{resumed} vs {four}");
     }
 }
+
+/// A damaged checkpoint is one clear error naming the file, never a panic
+/// or a silent fresh start.
+#[test]
+fn a_damaged_checkpoint_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let ck = dir.path().join("ck");
+    run_json(&[
+        ZOO,
+        "--plan",
+        "auto",
+        "--ranks",
+        "2",
+        "--steps",
+        "1",
+        "--save",
+        path(&ck),
+    ]);
+    let step = ck.join("step-1");
+    let resume = |needles: &[&str]| {
+        let (code, _, err) = autopar(&[
+            "run",
+            ZOO,
+            "--plan",
+            "auto",
+            "--ranks",
+            "2",
+            "--steps",
+            "2",
+            "--resume",
+            path(&ck),
+        ]);
+        assert_eq!(code, 2, "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        for n in needles {
+            assert!(err.contains(n), "{n}: {err}");
+        }
+    };
+    let rank1 = step.join("rank-1.safetensors");
+    let whole = std::fs::read(&rank1).unwrap();
+    std::fs::write(&rank1, &whole[..whole.len() / 2]).unwrap();
+    resume(&["rank-1.safetensors"]);
+    std::fs::write(&rank1, &whole).unwrap();
+    let index = step.join("index.json");
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(&index, &text[..text.len() / 2]).unwrap();
+    resume(&["index.json"]);
+    std::fs::write(&index, text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+    resume(&["index.json", "version 99"]);
+    std::fs::write(ck.join("latest"), "step-7\n").unwrap();
+    resume(&["step-7"]);
+}

@@ -1,8 +1,8 @@
 //! Checkpoints: a run saved after some steps and resumed continues as if it
 //! had never stopped — bit for bit under the same plan, and to 1e-12 in
-//! f64 under another plan (data, tensor and pipeline parallelism, every
-//! ZeRO stage, other rank counts), which reads the index's global layouts
-//! and cuts its own slices and shards.
+//! f64 under another plan (data, tensor, pipeline and expert parallelism,
+//! every ZeRO stage, other rank counts), which reads the index's global
+//! layouts and cuts its own slices and shards.
 
 use autopar_cpu::train;
 use autopar_exec::checkpoint::{self, RunRecord, SavePolicy, Saver};
@@ -19,10 +19,14 @@ const LAYERS: usize = 4;
 const STEPS: usize = 6;
 const SAVED_AT: usize = 3;
 
-/// The zoo GPT (tied embeddings: pipelines keep a copy) lowered for `s`.
-fn lowered(s: &Strategy) -> (TrainingGraph, Vec<Program>) {
-    let spec = format!("gpt:layers={LAYERS},hidden=32,heads=4,vocab=64,seq={SEQ}");
-    let mut g = autopar_import::zoo::build(&spec).unwrap();
+/// The zoo GPT (tied embeddings: pipelines keep a copy).
+const GPT: &str = "gpt:layers=4,hidden=32,heads=4,vocab=64,seq=8";
+/// A zoo mixture of experts (expert parallelism slices the experts).
+const MOE: &str = "moe:layers=4,hidden=32,ffn=48,heads=4,experts=4,top_k=2,vocab=64,seq=8";
+
+/// `spec` lowered for `s`.
+fn lowered(spec: &str, s: &Strategy) -> (TrainingGraph, Vec<Program>) {
+    let mut g = autopar_import::zoo::build(spec).unwrap();
     initialize(&mut g, 7).unwrap();
     let t = for_strategy(&g, s, SEQ, Objective::Lm).unwrap();
     let programs = lower(&t, s).unwrap();
@@ -44,8 +48,8 @@ fn losses(r: &TrainReport) -> Vec<f64> {
 }
 
 /// Trains `s` for `SAVED_AT` of `STEPS` steps, saving into `dir`.
-fn train_and_save(s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
-    let (t, programs) = lowered(s);
+fn train_and_save(spec: &str, s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
+    let (t, programs) = lowered(spec, s);
     let policy = SavePolicy {
         dir: dir.to_path_buf(),
         every: 0,
@@ -79,8 +83,8 @@ fn train_and_save(s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
 }
 
 /// Resumes the checkpoint in `dir` under `s` up to `STEPS`.
-fn resume(s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
-    let (t, programs) = lowered(s);
+fn resume(spec: &str, s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
+    let (t, programs) = lowered(spec, s);
     let restored = checkpoint::open(dir).unwrap();
     assert_eq!(restored.index.step, SAVED_AT);
     let mut opts = options(precision, STEPS);
@@ -91,8 +95,8 @@ fn resume(s: &Strategy, precision: Precision, dir: &Path) -> Vec<f64> {
     losses(&report)
 }
 
-fn uninterrupted(s: &Strategy, precision: Precision) -> Vec<f64> {
-    let (t, programs) = lowered(s);
+fn uninterrupted(spec: &str, s: &Strategy, precision: Precision) -> Vec<f64> {
+    let (t, programs) = lowered(spec, s);
     losses(&train(&t, &programs, &data(), &options(precision, STEPS), &|_| {}).unwrap())
 }
 
@@ -118,11 +122,27 @@ fn strategies() -> Vec<(&'static str, Strategy)> {
 fn a_resumed_run_continues_bit_for_bit_under_its_plan() {
     for (name, s) in strategies() {
         let dir = tempfile::tempdir().unwrap();
-        let whole = uninterrupted(&s, Precision::F32);
-        let mut split = train_and_save(&s, Precision::F32, dir.path());
-        split.extend(resume(&s, Precision::F32, dir.path()));
+        let whole = uninterrupted(GPT, &s, Precision::F32);
+        let mut split = train_and_save(GPT, &s, Precision::F32, dir.path());
+        split.extend(resume(GPT, &s, Precision::F32, dir.path()));
         let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&split), bits(&whole), "{name}: {split:?} vs {whole:?}");
+    }
+}
+
+/// Trains `a` to `SAVED_AT`, resumes under `b` to `STEPS`: the losses of
+/// `a` uninterrupted, to 1e-12 in f64.
+fn reshards(spec: &str, (from, a): &(&str, Strategy), (to, b): &(&str, Strategy)) {
+    let dir = tempfile::tempdir().unwrap();
+    let whole = uninterrupted(spec, a, Precision::F64);
+    let mut split = train_and_save(spec, a, Precision::F64, dir.path());
+    split.extend(resume(spec, b, Precision::F64, dir.path()));
+    assert_eq!(split.len(), whole.len());
+    for (x, y) in split.iter().zip(&whole) {
+        assert!(
+            (x - y).abs() <= 1e-12 * y.abs(),
+            "{from} → {to}: {split:?} vs {whole:?}"
+        );
     }
 }
 
@@ -133,17 +153,16 @@ fn a_run_resumed_under_another_plan_reshards() {
         .windows(2)
         .chain([[plans[4].clone(), plans[0].clone()].as_slice()])
     {
-        let ((from, a), (to, b)) = (&pair[0], &pair[1]);
-        let dir = tempfile::tempdir().unwrap();
-        let whole = uninterrupted(a, Precision::F64);
-        let mut split = train_and_save(a, Precision::F64, dir.path());
-        split.extend(resume(b, Precision::F64, dir.path()));
-        assert_eq!(split.len(), whole.len());
-        for (x, y) in split.iter().zip(&whole) {
-            assert!(
-                (x - y).abs() <= 1e-12 * y.abs(),
-                "{from} → {to}: {split:?} vs {whole:?}"
-            );
-        }
+        reshards(GPT, &pair[0], &pair[1]);
     }
+}
+
+#[test]
+fn experts_reshard_between_expert_parallel_and_one_rank() {
+    let mut ep2 = Strategy::new(2, 1, LAYERS, 2, 2);
+    ep2.ep = 2;
+    let ep2 = ("dp2 ep2", ep2);
+    let one = ("one rank", Strategy::new(1, 1, LAYERS, 2, 4));
+    reshards(MOE, &ep2, &one);
+    reshards(MOE, &one, &ep2);
 }
