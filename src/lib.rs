@@ -5,6 +5,7 @@
 pub mod check;
 pub mod convert;
 pub mod estimate;
+pub mod export;
 pub mod export_weights;
 pub mod host_profile;
 pub mod inspect;

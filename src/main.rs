@@ -104,6 +104,20 @@ enum Command {
     /// Train a model under a parallel plan: lower it to per-rank programs
     /// and run them, one thread per rank.
     Run(RunArgs),
+    /// Write a plan as another tool's configuration: Megatron-LM's
+    /// pretrain_gpt.py arguments, a torchtitan job TOML or a DeepSpeed
+    /// ds_config.json. What the tool cannot express is said on stderr and
+    /// in the file, and the closest configuration it has is written.
+    Export {
+        /// A plan file written by `autopar plan`.
+        plan: PathBuf,
+        #[arg(long, value_enum)]
+        to: autopar::export::Tool,
+        /// The file to write (default beside the plan: megatron_args.sh,
+        /// torchtitan.toml or ds_config.json).
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Write a checkpoint's trained weights: FILE.safetensors (whole
     /// tensors named as the model's parameters: an ONNX model's initializer
     /// names) or FILE.onnx (the model the run trained, its initializers
@@ -717,6 +731,13 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Explain { plan: path } => emit(&plan::explain(&plan::load(&path)?))?,
         Command::Estimate(a) => estimate_command(a)?,
         Command::Run(a) => run_command(a)?,
+        Command::Export { plan, to, output } => {
+            let (written, e) = autopar::export::run(&plan, to, output)?;
+            for c in &e.caveats {
+                eprintln!("note: not expressible: {c}");
+            }
+            emit(&format!("wrote {}\n", written.display()))?
+        }
         Command::ExportWeights {
             dir,
             output,

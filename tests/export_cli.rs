@@ -1,0 +1,150 @@
+//! `autopar export`: a plan as Megatron-LM arguments, a torchtitan job TOML
+//! and a DeepSpeed config, each holding the plan's degrees and batch sizes,
+//! and what a target cannot express said in the file and on stderr.
+
+mod common;
+
+use common::{autopar, FIXTURES};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// A plan for Megatron-LM's 1T-parameter run: tensor, sequence and
+/// interleaved pipeline parallelism, ZeRO-1.
+fn plan(dir: &Path) -> (String, serde_json::Value) {
+    let out = dir.join("plan.json");
+    let (code, _, err) = autopar(&[
+        "plan",
+        "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16",
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "3072",
+        "--global-batch",
+        "3072",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    (
+        out.to_str().unwrap().to_string(),
+        serde_json::from_str(&text).unwrap(),
+    )
+}
+
+/// Exports `plan` to `to`; the file and stderr.
+fn export(plan: &str, to: &str, dir: &Path) -> (String, String) {
+    let out = dir.join(format!("out-{to}"));
+    let (code, _, err) = autopar(&["export", plan, "--to", to, "-o", out.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    (std::fs::read_to_string(out).unwrap(), err)
+}
+
+/// Megatron-LM's arguments: flag → value ("" for a switch).
+fn megatron_args(text: &str) -> BTreeMap<String, String> {
+    let body = text
+        .split("MEGATRON_ARGS=(")
+        .nth(1)
+        .unwrap()
+        .split(')')
+        .next()
+        .unwrap();
+    body.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            let mut it = l.split_whitespace();
+            (
+                it.next().unwrap().to_string(),
+                it.next().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn each_target_holds_the_plans_degrees_and_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, v) = plan(dir.path());
+    let p = &v["parallel"];
+    let n = |k: &str| p[k].as_u64().unwrap();
+    assert!(n("tp") > 1 && n("pp") > 1 && n("virtual_stages") > 1, "{p}");
+
+    let (text, _) = export(&plan, "megatron", dir.path());
+    let a = megatron_args(&text);
+    assert_eq!(a["--tensor-model-parallel-size"], n("tp").to_string());
+    assert_eq!(a["--pipeline-model-parallel-size"], n("pp").to_string());
+    assert_eq!(a["--micro-batch-size"], n("micro_batch").to_string());
+    assert_eq!(a["--global-batch-size"], n("global_batch").to_string());
+    assert_eq!(
+        a["--num-layers-per-virtual-pipeline-stage"],
+        (128 / (n("pp") * n("virtual_stages"))).to_string()
+    );
+    assert_eq!(a.contains_key("--sequence-parallel"), p["sp"].as_bool().unwrap());
+    assert_eq!(a.contains_key("--use-distributed-optimizer"), n("zero") >= 1);
+    assert_eq!(a["--num-layers"], "128");
+    assert_eq!(a["--hidden-size"], "25600");
+    assert!(a.contains_key("--bf16"));
+
+    let (text, _) = export(&plan, "torchtitan", dir.path());
+    let t: toml::Table = text.parse().unwrap();
+    let par = t["parallelism"].as_table().unwrap();
+    let int = |k: &str| par[k].as_integer().unwrap() as u64;
+    assert_eq!(int("tensor_parallel_degree"), n("tp"));
+    assert_eq!(int("pipeline_parallel_degree"), n("pp"));
+    assert_eq!(
+        int("data_parallel_replicate_degree") * int("data_parallel_shard_degree"),
+        n("dp")
+    );
+    assert_eq!(
+        par["pipeline_parallel_schedule"].as_str(),
+        Some("Interleaved1F1B")
+    );
+    assert_eq!(
+        t["training"]["global_batch_size"].as_integer().unwrap() as u64,
+        n("global_batch")
+    );
+
+    let (text, _) = export(&plan, "deepspeed", dir.path());
+    let d: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ds = |k: &str| d[k].as_u64().unwrap();
+    assert_eq!(ds("train_batch_size"), n("global_batch"));
+    assert_eq!(
+        ds("train_micro_batch_size_per_gpu") * ds("gradient_accumulation_steps") * n("dp"),
+        n("global_batch")
+    );
+    assert_eq!(d["zero_optimization"]["stage"].as_u64(), Some(n("zero")));
+    assert_eq!(d["tensor_parallel"]["autotp_size"].as_u64(), Some(n("tp")));
+    // Pipeline stages live in the training script: said, not dropped.
+    let comment = d["comment"].to_string();
+    assert!(comment.contains("PipelineModule(num_stages="), "{comment}");
+}
+
+#[test]
+fn what_a_target_cannot_express_is_said_in_the_file_and_on_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, mut v) = plan(dir.path());
+    v["parallel"]["grad_compression"] = serde_json::json!("bf16");
+    let edited = dir.path().join("compressed.json");
+    std::fs::write(&edited, serde_json::to_string(&v).unwrap()).unwrap();
+    for to in ["megatron", "torchtitan", "deepspeed"] {
+        let (text, err) = export(edited.to_str().unwrap(), to, dir.path());
+        assert!(
+            err.contains("not expressible: gradient compression (bf16)"),
+            "{to}: {err}"
+        );
+        assert!(
+            text.contains("Not expressible") && text.contains("gradient compression (bf16)"),
+            "{to}: {text}"
+        );
+    }
+}
+
+#[test]
+fn the_fixture_plan_exports() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = format!("{FIXTURES}/plans/v1.json");
+    for to in ["megatron", "torchtitan", "deepspeed"] {
+        let (text, _) = export(&plan, to, dir.path());
+        assert!(!text.is_empty(), "{to}");
+    }
+}
