@@ -23,6 +23,9 @@ pub struct Request {
     pub pp: usize,
     pub dp: Option<usize>,
     pub virtual_stages: Option<usize>,
+    /// Layers per interleaved chunk, when the configuration says that
+    /// instead of `virtual_stages` (Megatron-LM, torchtitan).
+    pub layers_per_chunk: Option<usize>,
     pub sp: bool,
     pub cp: usize,
     pub ep: usize,
@@ -49,7 +52,41 @@ pub struct Request {
     pub f32_cross_entropy: bool,
     /// Gradient reductions sent compressed.
     pub grad_compression: Option<autopar_cost_models::GradCompression>,
+    /// How ranks are laid out on the mesh.
+    pub mesh_order: autopar_cost_models::MeshOrder,
     pub calibration: Option<PathBuf>,
+}
+
+impl Request {
+    /// The request with what another tool's configuration says in place of
+    /// the flags' values; the data-parallel degree and the pipeline depth a
+    /// configuration leaves out follow from the GPUs.
+    pub fn with(mut self, s: &crate::export::Settings) -> Request {
+        self.tp = s.tp.unwrap_or(self.tp);
+        self.cp = s.cp.unwrap_or(self.cp);
+        self.ep = s.ep.unwrap_or(self.ep);
+        self.dp = s.dp.or(self.dp);
+        self.pp = match (s.pp, self.dp) {
+            (Some(pp), _) => pp,
+            (None, Some(dp)) if dp * self.tp * self.cp > 0 => (self.gpus / (dp * self.tp * self.cp)).max(1),
+            (None, _) => self.pp,
+        };
+        self.sp = s.sp.unwrap_or(self.sp);
+        self.zero = s.zero.unwrap_or(self.zero);
+        self.micro_batch = s.micro_batch.or(self.micro_batch);
+        self.global_batch = s.global_batch.unwrap_or(self.global_batch);
+        self.seq = s.seq.or(self.seq);
+        self.recompute = s.recompute.unwrap_or(self.recompute);
+        self.schedule = s.schedule.unwrap_or(self.schedule);
+        self.layers_per_chunk = s.layers_per_chunk.or(self.layers_per_chunk);
+        self.dropout = s.dropout.unwrap_or(self.dropout);
+        self.moe_capacity_factor = s.moe_capacity_factor.or(self.moe_capacity_factor);
+        self.overlap_grad_reduce = s.overlap_grad_reduce.unwrap_or(self.overlap_grad_reduce);
+        self.grad_bucket_mib = s.grad_bucket_mib.unwrap_or(self.grad_bucket_mib);
+        self.tp_comm_overlap = s.tp_comm_overlap.unwrap_or(self.tp_comm_overlap);
+        self.mesh_order = s.mesh_order.unwrap_or(self.mesh_order);
+        self
+    }
 }
 
 /// The size flags within [`limits`].
@@ -121,10 +158,12 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         Some(dp) => dp,
         None => TrainingConfig::derive_dp(r.gpus, r.tp, r.pp, r.cp)?,
     };
-    let virtual_stages = r.virtual_stages.unwrap_or(match r.schedule {
-        Schedule::Interleaved => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
-        Schedule::Gpipe | Schedule::OneFOneB => 1,
-    });
+    let virtual_stages = match (r.virtual_stages, r.layers_per_chunk, r.schedule) {
+        (Some(v), _, _) => v,
+        (None, Some(k), Schedule::Interleaved) if k > 0 => (graph.blocks.len() / (r.pp * k).max(1)).max(1),
+        (None, _, Schedule::Interleaved) => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
+        (None, _, Schedule::Gpipe | Schedule::OneFOneB) => 1,
+    };
     let opts = WorkloadOptions {
         micro_batch: r.micro_batch,
         seq: r.seq,
@@ -166,6 +205,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         tp_comm_overlap: r.tp_comm_overlap,
         overlap_param_gather: r.overlap_param_gather,
         f32_cross_entropy: r.f32_cross_entropy,
+        mesh_order: r.mesh_order,
         ..TrainingConfig::default()
     };
     cfg.check(r.gpus)?;

@@ -377,9 +377,16 @@ struct EstimateArgs {
     /// ZeRO stage, 0-3.
     #[arg(long, default_value_t = 0)]
     zero: u8,
-    /// Samples per optimizer step.
+    /// Samples per optimizer step (required unless --from gives it).
     #[arg(long)]
-    global_batch: usize,
+    global_batch: Option<usize>,
+    /// Price a configuration another tool runs: `--from megatron ARGS.sh`
+    /// (pretrain_gpt.py arguments), `--from torchtitan JOB.toml` or `--from
+    /// deepspeed ds_config.json`. What the file says replaces the flags'
+    /// values; what it leaves out (DeepSpeed's pipeline depth: the GPUs over
+    /// data and tensor parallelism) follows from the GPUs or the flags.
+    #[arg(long, num_args = 2, value_names = ["TOOL", "FILE"])]
+    from: Option<Vec<String>>,
     /// Samples per micro-batch (default: the model's batch; 1 for zoo specs).
     #[arg(long)]
     micro_batch: Option<usize>,
@@ -648,7 +655,19 @@ fn plan_command(a: PlanArgs) -> Result<()> {
 
 /// `autopar estimate`: prices the one configuration the flags give.
 fn estimate_command(a: EstimateArgs) -> Result<()> {
-    let report = estimate::run(&estimate::Request {
+    let settings = match a.from.as_deref() {
+        Some([tool, file]) => {
+            let tool = <autopar::export::Tool as ValueEnum>::from_str(tool, true)
+                .map_err(|_| anyhow::anyhow!("--from {tool}: expected megatron, torchtitan or deepspeed"))?;
+            Some(autopar::export::read(tool, std::path::Path::new(file))?)
+        }
+        _ => None,
+    };
+    let global_batch = match (a.global_batch, settings.as_ref().and_then(|s| s.global_batch)) {
+        (_, Some(g)) | (Some(g), None) => g,
+        (None, None) => anyhow::bail!("--global-batch is required (or a --from file that gives it)"),
+    };
+    let request = estimate::Request {
         model: a.model,
         cluster: a.cluster,
         gpus: a.gpus,
@@ -656,11 +675,12 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         pp: a.pp,
         dp: a.dp,
         virtual_stages: a.virtual_stages,
+        layers_per_chunk: None,
         sp: a.sp,
         cp: a.cp,
         ep: a.ep,
         zero: a.zero,
-        global_batch: a.global_batch,
+        global_batch,
         micro_batch: a.micro_batch,
         seq: a.seq,
         recompute: a.recompute,
@@ -675,7 +695,12 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         f32_main_grads: a.f32_main_grads,
         f32_cross_entropy: a.f32_cross_entropy,
         grad_compression: a.grad_compression,
+        mesh_order: Default::default(),
         calibration: a.calibration,
+    };
+    let report = estimate::run(&match &settings {
+        Some(s) => request.with(s),
+        None => request,
     })?;
     if a.json {
         print_json(&report)?;

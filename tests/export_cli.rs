@@ -148,3 +148,75 @@ fn the_fixture_plan_exports() {
         assert!(!text.is_empty(), "{to}");
     }
 }
+
+/// `estimate --from` reads each exported file back as the plan's
+/// configuration: the same estimate as the plan's degrees and knobs given
+/// as flags (the tools lay tensor-parallel ops out as Megatron-LM does,
+/// which the flags price too). torchtitan has no ZeRO-1: its FSDP shards
+/// gradients too, so it prices as ZeRO-2. DeepSpeed's config holds no
+/// pipeline depth (it follows from the GPUs), schedule, chunks or sequence
+/// parallelism (flags).
+#[test]
+fn estimate_from_an_exported_file_prices_the_plans_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let (plan, v) = plan(dir.path());
+    let p = &v["parallel"];
+    let s = |k: &str| p[k].to_string().trim_matches('"').to_string();
+    let model = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+    let base = [model, "--cluster", "dgx-a100-80g", "--gpus", "3072", "--json"];
+    let step = |extra: &[&str]| -> f64 {
+        let mut args = vec!["estimate"];
+        args.extend(base);
+        args.extend(extra);
+        let (code, stdout, err) = autopar(&args);
+        assert_eq!(code, 0, "{extra:?}: {err}");
+        let e: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        e["step_time_s"].as_f64().unwrap()
+    };
+    let flags = |zero: String| {
+        let mut flags = vec![
+            "--tp".to_string(),
+            s("tp"),
+            "--pp".into(),
+            s("pp"),
+            "--zero".into(),
+            zero,
+            "--global-batch".into(),
+            s("global_batch"),
+            "--micro-batch".into(),
+            s("micro_batch"),
+            "--schedule".into(),
+            s("schedule"),
+            "--virtual-stages".into(),
+            s("virtual_stages"),
+            "--recompute".into(),
+            s("recompute"),
+            "--overlap-grad-reduce".into(),
+        ];
+        if p["sp"].as_bool().unwrap() {
+            flags.push("--sp".into());
+        }
+        step(&flags.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let vs = s("virtual_stages");
+    let zero = p["zero"].as_u64().unwrap();
+    let fsdp_zero = if zero == 1 { 2 } else { zero };
+    for (to, want) in [
+        ("megatron", flags(zero.min(1).to_string())),
+        ("torchtitan", flags(fsdp_zero.to_string())),
+        ("deepspeed", flags(zero.to_string())),
+    ] {
+        let out = dir.path().join(format!("out-{to}"));
+        export(&plan, to, dir.path());
+        let mut extra = vec!["--from", to, out.to_str().unwrap()];
+        if to == "deepspeed" {
+            // DeepSpeed's sequence parallelism and schedule live in the script.
+            extra.extend(["--schedule", "interleaved", "--virtual-stages", &vs]);
+            if p["sp"].as_bool().unwrap() {
+                extra.push("--sp");
+            }
+        }
+        let got = step(&extra);
+        assert!((got - want).abs() <= 1e-9 * want, "{to}: {got} vs {want}");
+    }
+}

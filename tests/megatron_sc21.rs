@@ -20,6 +20,7 @@ fn published_request(r: &PublishedRun) -> Request {
         pp: cfg.pp,
         dp: Some(cfg.dp),
         virtual_stages: Some(cfg.virtual_stages),
+        layers_per_chunk: None,
         sp: cfg.sp,
         cp: cfg.cp,
         ep: cfg.ep,
@@ -39,6 +40,7 @@ fn published_request(r: &PublishedRun) -> Request {
         f32_main_grads: cfg.grad_reduce.f32_main_grads,
         f32_cross_entropy: cfg.f32_cross_entropy,
         grad_compression: cfg.grad_reduce.compression,
+        mesh_order: cfg.mesh_order,
         calibration: None,
     }
 }

@@ -42,7 +42,6 @@ pub(super) fn export(f: &Facts) -> Exported {
     }
     if p.zero >= 1 {
         arg("--use-distributed-optimizer", None);
-        arg("--overlap-param-gather", None);
     }
     if p.zero >= 2 {
         caveats.push(format!(

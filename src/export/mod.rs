@@ -7,7 +7,10 @@
 
 mod deepspeed;
 mod megatron;
+mod settings;
 mod torchtitan;
+
+pub use settings::{read, Settings};
 
 use crate::{output, plan};
 use anyhow::{Context, Result};
@@ -35,7 +38,8 @@ impl Tool {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The tool's name, for people.
+    pub fn name(self) -> &'static str {
         match self {
             Tool::Megatron => "Megatron-LM",
             Tool::Torchtitan => "torchtitan",
