@@ -5,7 +5,9 @@
 
 mod common;
 
-use common::{assert_error, assert_error_with, autopar, autopar_with, free_port, launched, run_json};
+use common::{
+    assert_error, assert_error_with, autopar, autopar_with, free_port, launch_all, launched, run_json,
+};
 use std::path::Path;
 
 const GPT2_TINY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/models/gpt2-tiny.ts.onnx");
@@ -218,7 +220,6 @@ fn launched_processes_train_like_threads() {
     let dir = tempfile::tempdir().unwrap();
     let plan = zoo_plan(dir.path());
     let threads = run_json(&[&plan, "--ranks", "2", "--steps", "3"]);
-    let port = free_port();
     let trace = dir.path().join("run.json");
     let args = [
         "run",
@@ -229,15 +230,7 @@ fn launched_processes_train_like_threads() {
         "--trace",
         trace.to_str().unwrap(),
     ];
-    let children: Vec<_> = (0..2).map(|rank| launched(rank, 2, port, &args)).collect();
-    let outputs: Vec<_> = children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect();
-    for (rank, out) in outputs.iter().enumerate() {
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "rank {rank}: {err}");
-    }
+    let outputs = launch_all(2, &args);
     assert!(outputs[1].stdout.is_empty(), "only rank 0 reports");
     let report: serde_json::Value = serde_json::from_slice(&outputs[0].stdout).unwrap();
     assert_eq!(report["processes"], 2);

@@ -127,3 +127,19 @@ pub fn run_json(args: &[&str]) -> serde_json::Value {
     assert_eq!(code, 0, "{args:?}: {err}");
     serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
+
+/// `autopar args…` as `world` processes of one launched job, each of which
+/// must succeed; their outputs in rank order.
+pub fn launch_all(world: usize, args: &[&str]) -> Vec<std::process::Output> {
+    let port = free_port();
+    let children: Vec<_> = (0..world).map(|rank| launched(rank, world, port, args)).collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (rank, out) in outputs.iter().enumerate() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "rank {rank}: {err}");
+    }
+    outputs
+}

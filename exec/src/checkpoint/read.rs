@@ -44,18 +44,40 @@ impl Restored {
 }
 
 /// The checkpoint folder `path` names: `DIR/step-<S>` itself (it has an
-/// index), or the one `DIR/latest` names.
+/// index), or the newest complete one in `DIR`. That is the one `latest`
+/// names, unless a writer was stopped between publishing a newer folder
+/// and pointing `latest` at it; a `latest` naming no checkpoint is an error.
 pub fn resolve(path: &Path) -> Result<PathBuf, CheckpointError> {
     if path.join(INDEX).exists() {
         return Ok(path.to_path_buf());
     }
     let latest = path.join(LATEST);
-    match std::fs::read_to_string(&latest) {
-        Ok(name) => Ok(path.join(name.trim())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(CheckpointError::NoCheckpoint {
+    let named = match std::fs::read_to_string(&latest) {
+        Ok(name) => {
+            let dir = path.join(name.trim());
+            if !dir.join(INDEX).exists() {
+                return Err(CheckpointError::Missing {
+                    path: dir.display().to_string(),
+                    what: format!("its index ({} names it)", latest.display()),
+                });
+            }
+            Some(dir)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(CheckpointError::io(&latest)(e)),
+    };
+    let newest = match path.is_dir() {
+        true => super::write::published(path)?
+            .last()
+            .map(|&s| super::write::step_dir(path, s)),
+        false => None,
+    };
+    match (named, newest) {
+        (None, None) => Err(CheckpointError::NoCheckpoint {
             path: path.display().to_string(),
         }),
-        Err(e) => Err(CheckpointError::io(&latest)(e)),
+        (Some(named), None) => Ok(named),
+        (_, Some(newest)) => Ok(newest),
     }
 }
 

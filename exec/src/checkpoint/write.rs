@@ -253,7 +253,7 @@ pub(crate) fn step_name(completed: usize) -> String {
     format!("step-{completed}")
 }
 
-fn step_dir(dir: &Path, completed: usize) -> PathBuf {
+pub(super) fn step_dir(dir: &Path, completed: usize) -> PathBuf {
     dir.join(step_name(completed))
 }
 
@@ -263,7 +263,7 @@ fn partial_dir(dir: &Path, completed: usize) -> PathBuf {
 }
 
 /// The steps of the published checkpoints in `dir`, ascending.
-fn published(dir: &Path) -> Result<Vec<usize>, CheckpointError> {
+pub(super) fn published(dir: &Path) -> Result<Vec<usize>, CheckpointError> {
     let mut steps: Vec<usize> = std::fs::read_dir(dir)
         .map_err(CheckpointError::io(dir))?
         .filter_map(|e| {
