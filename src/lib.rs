@@ -3,6 +3,7 @@
 //! report (data) and a renderer for people; `main.rs` only parses arguments.
 
 pub mod check;
+pub mod compare;
 pub mod convert;
 pub mod estimate;
 pub mod export;

@@ -220,3 +220,54 @@ fn estimate_from_an_exported_file_prices_the_plans_configuration() {
         assert!((got - want).abs() <= 1e-9 * want, "{to}: {got} vs {want}");
     }
 }
+
+/// `plan --compare` sets the found plan beside a configuration a user
+/// runs: its step is what `estimate --from` gives for that file, and the
+/// plan's speed-up over it is said with the terms that differ.
+#[test]
+fn plan_compare_says_how_much_faster_the_plan_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine.sh");
+    std::fs::write(
+        &mine,
+        "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 32 --micro-batch-size 1 \\\n\
+         --global-batch-size 3072 --recompute-granularity full --sequence-parallel --use-distributed-optimizer\n",
+    )
+    .unwrap();
+    let model = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+    let out = dir.path().join("plan.json");
+    let base = ["--cluster", "dgx-a100-80g", "--gpus", "3072"];
+    let mut args = vec![
+        "plan",
+        model,
+        "--global-batch",
+        "3072",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend(base);
+    args.extend(["--compare", mine.to_str().unwrap(), "--json"]);
+    let (code, stdout, err) = autopar(&args);
+    assert_eq!(code, 0, "{err}");
+    let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let c: serde_json::Value = serde_json::from_str(err.lines().last().unwrap()).unwrap();
+    let mut est = vec![
+        "estimate",
+        model,
+        "--from",
+        "megatron",
+        mine.to_str().unwrap(),
+        "--json",
+    ];
+    est.extend(base);
+    let (code, stdout, err) = autopar(&est);
+    assert_eq!(code, 0, "{err}");
+    let theirs: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let theirs = theirs["step_time_s"].as_f64().unwrap();
+    let ours = plan["predicted"]["step_time_s"].as_f64().unwrap();
+    assert_eq!(c["tool"], "Megatron-LM");
+    assert!((c["theirs"]["step_time_s"].as_f64().unwrap() - theirs).abs() <= 1e-9 * theirs);
+    assert!((c["speedup"].as_f64().unwrap() - theirs / ours).abs() <= 1e-9);
+    assert!(c["speedup"].as_f64().unwrap() > 1.0, "{c}");
+    assert!(!c["by_term"].as_array().unwrap().is_empty(), "{c}");
+}
