@@ -85,6 +85,9 @@ impl Request {
         self.grad_bucket_mib = s.grad_bucket_mib.unwrap_or(self.grad_bucket_mib);
         self.tp_comm_overlap = s.tp_comm_overlap.unwrap_or(self.tp_comm_overlap);
         self.mesh_order = s.mesh_order.unwrap_or(self.mesh_order);
+        self.attention = s.attention.unwrap_or(self.attention);
+        self.overlap_param_gather = s.overlap_param_gather.unwrap_or(self.overlap_param_gather);
+        self.f32_main_grads = s.f32_main_grads.unwrap_or(self.f32_main_grads);
         self
     }
 }

@@ -95,3 +95,88 @@ fn the_h100_table_as_run_stays_near_its_published_steps() {
     assert!(errors.iter().all(|e| e.abs() <= 0.10), "{errors:?}");
     assert!(mean <= 0.05, "mean {mean}");
 }
+
+/// Each published run written as the Megatron-LM arguments it ran with
+/// reads back (`estimate --from megatron`) as the same configuration: the
+/// same estimate as the published request.
+#[test]
+fn each_published_run_reads_back_from_its_megatron_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    for (i, r) in published::megatron_sc21().iter().enumerate() {
+        let cfg = r.config();
+        let mut args = vec![
+            format!("--tensor-model-parallel-size {}", cfg.tp),
+            format!("--pipeline-model-parallel-size {}", cfg.pp),
+            format!("--micro-batch-size {}", cfg.micro_batch),
+            format!("--global-batch-size {}", cfg.global_batch),
+            format!(
+                "--ddp-bucket-size {}",
+                u64::from(cfg.grad_reduce.bucket_mib) << 20
+            ),
+            format!(
+                "--attention-backend {}",
+                match cfg.attention {
+                    autopar_cost_models::AttentionKernel::Fused => "flash",
+                    autopar_cost_models::AttentionKernel::Unfused => "unfused",
+                }
+            ),
+        ];
+        if cfg.virtual_stages > 1 {
+            args.push(format!(
+                "--num-layers-per-virtual-pipeline-stage {}",
+                r.layers / (cfg.pp * cfg.virtual_stages)
+            ));
+        }
+        let switches = [
+            (cfg.sp, "--sequence-parallel"),
+            (cfg.zero >= 1, "--use-distributed-optimizer"),
+            (cfg.overlap_grad_reduce, "--overlap-grad-reduce"),
+            (cfg.overlap_param_gather, "--overlap-param-gather"),
+            (cfg.tp_comm_overlap, "--tp-comm-overlap"),
+            (
+                cfg.grad_reduce.f32_main_grads,
+                "--accumulate-allreduce-grads-in-fp32",
+            ),
+        ];
+        args.extend(switches.iter().filter(|(on, _)| *on).map(|(_, f)| f.to_string()));
+        match cfg.recompute {
+            autopar_cost_models::Recompute::Full => args.push("--recompute-granularity full".into()),
+            autopar_cost_models::Recompute::Selective => {
+                args.push("--recompute-granularity selective".into())
+            }
+            autopar_cost_models::Recompute::None => {}
+        }
+        if !cfg.dropout {
+            args.push("--attention-dropout 0.0 --hidden-dropout 0.0".into());
+        }
+        let file = dir.path().join(format!("row{i}.sh"));
+        std::fs::write(&file, args.join(" \\\n")).unwrap();
+        let settings = autopar::export::read(autopar::export::Tool::Megatron, &file).unwrap();
+        // Only the model, cluster, GPUs and the loss's precision come from
+        // outside the file; every setting it holds starts elsewhere.
+        let blank = Request {
+            tp: 1,
+            pp: 1,
+            dp: None,
+            virtual_stages: None,
+            sp: false,
+            zero: 0,
+            global_batch: 1,
+            micro_batch: None,
+            recompute: autopar_cost_models::Recompute::None,
+            schedule: autopar_cost_models::Schedule::OneFOneB,
+            attention: autopar_cost_models::AttentionKernel::Fused,
+            dropout: false,
+            overlap_grad_reduce: false,
+            grad_bucket_mib: 1,
+            tp_comm_overlap: false,
+            overlap_param_gather: false,
+            f32_main_grads: false,
+            ..published_request(r)
+        };
+        let read = run(&blank.with(&settings)).unwrap();
+        let want = run(&published_request(r)).unwrap();
+        let (a, b) = (read.estimate.step_time_s, want.estimate.step_time_s);
+        assert!((a - b).abs() <= 1e-9 * b, "row {i}: {a} vs {b}");
+    }
+}

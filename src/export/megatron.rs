@@ -87,9 +87,11 @@ pub(super) fn export(f: &Facts) -> Exported {
         arg("--attention-dropout", Some("0.0".into()));
         arg("--hidden-dropout", Some("0.0".into()));
     }
-    if p.attention == AttentionKernel::Fused {
-        arg("--attention-backend", Some("flash".into()));
-    }
+    let backend = match p.attention {
+        AttentionKernel::Fused => "flash",
+        AttentionKernel::Unfused => "unfused",
+    };
+    arg("--attention-backend", Some(backend.into()));
     if f.bf16 {
         arg("--bf16", None);
     }

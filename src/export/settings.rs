@@ -4,7 +4,7 @@
 
 use super::Tool;
 use anyhow::{bail, Context, Result};
-use autopar_cost_models::{MeshOrder, Recompute, Schedule};
+use autopar_cost_models::{AttentionKernel, MeshOrder, Recompute, Schedule};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -31,6 +31,11 @@ pub struct Settings {
     pub grad_bucket_mib: Option<u32>,
     pub tp_comm_overlap: Option<bool>,
     pub mesh_order: Option<MeshOrder>,
+    pub attention: Option<AttentionKernel>,
+    /// ZeRO-1/2's weight gathers beside the next forward pass.
+    pub overlap_param_gather: Option<bool>,
+    /// Gradients accumulated and reduced in f32.
+    pub f32_main_grads: Option<bool>,
 }
 
 /// Reads `file` as `tool`'s configuration.
@@ -122,6 +127,17 @@ fn megatron(text: &str) -> Result<Settings> {
         } else {
             MeshOrder::DataInner
         }),
+        attention: match flags.get("--attention-backend").copied().flatten() {
+            Some("flash" | "fused") => Some(AttentionKernel::Fused),
+            Some("unfused" | "local") => Some(AttentionKernel::Unfused),
+            Some("auto") | None if on("--use-flash-attn") => Some(AttentionKernel::Fused),
+            Some(other) if other != "auto" => {
+                bail!("--attention-backend {other}: expected flash, fused, unfused, local or auto")
+            }
+            _ => None,
+        },
+        overlap_param_gather: Some(on("--overlap-param-gather")),
+        f32_main_grads: Some(on("--accumulate-allreduce-grads-in-fp32")),
     })
 }
 
@@ -186,7 +202,7 @@ fn torchtitan(text: &str) -> Result<Settings> {
         tp_comm_overlap: section("parallelism")
             .and_then(|s| s.get("enable_async_tensor_parallel"))
             .and_then(toml::Value::as_bool),
-        mesh_order: None,
+        ..Settings::default()
     })
 }
 
