@@ -15,7 +15,7 @@ mod read;
 mod write;
 
 pub use index::{DataPosition, Index, TensorEntry};
-pub use read::{open, read_index, resolve, Restored};
+pub use read::{open, open_bytes, read_index, resolve, Restored};
 pub use write::{safetensors_file, RunRecord, SavePolicy, Saver, Snapshot, INDEX, LATEST};
 
 use autopar_ir::interp::Precision;

@@ -86,18 +86,31 @@ pub fn read_index(path: &Path) -> Result<(PathBuf, Index), CheckpointError> {
     let dir = resolve(path)?;
     let file = dir.join(INDEX);
     let text = std::fs::read_to_string(&file).map_err(CheckpointError::io(&file))?;
+    let index = parse_index(&dir, &text)?;
+    Ok((dir, index))
+}
+
+/// The index `text` of the checkpoint in `dir`, checked: its format and
+/// version, and file names that stay inside `dir`.
+fn parse_index(dir: &Path, text: &str) -> Result<Index, CheckpointError> {
     let format = |message: String| CheckpointError::Format {
-        path: file.display().to_string(),
+        path: dir.join(INDEX).display().to_string(),
         message,
     };
-    let index: Index = serde_json::from_str(&text).map_err(|e| format(e.to_string()))?;
+    let index: Index = serde_json::from_str(text).map_err(|e| format(e.to_string()))?;
     if index.format != FORMAT || index.version != VERSION {
         return Err(format(format!(
             "format '{}' version {}; this build reads '{FORMAT}' version {VERSION}",
             index.format, index.version
         )));
     }
-    Ok((dir, index))
+    let plain = |name: &str| !name.is_empty() && !name.contains(['/', '\\']) && name != ".." && name != ".";
+    if let Some(bad) = index.files.iter().find(|f| !plain(f)) {
+        return Err(format(format!(
+            "file '{bad}' is not a file name in the checkpoint's folder"
+        )));
+    }
+    Ok(index)
 }
 
 /// Reads the checkpoint `path` names and rebuilds every tensor whole.
@@ -111,8 +124,38 @@ pub fn open(path: &Path) -> Result<Restored, CheckpointError> {
             std::fs::read(&file).map_err(CheckpointError::io(&file))?,
         );
     }
+    restore(dir, index, &files)
+}
+
+/// A checkpoint from its index text and its files' bytes, as if read from
+/// `dir` (which names it in errors): the reader's whole logic without the
+/// file system, for fuzzing.
+pub fn open_bytes(
+    dir: &Path,
+    index: &str,
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Result<Restored, CheckpointError> {
+    let index = parse_index(dir, index)?;
+    restore(dir.to_path_buf(), index, files)
+}
+
+/// Every tensor of `index` rebuilt whole from `files`.
+fn restore(
+    dir: PathBuf,
+    index: Index,
+    files: &BTreeMap<String, Vec<u8>>,
+) -> Result<Restored, CheckpointError> {
+    let available: usize = files.values().map(Vec::len).sum();
+    for name in &index.files {
+        if !files.contains_key(name) {
+            return Err(CheckpointError::Missing {
+                path: dir.display().to_string(),
+                what: format!("file '{name}'"),
+            });
+        }
+    }
     let mut parsed = BTreeMap::new();
-    for (name, bytes) in &files {
+    for (name, bytes) in files {
         let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| CheckpointError::Format {
             path: dir.join(name).display().to_string(),
             message: e.to_string(),
@@ -122,6 +165,7 @@ pub fn open(path: &Path) -> Result<Restored, CheckpointError> {
     let reader = Reader {
         dir: &dir,
         files: &parsed,
+        available,
     };
     let mut weights = HashMap::new();
     let mut states = HashMap::new();
@@ -166,6 +210,8 @@ pub fn open(path: &Path) -> Result<Restored, CheckpointError> {
 struct Reader<'a> {
     dir: &'a Path,
     files: &'a BTreeMap<&'a str, safetensors::SafeTensors<'a>>,
+    /// Bytes in all the files: no tensor holds more.
+    available: usize,
 }
 
 impl Reader<'_> {
@@ -181,7 +227,14 @@ impl Reader<'_> {
         pieces: &[Piece],
     ) -> Result<Value, CheckpointError> {
         let parts = cut.map_or(1, |c| c.parts.max(1));
-        let numel: usize = shape.iter().product();
+        let numel = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .filter(|&n| n.saturating_mul(dtype.size_bytes()) <= self.available)
+            .ok_or_else(|| CheckpointError::Format {
+                path: self.dir.join(INDEX).display().to_string(),
+                message: format!("'{name}' of shape {shape:?} holds more than the checkpoint's files"),
+            })?;
         if let Some(c) = cut {
             let cuts = c.axis < shape.len() && shape[c.axis] % (parts * c.blocks.max(1)) == 0;
             if !cuts || c.blocks == 0 {
@@ -216,14 +269,15 @@ impl Reader<'_> {
                 let view = file
                     .tensor(&p.key)
                     .map_err(|_| missing(format!("'{}' has no tensor '{}'", p.file, p.key)))?;
-                if view.shape() != [p.len] || view.data().len() != p.len * dtype.size_bytes() {
+                if view.shape() != [p.len] || Some(view.data().len()) != p.len.checked_mul(dtype.size_bytes())
+                {
                     return Err(missing(format!(
                         "'{}' in '{}' is not {} elements",
                         p.key, p.file, p.len
                     )));
                 }
                 data.extend_from_slice(view.data());
-                next += p.len;
+                next = next.saturating_add(p.len);
             }
             if next != slice_numel {
                 return Err(missing(format!(
@@ -241,5 +295,55 @@ impl Reader<'_> {
             Some(c) => slices::join(&slices_whole, c.axis, c.blocks),
             None => slices_whole.pop().expect("one slice when the tensor is not cut"),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index of one tensor `w` whose weight is `len` elements of `file`.
+    fn index(file: &str, shape: &str, len: usize) -> String {
+        format!(
+            r#"{{"format":"{FORMAT}","version":{VERSION},"step":1,"model":"m","model_hash":"h","precision":"F32",
+            "optimizer":{{"kind":"sgd","lr":0.1,"momentum":0.0,"weight_decay":0.0}},"data":{{"seed":0,"next_step":1}},
+            "plan":null,"files":["{file}"],
+            "tensors":{{"w":{{"shape":{shape},"dtype":"F32","weight":[{{"file":"{file}","key":"k","slice":0,"start":0,"len":{len}}}]}}}}}}"#
+        )
+    }
+
+    fn files(name: &str) -> BTreeMap<String, Vec<u8>> {
+        let bytes: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![2], &bytes).unwrap();
+        let file = safetensors::tensor::serialize(vec![("k", view)], None).unwrap();
+        BTreeMap::from([(name.to_string(), file)])
+    }
+
+    #[test]
+    fn an_index_reads_back_its_tensor_and_refuses_what_does_not_fit() {
+        let dir = Path::new("ck/step-1");
+        let ok = open_bytes(
+            dir,
+            &index("rank-0.safetensors", "[2]", 2),
+            &files("rank-0.safetensors"),
+        )
+        .unwrap();
+        assert_eq!(ok.weight("w").unwrap().to_f64_vec(), vec![1.0, 2.0]);
+        // A file outside the folder, a shape past the files' bytes or past
+        // usize, and a piece longer than its tensor: errors, not panics.
+        let outside = open_bytes(dir, &index("../x", "[2]", 2), &files("../x")).unwrap_err();
+        assert!(outside.to_string().contains("not a file name"), "{outside}");
+        for (shape, len) in [
+            ("[1000000000000]", 2),
+            ("[4294967296, 4294967296, 16]", 2),
+            ("[2]", usize::MAX),
+        ] {
+            let e = open_bytes(
+                dir,
+                &index("rank-0.safetensors", shape, len),
+                &files("rank-0.safetensors"),
+            );
+            assert!(e.is_err(), "{shape} {len}");
+        }
     }
 }
