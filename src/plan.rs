@@ -106,7 +106,7 @@ pub fn load(path: &Path) -> Result<Plan> {
     Plan::from_json(&text).with_context(|| path.display().to_string())
 }
 
-fn degrees(p: &Parallel) -> String {
+pub(crate) fn degrees(p: &Parallel) -> String {
     let mut s = format!("dp {} · tp {} · pp {}", p.dp, p.tp, p.pp);
     if p.cp > 1 {
         let _ = write!(s, " · cp {}", p.cp);

@@ -18,10 +18,9 @@ pub(super) fn export(f: &Facts) -> Exported {
     arg("--tensor-model-parallel-size", Some(p.tp.to_string()));
     arg("--pipeline-model-parallel-size", Some(p.pp.to_string()));
     if p.virtual_stages > 1 {
-        let per_chunk = f.layers() / (p.pp * p.virtual_stages).max(1);
         arg(
             "--num-layers-per-virtual-pipeline-stage",
-            Some(per_chunk.to_string()),
+            Some(f.layers_per_chunk().to_string()),
         );
     }
     if p.sp {

@@ -110,6 +110,12 @@ impl<'a> Facts<'a> {
         self.stage_layers.iter().sum()
     }
 
+    /// Layers in each interleaved chunk of a stage.
+    fn layers_per_chunk(&self) -> usize {
+        let p = &self.plan.parallel;
+        self.layers() / (p.pp * p.virtual_stages).max(1)
+    }
+
     /// Whether every stage holds as many layers.
     fn even_stages(&self) -> bool {
         self.stage_layers.windows(2).all(|w| w[0] == w[1])
@@ -176,15 +182,11 @@ pub fn run(plan_file: &Path, tool: Tool, output: Option<PathBuf>) -> Result<(Pat
 }
 
 /// The plan's degrees and knobs in one line.
-fn summary(p: &autopar_planner::Parallel) -> String {
+pub(crate) fn summary(p: &autopar_planner::Parallel) -> String {
     format!(
-        "dp {} · tp {}{} · pp {} · cp {} · ep {}, {} schedule ({} chunks per stage), ZeRO {}, micro-batch {} × {} (global batch {}), recompute {}",
-        p.dp,
-        p.tp,
-        if p.sp { " (sequence-parallel)" } else { "" },
-        p.pp,
-        p.cp,
-        p.ep,
+        "{}{}, {} schedule ({} chunks per stage), ZeRO {}, micro-batch {} × {} (global batch {}), recompute {}",
+        plan::degrees(p),
+        if p.sp { ", sequence-parallel" } else { "" },
         p.schedule,
         p.virtual_stages,
         p.zero,

@@ -66,8 +66,7 @@ pub(super) fn export(f: &Facts) -> Exported {
     let _ = writeln!(t, "pipeline_parallel_schedule = \"{schedule}\"");
     let _ = writeln!(t, "pipeline_parallel_microbatch_size = {}", p.micro_batch);
     if p.virtual_stages > 1 {
-        let per_chunk = f.layers() / (p.pp * p.virtual_stages).max(1);
-        let _ = writeln!(t, "pipeline_parallel_layers_per_stage = {per_chunk}");
+        let _ = writeln!(t, "pipeline_parallel_layers_per_stage = {}", f.layers_per_chunk());
     }
     let _ = writeln!(t, "context_parallel_degree = {}", p.cp);
     let _ = writeln!(t, "expert_parallel_degree = {}", p.ep);

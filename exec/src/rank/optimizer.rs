@@ -3,6 +3,7 @@
 
 use super::{missing, slice_of, Failure, GradPiece, RankError, RankRun};
 use crate::backend::Backend;
+use crate::checkpoint::layout::shard_range;
 use crate::train::decays;
 use autopar_comm::collective::values::slice;
 use autopar_ir::{Graph, TensorId};
@@ -33,14 +34,8 @@ impl<B: Backend> RankRun<'_, B> {
             weight_numel
         };
         let full_grad = self.dev.numel(&grad) == numel && shard.is_some();
-        let (start, len) = match shard {
-            None => (0, numel),
-            Some(s) => {
-                let chunk = numel.div_ceil(s.parts);
-                let start = (s.index * chunk).min(numel);
-                (start, (numel - start).min(chunk))
-            }
-        };
+        // The range a checkpoint's layout records for this rank's state.
+        let (start, len) = shard_range(numel, shard);
         let optimizer = if decays(rank) {
             self.opts.optimizer
         } else {
