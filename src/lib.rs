@@ -5,6 +5,7 @@
 pub mod check;
 pub mod compare;
 pub mod convert;
+pub mod errors;
 pub mod estimate;
 pub mod export;
 pub mod export_weights;

@@ -469,33 +469,12 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", one_line(&e));
+            eprintln!("error: {}", autopar::errors::one_line(&e));
             ExitCode::from(2)
         }
     }
 }
 
-/// The error and its causes on one line, skipping what is said twice: a cause
-/// the message already quotes (error types often embed their source), or a
-/// context the cause repeats as its own prefix (a file name).
-fn one_line(e: &anyhow::Error) -> String {
-    let mut line = String::new();
-    for cause in e.chain() {
-        let text = cause.to_string();
-        if line.contains(&text) {
-            continue;
-        }
-        if !line.is_empty() && text.starts_with(&line) {
-            line = text;
-            continue;
-        }
-        if !line.is_empty() {
-            line.push_str(": ");
-        }
-        line.push_str(&text);
-    }
-    line.replace('\n', " ")
-}
 
 /// Writes to stdout; a closed pipe (`autopar ... | head`) is not an error.
 fn emit(text: &str) -> Result<()> {
