@@ -17,6 +17,7 @@ pub mod output;
 pub mod plan;
 pub mod profile;
 pub mod replan;
+pub mod report;
 pub mod run;
 pub mod simulate;
 pub mod units;

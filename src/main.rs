@@ -118,6 +118,19 @@ enum Command {
         #[arg(short, long)]
         output: Option<PathBuf>,
     },
+    /// Write a plan as one self-contained HTML page: the mesh on the
+    /// cluster, the stage map, memory against capacity, where a step's time
+    /// goes, the simulated pipeline timeline and the ranking.
+    Report {
+        /// A plan file written by `autopar plan`.
+        plan: PathBuf,
+        /// The page to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Simulate with this calibration (from `autopar profile`).
+        #[arg(long)]
+        calibration: Option<PathBuf>,
+    },
     /// Write a checkpoint's trained weights: FILE.safetensors (whole
     /// tensors named as the model's parameters: an ONNX model's initializer
     /// names) or FILE.onnx (the model the run trained, its initializers
@@ -475,7 +488,6 @@ fn main() -> ExitCode {
     }
 }
 
-
 /// Writes to stdout; a closed pipe (`autopar ... | head`) is not an error.
 fn emit(text: &str) -> Result<()> {
     use std::io::Write;
@@ -758,6 +770,25 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 eprintln!("note: not expressible: {c}");
             }
             emit(&format!("wrote {}\n", written.display()))?
+        }
+        Command::Report {
+            plan,
+            output,
+            calibration,
+        } => {
+            let w = autopar::report::run(&autopar::report::Request {
+                plan,
+                output,
+                calibration,
+            })?;
+            for n in &w.notes {
+                eprintln!("note: {n}");
+            }
+            emit(&format!(
+                "wrote {} ({})\n",
+                w.path.display(),
+                autopar::units::binary(w.bytes as f64)
+            ))?
         }
         Command::ExportWeights {
             dir,

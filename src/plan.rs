@@ -118,7 +118,7 @@ pub(crate) fn degrees(p: &Parallel) -> String {
 }
 
 /// What a plan that leaves GPUs idle says about them.
-fn spares_line(plan: &Plan) -> Option<String> {
+pub(crate) fn spares_line(plan: &Plan) -> Option<String> {
     let used = plan.gpus_used?;
     (plan.spare_gpus > 0).then(|| {
         format!(
@@ -197,7 +197,7 @@ pub fn render(plan: &Plan, output: &Path) -> String {
 }
 
 /// How gradients cross replicas: `ring`, `ps`, with `+bf16` when compressed.
-fn grads(p: &Parallel) -> String {
+pub(crate) fn grads(p: &Parallel) -> String {
     let algorithm = match p.grad_reduce {
         Algorithm::ParameterServer => "ps",
         Algorithm::Ring | Algorithm::Tree => p.grad_reduce.name(),
@@ -208,7 +208,7 @@ fn grads(p: &Parallel) -> String {
     }
 }
 
-fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
+pub(crate) fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
     format!(
         "{}, {} schedule{}, ZeRO {}{}{}, micro-batch {} × {}: {} per step, MFU {:.1} %, {} per GPU",
         degrees(p),
@@ -233,7 +233,7 @@ fn summary(p: &Parallel, e: &autopar_cost_models::Estimate) -> String {
 }
 
 /// Ranks as compact ranges: `0-7, 16-23`.
-fn rank_ranges(ranks: &[usize]) -> String {
+pub(crate) fn rank_ranges(ranks: &[usize]) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut i = 0;
     while i < ranks.len() {
@@ -426,9 +426,20 @@ fn explain_sharding(out: &mut String, plan: &Plan) {
     }
 }
 
+/// The chosen configuration as the search priced it when ranking: what the
+/// runners-up are compared with. (The plan's `predicted` also prices its
+/// per-op sharding, which the ranking's estimates do not.)
+pub(crate) fn ranked_estimate(plan: &Plan) -> &autopar_cost_models::Estimate {
+    plan.search
+        .top
+        .iter()
+        .find(|a| a.parallel == plan.parallel)
+        .map_or(&plan.predicted, |a| &a.predicted)
+}
+
 /// Why the plan beat the runner-up (the fastest other configuration the
 /// search ranked): the step-time parts that differ most.
-fn why(plan: &Plan) -> String {
+pub(crate) fn why(plan: &Plan) -> String {
     let Some(runner_up) = plan.search.top.iter().find(|a| a.parallel != plan.parallel) else {
         return "no other configuration fits".into();
     };
@@ -446,7 +457,7 @@ fn why(plan: &Plan) -> String {
             100.0 * (theirs / ours - 1.0)
         );
     }
-    let e = &plan.predicted;
+    let e = ranked_estimate(plan);
     let slower = predicted.step_time_s / e.step_time_s - 1.0;
     let mut deltas: Vec<(&str, f64)> = predicted
         .breakdown

@@ -4,12 +4,13 @@
 use crate::units::{binary, seconds};
 use crate::{model, output, plan, run};
 use anyhow::{Context, Result};
-use autopar_cost_models::{estimate, Calibration};
+use autopar_cost_models::{estimate, Calibration, Estimate};
 use autopar_exec::trace::chrome_json;
 use autopar_ir::interp::Precision;
+use autopar_ir::Graph;
 use autopar_lower::{for_strategy, Objective, Strategy};
 use autopar_planner::{planned_workload, Plan};
-use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Term};
+use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Simulation, Term};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -45,6 +46,53 @@ pub struct Report {
     pub timeline: String,
 }
 
+/// A plan replayed, and the analytic estimate it is set against.
+pub struct Simulated {
+    pub sim: Simulation,
+    /// Priced with measured per-op rates rather than analytic kernels.
+    pub per_node: bool,
+    pub analytic: Estimate,
+}
+
+/// The model the plan `p` (read from `plan_arg`) was made for, bound to
+/// the plan's shapes and canonicalised; its file must be the one planned.
+pub fn plan_graph(p: &Plan, plan_arg: &str) -> Result<Graph> {
+    run::check_model(p, plan_arg, &p.inputs.model)?;
+    model::canonical(&model::load_with(&p.inputs.model, model::Axes::of_plan(p))?)
+}
+
+/// Lowers the plan `p` (read from `plan_arg`) of `graph` ([`plan_graph`])
+/// and replays its programs, priced with `calibration` (default: the cost
+/// models' own figures).
+pub fn simulate(
+    p: &Plan,
+    plan_arg: &str,
+    graph: &Graph,
+    calibration: Option<&Path>,
+    opts: &SimOptions,
+) -> Result<Simulated> {
+    let model_arg = &p.inputs.model;
+    let strategy = Strategy::from_plan(p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
+    let seq = run::seq_of(graph, p)?;
+    let objective = Objective::infer(graph).with_context(|| model_arg.clone())?;
+    let t = for_strategy(graph, &strategy, seq, objective).with_context(|| model_arg.clone())?;
+    let cal = match calibration {
+        Some(path) => Calibration::load(path)?,
+        None => Calibration::default(),
+    };
+    let (sim, per_node) = simulate_plan(p, &t, &strategy, None, &cal, Precision::F32, opts)
+        .with_context(|| plan_arg.to_string())?;
+    let analytic = match calibration {
+        Some(_) => analytic_estimate(p, graph, &cal, plan_arg)?,
+        None => p.predicted.clone(),
+    };
+    Ok(Simulated {
+        sim,
+        per_node,
+        analytic,
+    })
+}
+
 /// Simulates the plan in `r`.
 pub fn run(r: &Request) -> Result<Report> {
     if let Some(path) = &r.trace {
@@ -52,61 +100,64 @@ pub fn run(r: &Request) -> Result<Report> {
     }
     let plan_arg = r.plan.display().to_string();
     let p = plan::load(&r.plan)?;
-    let model_arg = p.inputs.model.clone();
-    run::check_model(&p, &plan_arg, &model_arg)?;
-    let graph = model::canonical(&model::load_with(&model_arg, model::Axes::of_plan(&p))?)?;
-    let strategy = Strategy::from_plan(&p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
-    let seq = run::seq_of(&graph, &p)?;
-    let objective = Objective::infer(&graph).with_context(|| model_arg.clone())?;
-    let t = for_strategy(&graph, &strategy, seq, objective).with_context(|| model_arg.clone())?;
-    let calibration = match &r.calibration {
-        Some(path) => Calibration::load(path)?,
-        None => Calibration::default(),
-    };
     let sim_opts = SimOptions {
         every_rank: r.every_rank,
         trace: r.trace.is_some(),
     };
-    let (sim, per_node) = simulate_plan(&p, &t, &strategy, None, &calibration, Precision::F32, &sim_opts)
-        .with_context(|| plan_arg.clone())?;
-    let analytic = match &r.calibration {
-        Some(_) => analytic_estimate(&p, &graph, &calibration, &plan_arg)?,
-        None => p.predicted.clone(),
-    };
+    let Simulated {
+        sim,
+        per_node,
+        analytic,
+    } = simulate(
+        &p,
+        &plan_arg,
+        &plan_graph(&p, &plan_arg)?,
+        r.calibration.as_deref(),
+        &sim_opts,
+    )?;
     if let Some(path) = &r.trace {
         let ranks: Vec<usize> = sim.per_rank.iter().map(|r| r.rank).collect();
         let json = chrome_json(&sim.trace, &ranks);
         output::write_atomic(path, serde_json::to_string(&json)?.as_bytes())?;
     }
-    let representatives = sim.reduced().then(|| {
-        format!(
-            "replayed one rank per pipeline stage ({} of {}); the other ranks of a stage differ only in their tensor-, context- or data-parallel place and run the same program, so their timelines are the same",
-            sim.simulated_ranks, sim.world
-        )
-    });
     Ok(Report {
-        model: model_arg,
+        model: p.inputs.model.clone(),
         world: sim.world,
         simulated_ranks: sim.simulated_ranks,
-        representatives,
+        representatives: representatives(&sim),
         step_time_s: sim.step_time_s,
         analytic_step_time_s: analytic.step_time_s,
         bubble_fraction: sim.bubble_fraction,
         terms: sim.terms(&analytic.breakdown),
-        pricing: if per_node {
-            "measured per-op rates".into()
-        } else {
-            "analytic kernels".into()
-        },
+        pricing: pricing(per_node).into(),
         timeline: sim.timeline(96, 16),
         per_rank: sim.per_rank,
     })
 }
 
+/// How ranks were folded into representatives, when they were.
+pub fn representatives(sim: &Simulation) -> Option<String> {
+    sim.reduced().then(|| {
+        format!(
+            "replayed one rank per pipeline stage ({} of {}); the other ranks of a stage differ only in their tensor-, context- or data-parallel place and run the same program, so their timelines are the same",
+            sim.simulated_ranks, sim.world
+        )
+    })
+}
+
+/// What priced the simulation.
+pub fn pricing(per_node: bool) -> &'static str {
+    if per_node {
+        "measured per-op rates"
+    } else {
+        "analytic kernels"
+    }
+}
+
 /// The plan's analytic estimate (of its per-op sharding) under another calibration.
 fn analytic_estimate(
     p: &Plan,
-    graph: &autopar_ir::Graph,
+    graph: &Graph,
     calibration: &Calibration,
     plan_arg: &str,
 ) -> Result<autopar_cost_models::Estimate> {

@@ -4,27 +4,14 @@
 
 mod common;
 
-use common::{autopar, FIXTURES};
+use common::{autopar, plan_1t, FIXTURES, GPT_1T};
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// A plan for Megatron-LM's 1T-parameter run: tensor, sequence and
-/// interleaved pipeline parallelism, ZeRO-1.
+/// A plan for Megatron-LM's 1T-parameter run.
 fn plan(dir: &Path) -> (String, serde_json::Value) {
     let out = dir.join("plan.json");
-    let (code, _, err) = autopar(&[
-        "plan",
-        "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16",
-        "--cluster",
-        "dgx-a100-80g",
-        "--gpus",
-        "3072",
-        "--global-batch",
-        "3072",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(code, 0, "{err}");
+    plan_1t(&out);
     let text = std::fs::read_to_string(&out).unwrap();
     (
         out.to_str().unwrap().to_string(),
@@ -162,7 +149,7 @@ fn estimate_from_an_exported_file_prices_the_plans_configuration() {
     let (plan, v) = plan(dir.path());
     let p = &v["parallel"];
     let s = |k: &str| p[k].to_string().trim_matches('"').to_string();
-    let model = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+    let model = GPT_1T;
     let base = [model, "--cluster", "dgx-a100-80g", "--gpus", "3072", "--json"];
     let step = |extra: &[&str]| -> f64 {
         let mut args = vec!["estimate"];
@@ -234,7 +221,7 @@ fn plan_compare_says_how_much_faster_the_plan_is() {
          --global-batch-size 3072 --recompute-granularity full --sequence-parallel --use-distributed-optimizer\n",
     )
     .unwrap();
-    let model = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+    let model = GPT_1T;
     let out = dir.path().join("plan.json");
     let base = ["--cluster", "dgx-a100-80g", "--gpus", "3072"];
     let mut args = vec![

@@ -5,6 +5,7 @@
 use super::program::Coord;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{Recompute, Schedule};
+use autopar_ir::CommGroup;
 use autopar_planner::spec::OpSharding;
 use autopar_planner::Plan;
 
@@ -259,6 +260,45 @@ impl Strategy {
             .iter()
             .position(|&c| c == coord)
             .expect("coordinates come from the mesh")
+    }
+
+    /// The ranks of `coord`'s `group`, in order: every collective lowering
+    /// emits, and every view of the mesh (the plan report), uses these.
+    pub fn comm_group(&self, group: CommGroup, coord: Coord) -> Vec<usize> {
+        match group {
+            CommGroup::Context => (0..self.cp)
+                .map(|cp| self.rank_of(Coord { cp, ..coord }))
+                .collect(),
+            CommGroup::Tensor => (0..self.tp)
+                .map(|tp| self.rank_of(Coord { tp, ..coord }))
+                .collect(),
+            // Expert-parallel groups are runs of `ep` consecutive data-parallel ranks.
+            CommGroup::Expert => {
+                let first = coord.dp / self.ep * self.ep;
+                (first..first + self.ep)
+                    .map(|dp| self.rank_of(Coord { dp, ..coord }))
+                    .collect()
+            }
+        }
+    }
+
+    /// The ranks that hold copies of `coord`'s weights and sum their
+    /// gradients: data-parallel replicas and context-parallel ranks, in (dp, cp) order.
+    /// Expert weights (split over an expert-parallel group) have copies only
+    /// on the data-parallel ranks at the same place in their own groups.
+    pub fn replica_group(&self, expert: bool, coord: Coord) -> Vec<usize> {
+        (0..self.dp)
+            .filter(|dp| !expert || dp % self.ep == coord.dp % self.ep)
+            .flat_map(|dp| (0..self.cp).map(move |cp| Coord { dp, cp, ..coord }))
+            .map(|c| self.rank_of(c))
+            .collect()
+    }
+
+    /// The rank running each pipeline stage in `coord`'s replica.
+    pub fn pipeline_group(&self, coord: Coord) -> Vec<usize> {
+        (0..self.pp)
+            .map(|pp| self.rank_of(Coord { pp, ..coord }))
+            .collect()
     }
 
     /// Consistency, and the strategies lowering does not implement yet.

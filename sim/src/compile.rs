@@ -63,6 +63,52 @@ pub enum Activity {
 }
 
 impl Activity {
+    /// Every activity, in the order reports list them.
+    pub const ALL: [Activity; 10] = [
+        Activity::Forward,
+        Activity::Backward,
+        Activity::Recompute,
+        Activity::Optimizer,
+        Activity::Other,
+        Activity::TensorComm,
+        Activity::ContextComm,
+        Activity::ExpertComm,
+        Activity::DataComm,
+        Activity::Pipeline,
+    ];
+
+    /// The activity as reports name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Activity::Forward => "forward",
+            Activity::Backward => "backward",
+            Activity::Recompute => "recompute",
+            Activity::Optimizer => "optimizer",
+            Activity::Other => "other",
+            Activity::TensorComm => "tensor-parallel comm",
+            Activity::ContextComm => "context-parallel comm",
+            Activity::ExpertComm => "expert-parallel comm",
+            Activity::DataComm => "data-parallel comm",
+            Activity::Pipeline => "pipeline",
+        }
+    }
+
+    /// The activity's character in the terminal timeline.
+    pub fn symbol(self) -> char {
+        match self {
+            Activity::Forward => 'F',
+            Activity::Backward => 'B',
+            Activity::Recompute => 'R',
+            Activity::Optimizer => 'O',
+            Activity::Other => '-',
+            Activity::TensorComm => 't',
+            Activity::ContextComm => 'c',
+            Activity::ExpertComm => 'e',
+            Activity::DataComm => 'd',
+            Activity::Pipeline => '.',
+        }
+    }
+
     /// Moving data between ranks rather than computing.
     pub fn is_communication(self) -> bool {
         matches!(

@@ -24,10 +24,11 @@ use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{self as lower, LowerError, Program, Strategy, TrainingGraph};
 use autopar_planner::{plan_candidate, Candidate, ModelId, Plan, SearchOptions, SearchResult};
+pub use compile::Activity;
 use compile::{Compiler, GraphIndex, Lane};
 pub use pricing::{Pricing, PricingError, PricingOptions};
 use ranks::Representatives;
-pub use report::{RankReport, Simulation, Term};
+pub use report::{RankReport, Simulation, Term, TimelineRow};
 
 /// How to simulate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -41,6 +41,14 @@ pub struct Term {
     pub simulated_s: f64,
 }
 
+/// One row of the pipeline timeline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimelineRow {
+    pub rank: usize,
+    pub stage: usize,
+    pub cells: Vec<Option<Activity>>,
+}
+
 /// A simulated training step.
 #[derive(Debug, Clone, Serialize)]
 pub struct Simulation {
@@ -55,21 +63,6 @@ pub struct Simulation {
     pub timelines: Vec<Timeline>,
     #[serde(skip)]
     pub trace: Vec<TraceEvent>,
-}
-
-fn activity_name(a: Activity) -> &'static str {
-    match a {
-        Activity::Forward => "forward",
-        Activity::Backward => "backward",
-        Activity::Recompute => "recompute",
-        Activity::Optimizer => "optimizer",
-        Activity::Other => "other",
-        Activity::TensorComm => "tensor-parallel comm",
-        Activity::ContextComm => "context-parallel comm",
-        Activity::ExpertComm => "expert-parallel comm",
-        Activity::DataComm => "data-parallel comm",
-        Activity::Pipeline => "pipeline",
-    }
 }
 
 impl Simulation {
@@ -98,7 +91,7 @@ impl Simulation {
                     seconds: t
                         .seconds
                         .iter()
-                        .map(|(&a, &v)| (activity_name(a).to_string(), v))
+                        .map(|(&a, &v)| (a.name().to_string(), v))
                         .collect(),
                     peak_memory_bytes: t.peak_memory_bytes,
                 }
@@ -201,67 +194,90 @@ impl Simulation {
         ]
     }
 
-    /// A terminal timeline: one row per replayed rank (at most `rows`,
-    /// evenly picked), `width` columns over the step, each showing what the
-    /// compute stream did most of that time.
-    pub fn timeline(&self, width: usize, rows: usize) -> String {
-        let step = self.step_time_s;
+    /// The timeline's rows: one per replayed rank (at most `rows`, evenly
+    /// picked), `width` cells over the step, each the activity the compute
+    /// stream spent most of that time on (`None`: nothing ran). The terminal
+    /// timeline and the plan report draw these.
+    pub fn timeline_rows(&self, width: usize, rows: usize) -> Vec<TimelineRow> {
+        self.timeline_rows_until(self.step_time_s, width, rows)
+    }
+
+    /// When the pipeline has filled: the latest first backward pass of any
+    /// replayed rank (0 without a backward pass). Before it, the timeline
+    /// shows the schedule's warm-up, which a whole step's cells are too
+    /// coarse to draw.
+    pub fn warmed_up_s(&self) -> f64 {
+        self.timelines
+            .iter()
+            .filter_map(|t| {
+                t.stretches
+                    .iter()
+                    .find(|s| s.2 == Activity::Backward)
+                    .map(|s| s.0)
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// [`Simulation::timeline_rows`] over the step's first `until` seconds.
+    pub fn timeline_rows_until(&self, until: f64, width: usize, rows: usize) -> Vec<TimelineRow> {
+        let step = until.min(self.step_time_s);
         let n = self.timelines.len();
-        if n == 0 || step <= 0.0 || width == 0 {
-            return String::new();
+        if n == 0 || step <= 0.0 || width == 0 || rows == 0 {
+            return Vec::new();
         }
         let picked: Vec<usize> = if n <= rows {
             (0..n).collect()
         } else {
             (0..rows).map(|k| k * (n - 1) / (rows - 1).max(1)).collect()
         };
-        let mut out = String::new();
-        for &i in &picked {
-            let mut cells = vec![BTreeMap::<Activity, f64>::new(); width];
-            for &(a, b, act) in &self.timelines[i].stretches {
-                let first = ((a / step) * width as f64).floor() as usize;
-                let last = (((b / step) * width as f64).ceil() as usize).min(width);
-                for (c, cell) in cells.iter_mut().enumerate().take(last).skip(first) {
-                    let lo = (c as f64 / width as f64 * step).max(a);
-                    let hi = ((c + 1) as f64 / width as f64 * step).min(b);
-                    if hi > lo {
-                        *cell.entry(act).or_insert(0.0) += hi - lo;
+        picked
+            .into_iter()
+            .map(|i| {
+                let mut cells = vec![BTreeMap::<Activity, f64>::new(); width];
+                for &(a, b, act) in self.timelines[i].stretches.iter().take_while(|s| s.0 < step) {
+                    let first = ((a / step) * width as f64).floor() as usize;
+                    let last = (((b / step) * width as f64).ceil() as usize).min(width);
+                    for (c, cell) in cells.iter_mut().enumerate().take(last).skip(first) {
+                        let lo = (c as f64 / width as f64 * step).max(a);
+                        let hi = ((c + 1) as f64 / width as f64 * step).min(b);
+                        if hi > lo {
+                            *cell.entry(act).or_insert(0.0) += hi - lo;
+                        }
                     }
                 }
-            }
-            let line: String = cells
-                .iter()
-                .map(|cell| {
-                    cell.iter()
-                        .max_by(|a, b| a.1.total_cmp(b.1))
-                        .map_or(' ', |(&a, _)| symbol(a))
-                })
-                .collect();
-            let r = &self.per_rank[i];
+                TimelineRow {
+                    rank: self.per_rank[i].rank,
+                    stage: self.per_rank[i].stage,
+                    cells: cells
+                        .iter()
+                        .map(|cell| cell.iter().max_by(|a, b| a.1.total_cmp(b.1)).map(|(&a, _)| a))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// A terminal timeline: [`Simulation::timeline_rows`], one character a cell.
+    pub fn timeline(&self, width: usize, rows: usize) -> String {
+        let picked = self.timeline_rows(width, rows);
+        if picked.is_empty() {
+            return String::new();
+        }
+        let mut out = String::new();
+        for r in &picked {
+            let line: String = r.cells.iter().map(|c| c.map_or(' ', Activity::symbol)).collect();
             out.push_str(&format!("rank {:>5} (stage {:>3}) |{line}|\n", r.rank, r.stage));
         }
-        if picked.len() < n {
-            out.push_str(&format!("({} of {} stages shown)\n", picked.len(), n));
+        if picked.len() < self.timelines.len() {
+            out.push_str(&format!(
+                "({} of {} stages shown)\n",
+                picked.len(),
+                self.timelines.len()
+            ));
         }
         out.push_str(
             "F forward  B backward  R recompute  O optimizer  t/c/e/d waiting on tensor/context/expert/data-parallel comm  . pipeline idle\n",
         );
         out
-    }
-}
-
-/// The timeline character of an activity.
-fn symbol(a: Activity) -> char {
-    match a {
-        Activity::Forward => 'F',
-        Activity::Backward => 'B',
-        Activity::Recompute => 'R',
-        Activity::Optimizer => 'O',
-        Activity::Other => '-',
-        Activity::TensorComm => 't',
-        Activity::ContextComm => 'c',
-        Activity::ExpertComm => 'e',
-        Activity::DataComm => 'd',
-        Activity::Pipeline => '.',
     }
 }

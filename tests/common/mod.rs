@@ -143,3 +143,24 @@ pub fn launch_all(world: usize, args: &[&str]) -> Vec<std::process::Output> {
     }
     outputs
 }
+
+/// Megatron-LM's 1T-parameter GPT (Narayanan et al., SC'21).
+pub const GPT_1T: &str = "gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16";
+
+/// Plans [`GPT_1T`] on 3,072 A100s, as Megatron-LM ran it, into `out`:
+/// tensor, sequence and interleaved pipeline parallelism, ZeRO-1.
+pub fn plan_1t(out: &std::path::Path) {
+    let (code, _, err) = autopar(&[
+        "plan",
+        GPT_1T,
+        "--cluster",
+        "dgx-a100-80g",
+        "--gpus",
+        "3072",
+        "--global-batch",
+        "3072",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+}

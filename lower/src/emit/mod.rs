@@ -207,35 +207,6 @@ impl<'a> Layout<'a> {
             })
     }
 
-    /// The ranks of `coord`'s `group`, in order.
-    fn comm_group(&self, group: CommGroup, coord: Coord) -> Vec<usize> {
-        let s = self.s;
-        match group {
-            CommGroup::Context => (0..s.cp).map(|cp| s.rank_of(Coord { cp, ..coord })).collect(),
-            CommGroup::Tensor => (0..s.tp).map(|tp| s.rank_of(Coord { tp, ..coord })).collect(),
-            // Expert-parallel groups are runs of `ep` consecutive data-parallel ranks.
-            CommGroup::Expert => {
-                let first = coord.dp / s.ep * s.ep;
-                (first..first + s.ep)
-                    .map(|dp| s.rank_of(Coord { dp, ..coord }))
-                    .collect()
-            }
-        }
-    }
-
-    /// The ranks that hold copies of `coord`'s weights and sum their
-    /// gradients: data-parallel replicas and context-parallel ranks, in (dp, cp) order.
-    /// Expert weights (split over an expert-parallel group) have copies only
-    /// on the data-parallel ranks at the same place in their own groups.
-    fn dp_group(&self, expert: bool, coord: Coord) -> Vec<usize> {
-        let s = self.s;
-        (0..s.dp)
-            .filter(|dp| !expert || dp % s.ep == coord.dp % s.ep)
-            .flat_map(|dp| (0..s.cp).map(move |cp| Coord { dp, cp, ..coord }))
-            .map(|c| s.rank_of(c))
-            .collect()
-    }
-
     /// The program of `rank`.
     pub fn program(&self, rank: usize) -> Result<Program, LowerError> {
         let coord = self.s.ranks[rank];
@@ -263,9 +234,7 @@ impl<'a> Layout<'a> {
             l: self,
             coord,
             rank,
-            stage_ranks: (0..self.s.pp)
-                .map(|pp| self.s.rank_of(Coord { pp, ..coord }))
-                .collect(),
+            stage_ranks: self.s.pipeline_group(coord),
             comm_groups: Default::default(),
             dp_groups: Default::default(),
             out: Vec::with_capacity(2 * runs),
@@ -444,7 +413,7 @@ impl Emitter<'_, '_> {
         };
         let (l, coord) = (self.l, self.coord);
         self.comm_groups[slot]
-            .get_or_insert_with(|| l.comm_group(group, coord))
+            .get_or_insert_with(|| l.s.comm_group(group, coord))
             .clone()
     }
 
@@ -452,7 +421,7 @@ impl Emitter<'_, '_> {
         let expert = self.l.t.expert_slices.contains_key(param);
         let (l, coord) = (self.l, self.coord);
         self.dp_groups[usize::from(expert)]
-            .get_or_insert_with(|| l.dp_group(expert, coord))
+            .get_or_insert_with(|| l.s.replica_group(expert, coord))
             .clone()
     }
 
