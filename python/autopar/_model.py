@@ -71,8 +71,7 @@ def export_onnx(module: Any, example_inputs: Any, path: str, options: Dict[str, 
     ``torch.onnx.export``, with its default exporter; where that is the
     dynamo exporter and its ``onnxscript`` is not installed, with the
     TorchScript exporter instead (autopar reads either's output)."""
-    import torch
-
+    torch = importlib.import_module("torch")
     # Either exporter writes the file with the onnx package; torch does not require it.
     if importlib.util.find_spec("onnx") is None:
         raise ImportError(

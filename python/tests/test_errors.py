@@ -87,6 +87,6 @@ def test_a_bad_plan_file_is_refused() -> None:
 
 def test_python_type_mistakes_are_type_errors() -> None:
     with pytest.raises(TypeError, match="not int"):
-        autopar.plan(3, **PLAN)  # type: ignore[arg-type]
+        autopar.plan(3, **PLAN)
     with pytest.raises(TypeError, match="example_inputs"):
         autopar.plan(GPT, **PLAN, example_inputs=(1,))
