@@ -1,5 +1,5 @@
 """The plan object: a plan file in memory, with ``autopar explain``,
-``export`` and the report on it."""
+``export`` and ``report`` on it."""
 
 from __future__ import annotations
 
@@ -83,6 +83,14 @@ class Plan:
         """What ``tool`` cannot express of the plan, each with what its
         export writes instead."""
         return self._native.export(tool, None)[1]
+
+    def report(self, path: PathArg) -> List[str]:
+        """Writes the plan as one self-contained HTML page, as ``autopar
+        report`` does: the mesh, stage map, memory, where a step's time goes,
+        the simulated timeline and the ranking. Returns what the page could
+        not show, and why (the simulation needs the plan's model: a file
+        that has gone leaves it out); empty when the page is complete."""
+        return self._native.report(path)
 
     def save(self, path: PathArg) -> None:
         """Writes the plan file (what :meth:`to_json` returns)."""

@@ -1,8 +1,8 @@
 //! `autopar.plan`, `autopar.load_plan` and the plan object: `autopar plan`,
-//! `explain` and `export` on a plan held in memory.
+//! `explain`, `export` and `report` on a plan held in memory.
 
 use crate::{error, keywords};
-use autopar::{export, output, plan as cli};
+use autopar::{export, output, plan as cli, report};
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -48,6 +48,13 @@ impl Plan {
             output::write_atomic(&path, file_text(&self.0)?.as_bytes())
         };
         write().map_err(error)
+    }
+
+    /// Writes the HTML report, as `autopar report` does (simulated without
+    /// holding the GIL); returns what the page could not show, and why.
+    fn report(&self, py: Python<'_>, path: PathBuf) -> PyResult<Vec<String>> {
+        let written = py.detach(|| report::write(&self.0, &path)).map_err(error)?;
+        Ok(written.notes)
     }
 
     fn __eq__(&self, other: &Plan) -> bool {

@@ -24,7 +24,7 @@ def mlp() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
 
 
-def test_a_module_is_exported_and_planned() -> None:
+def test_a_module_is_exported_and_planned(tmp_path: Path) -> None:
     x = torch.randn(8, 64)
     plan = autopar.plan(mlp(), example_inputs=(x,), cluster="dgx-h100", gpus=8, global_batch=64)
     path = plan.onnx_path
@@ -33,6 +33,8 @@ def test_a_module_is_exported_and_planned() -> None:
     p = plan.parallel
     assert p["dp"] * p["tp"] * p["pp"] * p["cp"] == 8
     assert "mesh" in plan.explain()
+    # The report simulates the plan, reading the export: it is all there.
+    assert plan.report(tmp_path / "report.html") == []
     # The temporary export goes with the plan.
     del plan
     gc.collect()
