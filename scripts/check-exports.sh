@@ -26,7 +26,7 @@ fi
 from importlib.metadata import version
 print("validators:", ", ".join(f"{p} {version(p)}" for p in ["torch", "megatron-core", "torchtitan", "deepspeed"]))
 EOF
-autopar="${AUTOPAR:-target/debug/autopar}"
+autopar="${AUTOPAR:-${CARGO_TARGET_DIR:-target}/debug/autopar}"
 [ -x "$autopar" ] || cargo build --bin autopar
 
 plans=()
