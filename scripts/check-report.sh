@@ -17,7 +17,7 @@ if ! command -v chromium > /dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium > /dev/null
 fi
-autopar="${AUTOPAR:-target/debug/autopar}"
+autopar="${AUTOPAR:-${CARGO_TARGET_DIR:-target}/debug/autopar}"
 [ -x "$autopar" ] || cargo build --bin autopar
 
 "$autopar" plan 'gpt:layers=128,hidden=25600,heads=160,vocab=51200,seq=2048,dtype=bf16' \

@@ -127,13 +127,27 @@ fn what_a_target_cannot_express_is_said_in_the_file_and_on_stderr() {
 }
 
 #[test]
-fn the_fixture_plan_exports() {
+fn the_fixture_plan_exports_in_its_models_precision() {
     let dir = tempfile::tempdir().unwrap();
+    // An f32 model: no tool may fall back to its own mixed-precision
+    // default (torchtitan's is bfloat16).
     let plan = format!("{FIXTURES}/plans/v1.json");
-    for to in ["megatron", "torchtitan", "deepspeed"] {
-        let (text, _) = export(&plan, to, dir.path());
-        assert!(!text.is_empty(), "{to}");
-    }
+    let (megatron, _) = export(&plan, "megatron", dir.path());
+    assert!(
+        !megatron.contains("--bf16") && !megatron.contains("--fp16"),
+        "{megatron}"
+    );
+    let (torchtitan, _) = export(&plan, "torchtitan", dir.path());
+    assert!(
+        torchtitan.contains("mixed_precision_param = \"float32\""),
+        "{torchtitan}"
+    );
+    let (deepspeed, _) = export(&plan, "deepspeed", dir.path());
+    let ds: serde_json::Value = serde_json::from_str(&deepspeed).unwrap();
+    assert_eq!(
+        (&ds["bf16"]["enabled"], &ds["fp16"]["enabled"]),
+        (&false.into(), &false.into())
+    );
 }
 
 /// `estimate --from` reads each exported file back as the plan's

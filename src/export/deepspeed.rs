@@ -5,6 +5,7 @@
 
 use super::{Exported, Facts, Tool};
 use autopar_cost_models::Recompute;
+use autopar_ir::DType;
 use serde_json::json;
 
 pub(super) fn export(f: &Facts) -> Exported {
@@ -50,7 +51,8 @@ pub(super) fn export(f: &Facts) -> Exported {
             "contiguous_gradients": true,
             "reduce_bucket_size": u64::from(p.grad_bucket_mib.max(1)) << 20,
         },
-        "bf16": { "enabled": f.bf16 },
+        "bf16": { "enabled": f.dtype == DType::Bf16 },
+        "fp16": { "enabled": f.dtype == DType::F16 },
     });
     if p.tp > 1 {
         config["tensor_parallel"] = json!({ "autotp_size": p.tp });

@@ -4,6 +4,7 @@
 use super::{Exported, Facts, Tool};
 use autopar_cost_models::{AttentionKernel, MeshOrder, Recompute, Schedule};
 use autopar_import::zoo::ModelSpec;
+use autopar_ir::DType;
 
 pub(super) fn export(f: &Facts) -> Exported {
     let p = &f.plan.parallel;
@@ -91,8 +92,10 @@ pub(super) fn export(f: &Facts) -> Exported {
         AttentionKernel::Unfused => "unfused",
     };
     arg("--attention-backend", Some(backend.into()));
-    if f.bf16 {
-        arg("--bf16", None);
+    match f.dtype {
+        DType::Bf16 => arg("--bf16", None),
+        DType::F16 => arg("--fp16", None),
+        _ => {}
     }
     if let Some(seq) = f.seq {
         arg("--seq-length", Some(seq.to_string()));

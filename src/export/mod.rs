@@ -63,8 +63,9 @@ struct Facts<'a> {
     plan: &'a Plan,
     /// The zoo model, whose shape arguments a target can be given.
     spec: Option<ModelSpec>,
-    /// Whether the model trains in bf16.
-    bf16: bool,
+    /// The type the model's weights and activations are in: what each
+    /// tool's mixed-precision setting says.
+    dtype: DType,
     /// The sequence length, when the plan or the spec fixes it.
     seq: Option<usize>,
     /// Layers per stage, in stage order (over all of a stage's chunks).
@@ -99,7 +100,7 @@ impl<'a> Facts<'a> {
             plan,
             seq: plan.inputs.seq.or(spec_seq),
             spec,
-            bf16: dtype == DType::Bf16,
+            dtype,
             stage_layers,
             uniform_recompute,
         }

@@ -4,6 +4,7 @@
 
 use super::{Exported, Facts, Tool};
 use autopar_cost_models::{Recompute, Schedule};
+use autopar_ir::DType;
 use std::fmt::Write;
 
 pub(super) fn export(f: &Facts) -> Exported {
@@ -53,9 +54,13 @@ pub(super) fn export(f: &Facts) -> Exported {
     if let Some(seq) = f.seq {
         let _ = writeln!(t, "seq_len = {seq}");
     }
-    if f.bf16 {
-        let _ = writeln!(t, "mixed_precision_param = \"bfloat16\"");
-    }
+    // torchtitan's default is bfloat16: say the type whatever it is.
+    let param = match f.dtype {
+        DType::Bf16 => "bfloat16",
+        DType::F16 => "float16",
+        _ => "float32",
+    };
+    let _ = writeln!(t, "mixed_precision_param = \"{param}\"");
     let _ = writeln!(t, "\n[parallelism]");
     let _ = writeln!(t, "data_parallel_replicate_degree = {replicate}");
     let _ = writeln!(t, "data_parallel_shard_degree = {shard}");

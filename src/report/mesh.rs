@@ -3,7 +3,7 @@
 //! and a map of every node's GPUs coloured by pipeline stage.
 
 use super::page::{esc, legend, open_section};
-use crate::plan::rank_ranges;
+use crate::plan::{mesh_axes, rank_ranges};
 use autopar_cost_models::{Cluster, Link};
 use autopar_ir::CommGroup;
 use autopar_lower::{Coord, Strategy};
@@ -17,9 +17,9 @@ pub(super) fn stage_colour(stage: usize) -> String {
 }
 
 /// One kind of group, summarised over all of its groups.
-struct GroupKind {
-    name: &'static str,
-    what: &'static str,
+struct GroupKind<'a> {
+    name: &'a str,
+    what: &'a str,
     size: usize,
     groups: usize,
     inside_node: usize,
@@ -28,13 +28,13 @@ struct GroupKind {
 }
 
 /// Every group of one kind, from the rank's group function: each rank once.
-fn kind(
-    name: &'static str,
-    what: &'static str,
+fn kind<'a>(
+    name: &'a str,
+    what: &'a str,
     s: &Strategy,
     node_of: &[usize],
     group: impl Fn(Coord) -> Vec<usize>,
-) -> GroupKind {
+) -> GroupKind<'a> {
     let mut seen = vec![false; s.ranks.len()];
     let mut k = GroupKind {
         name,
@@ -80,12 +80,6 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
             *n = place.node;
         }
     }
-    let axes: Vec<String> = plan
-        .mesh
-        .axes
-        .iter()
-        .map(|a| format!("{} {}", a.name, a.size))
-        .collect();
     open_section(
         out,
         "mesh",
@@ -95,55 +89,47 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
             s.ranks.len(),
             c.nodes,
             c.gpus_per_node,
-            axes.join(" × ")
+            mesh_axes(plan)
         ),
     );
-    let mut kinds = Vec::new();
-    if s.tp > 1 {
-        kinds.push(kind(
+    type GroupOf<'s> = Box<dyn Fn(Coord) -> Vec<usize> + 's>;
+    let all: [(usize, &str, &str, GroupOf); 5] = [
+        (
+            s.tp,
             "tensor",
             "split each layer's weights; all-reduce or gather activations every layer",
-            s,
-            &node_of,
-            |x| s.comm_group(CommGroup::Tensor, x),
-        ));
-    }
-    if s.cp > 1 {
-        kinds.push(kind(
+            Box::new(|x| s.comm_group(CommGroup::Tensor, x)),
+        ),
+        (
+            s.cp,
             "context",
             "split the sequence; exchange keys and values in attention",
-            s,
-            &node_of,
-            |x| s.comm_group(CommGroup::Context, x),
-        ));
-    }
-    if s.ep > 1 {
-        kinds.push(kind(
+            Box::new(|x| s.comm_group(CommGroup::Context, x)),
+        ),
+        (
+            s.ep,
             "expert",
             "split the experts; all-to-all the routed tokens",
-            s,
-            &node_of,
-            |x| s.comm_group(CommGroup::Expert, x),
-        ));
-    }
-    if s.dp * s.cp > 1 {
-        kinds.push(kind(
+            Box::new(|x| s.comm_group(CommGroup::Expert, x)),
+        ),
+        (
+            s.dp * s.cp,
             "data (replicas)",
             "hold copies of the same weights; reduce gradients once a step",
-            s,
-            &node_of,
-            |x| s.replica_group(false, x),
-        ));
-    }
-    if s.pp > 1 {
-        kinds.push(kind(
+            Box::new(|x| s.replica_group(false, x)),
+        ),
+        (
+            s.pp,
             "pipeline",
             "one rank per stage; pass activations and gradients between neighbours",
-            s,
-            &node_of,
-            |x| s.pipeline_group(x),
-        ));
-    }
+            Box::new(|x| s.pipeline_group(x)),
+        ),
+    ];
+    let kinds: Vec<GroupKind> = all
+        .into_iter()
+        .filter(|(degree, ..)| *degree > 1)
+        .map(|(_, name, what, group)| kind(name, what, s, &node_of, group))
+        .collect();
     out.push_str(
         "<table id=\"groups\"><tr><th>group</th><th class=\"n\">size</th><th class=\"n\">groups</th><th>placement</th><th>first group's ranks</th><th>what it does</th></tr>",
     );
