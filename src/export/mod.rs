@@ -176,10 +176,17 @@ pub fn export(plan: &Plan, tool: Tool) -> Exported {
 pub fn run(plan_file: &Path, tool: Tool, output: Option<PathBuf>) -> Result<(PathBuf, Exported)> {
     let p = plan::load(plan_file)?;
     let out = output.unwrap_or_else(|| plan_file.with_file_name(tool.default_file()));
-    output::check_folder(&out)?;
-    let e = export(&p, tool);
-    output::write_atomic(&out, e.text.as_bytes()).with_context(|| out.display().to_string())?;
+    let e = write(&p, tool, &out)?;
     Ok((out, e))
+}
+
+/// Writes `plan` in `tool`'s terms to `out` (the CLI's and the Python
+/// package's one way to write an export); returns what was written.
+pub fn write(plan: &Plan, tool: Tool, out: &Path) -> Result<Exported> {
+    output::check_folder(out)?;
+    let e = export(plan, tool);
+    output::write_atomic(out, e.text.as_bytes()).with_context(|| out.display().to_string())?;
+    Ok(e)
 }
 
 /// The plan's degrees and knobs in one line.
