@@ -57,6 +57,23 @@ pub struct Request {
     pub calibration: Option<PathBuf>,
 }
 
+/// What `--from TOOL FILE` reads, when given.
+pub fn settings_from(from: Option<(&str, &std::path::Path)>) -> Result<Option<crate::export::Settings>> {
+    from.map(|(tool, file)| {
+        let tool = crate::export::Tool::named(tool).map_err(|e| anyhow::anyhow!("--from: {e}"))?;
+        crate::export::read(tool, file)
+    })
+    .transpose()
+}
+
+/// The global batch: what a `--from` file says, else the flag's.
+pub fn global_batch(flag: Option<usize>, settings: Option<&crate::export::Settings>) -> Result<usize> {
+    match (settings.and_then(|s| s.global_batch), flag) {
+        (Some(g), _) | (None, Some(g)) => Ok(g),
+        (None, None) => anyhow::bail!("--global-batch is required (or a --from file that gives it)"),
+    }
+}
+
 impl Request {
     /// The request with what another tool's configuration says in place of
     /// the flags' values; the data-parallel degree and the pipeline depth a

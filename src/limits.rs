@@ -45,6 +45,17 @@ pub fn gpus(value: usize) -> Result<usize> {
     size("--gpus", value, MAX_GPUS, "MAX_GPUS")
 }
 
+/// A MoE capacity factor (`--moe-capacity-factor`): a positive finite number.
+pub fn capacity_factor(cf: f64) -> Result<f64, String> {
+    if cf.is_finite() && cf > 0.0 {
+        Ok(cf)
+    } else {
+        Err(format!(
+            "'{cf}' is not a capacity factor (a positive number, such as 1.25)"
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

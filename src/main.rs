@@ -663,18 +663,12 @@ fn plan_command(a: PlanArgs) -> Result<()> {
 
 /// `autopar estimate`: prices the one configuration the flags give.
 fn estimate_command(a: EstimateArgs) -> Result<()> {
-    let settings = match a.from.as_deref() {
-        Some([tool, file]) => {
-            let tool = <autopar::export::Tool as ValueEnum>::from_str(tool, true)
-                .map_err(|_| anyhow::anyhow!("--from {tool}: expected megatron, torchtitan or deepspeed"))?;
-            Some(autopar::export::read(tool, std::path::Path::new(file))?)
-        }
+    let from = match a.from.as_deref() {
+        Some([tool, file]) => Some((tool.as_str(), std::path::Path::new(file))),
         _ => None,
     };
-    let global_batch = match (a.global_batch, settings.as_ref().and_then(|s| s.global_batch)) {
-        (_, Some(g)) | (Some(g), None) => g,
-        (None, None) => anyhow::bail!("--global-batch is required (or a --from file that gives it)"),
-    };
+    let settings = estimate::settings_from(from)?;
+    let global_batch = estimate::global_batch(a.global_batch, settings.as_ref())?;
     let request = estimate::Request {
         model: a.model,
         cluster: a.cluster,
@@ -868,10 +862,8 @@ fn seq_help() -> String {
 
 /// A capacity factor: a positive finite number.
 fn capacity_factor(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(cf) if cf.is_finite() && cf > 0.0 => Ok(cf),
-        _ => Err(format!(
-            "'{s}' is not a capacity factor (a positive number, such as 1.25)"
-        )),
-    }
+    let cf = s
+        .parse::<f64>()
+        .map_err(|_| format!("'{s}' is not a capacity factor (a positive number, such as 1.25)"))?;
+    autopar::limits::capacity_factor(cf)
 }

@@ -43,9 +43,13 @@ pub struct Request {
 pub fn run(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Plan> {
     output::check_folder(&r.output)?;
     let plan = make(r, progress)?;
-    let json = serde_json::to_string_pretty(&plan)?;
-    output::write_atomic(&r.output, format!("{json}\n").as_bytes())?;
+    output::write_atomic(&r.output, file_text(&plan)?.as_bytes())?;
     Ok(plan)
+}
+
+/// A plan file's text: pretty JSON and a final newline.
+pub fn file_text(plan: &Plan) -> Result<String> {
+    Ok(format!("{}\n", serde_json::to_string_pretty(plan)?))
 }
 
 /// Plans `r.model` (`r.output` is not written).

@@ -1,8 +1,7 @@
 //! `autopar.estimate`: `autopar estimate --json` for one configuration.
 
-use crate::{error, keywords, Error};
+use crate::{error, keywords};
 use autopar::estimate::{self as cli, Request};
-use autopar::export;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -48,26 +47,9 @@ pub fn estimate(
     grad_compression: Option<&str>,
     calibration: Option<PathBuf>,
 ) -> PyResult<String> {
-    let settings = match from_ {
-        Some((tool, file)) => {
-            let tool = <export::Tool as clap::ValueEnum>::from_str(&tool, true).map_err(|_| {
-                Error::new_err(format!(
-                    "--from {tool}: expected megatron, torchtitan or deepspeed"
-                ))
-            })?;
-            Some(export::read(tool, &file).map_err(error)?)
-        }
-        None => None,
-    };
-    // As the CLI: what the file says wins over the argument.
-    let global_batch = match settings.as_ref().and_then(|s| s.global_batch).or(global_batch) {
-        Some(g) => g,
-        None => {
-            return Err(Error::new_err(
-                "--global-batch is required (or a --from file that gives it)",
-            ))
-        }
-    };
+    let from = from_.as_ref().map(|(tool, file)| (tool.as_str(), file.as_path()));
+    let settings = cli::settings_from(from).map_err(error)?;
+    let global_batch = cli::global_batch(global_batch, settings.as_ref()).map_err(error)?;
     let request = Request {
         model,
         cluster,

@@ -19,20 +19,11 @@ pub fn parse_opt<T: FromStr<Err = String>>(value: Option<&str>) -> PyResult<Opti
 
 /// A tool to export to: `megatron`, `torchtitan` or `deepspeed`.
 pub fn tool(name: &str) -> PyResult<Tool> {
-    <Tool as clap::ValueEnum>::from_str(name, true).map_err(|_| {
-        Error::new_err(format!(
-            "unknown tool '{name}' (expected megatron, torchtitan or deepspeed)"
-        ))
-    })
+    Tool::named(name).map_err(Error::new_err)
 }
 
-/// A MoE capacity factor: a positive finite number, as the CLI's
-/// `--moe-capacity-factor` requires.
+/// A MoE capacity factor, as the CLI's `--moe-capacity-factor` requires.
 pub fn capacity_factor(cf: Option<f64>) -> PyResult<Option<f64>> {
-    match cf {
-        Some(cf) if !(cf.is_finite() && cf > 0.0) => Err(Error::new_err(format!(
-            "'{cf}' is not a capacity factor (a positive number, such as 1.25)"
-        ))),
-        _ => Ok(cf),
-    }
+    cf.map(|cf| autopar::limits::capacity_factor(cf).map_err(Error::new_err))
+        .transpose()
 }

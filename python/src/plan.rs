@@ -21,7 +21,7 @@ impl Plan {
 
     /// The plan file's text, as `autopar plan -o` writes it.
     fn to_json(&self) -> PyResult<String> {
-        file_text(&self.0).map_err(error)
+        cli::file_text(&self.0).map_err(error)
     }
 
     /// `autopar explain`'s text.
@@ -45,7 +45,7 @@ impl Plan {
     fn save(&self, path: PathBuf) -> PyResult<()> {
         let write = || {
             output::check_folder(&path)?;
-            output::write_atomic(&path, file_text(&self.0)?.as_bytes())
+            output::write_atomic(&path, cli::file_text(&self.0)?.as_bytes())
         };
         write().map_err(error)
     }
@@ -60,12 +60,6 @@ impl Plan {
     fn __eq__(&self, other: &Plan) -> bool {
         self.0 == other.0
     }
-}
-
-/// The plan file's text: pretty JSON and a final newline, as `plan::run`
-/// writes it.
-fn file_text(plan: &autopar_planner::Plan) -> anyhow::Result<String> {
-    Ok(format!("{}\n", serde_json::to_string_pretty(plan)?))
 }
 
 /// Reads a plan file, as `autopar explain` and `export` do.

@@ -67,7 +67,7 @@ def test_keywords_say_what_is_allowed() -> None:
 def test_estimate_needs_a_global_batch() -> None:
     with raises("--global-batch is required (or a --from file that gives it)"):
         autopar.estimate(GPT, cluster="dgx-h100", gpus=8)
-    with raises("--from nemo: expected megatron, torchtitan or deepspeed"):
+    with raises("--from: unknown tool 'nemo' (expected megatron, torchtitan or deepspeed)"):
         autopar.estimate(GPT, cluster="dgx-h100", gpus=8, from_=("nemo", "x.yaml"))
 
 

@@ -29,6 +29,12 @@ pub enum Tool {
 }
 
 impl Tool {
+    /// The tool called `name` (any case), as the CLI and the Python package read it.
+    pub fn named(name: &str) -> Result<Tool, String> {
+        <Tool as clap::ValueEnum>::from_str(name, true)
+            .map_err(|_| format!("unknown tool '{name}' (expected megatron, torchtitan or deepspeed)"))
+    }
+
     /// The file written when `-o` is not given.
     pub fn default_file(self) -> &'static str {
         match self {
