@@ -451,6 +451,10 @@ struct EstimateArgs {
     /// here does it).
     #[arg(long)]
     f32_cross_entropy: bool,
+    /// How ranks fill the mesh: dp-inner (tp, cp, dp, pp: Megatron-LM's
+    /// default) or pp-inner (tp, cp, pp, dp: its --use-tp-pp-dp-mapping).
+    #[arg(long, default_value = "dp-inner")]
+    mesh_order: autopar_cost_models::MeshOrder,
     /// Data-parallel gradient reductions sent compressed: bf16 or fp16
     /// (16-bit values, partial sums in the gradients' own type), powersgd:R
     /// or topk:F (lossy, with error feedback; :W after either reduces the
@@ -697,7 +701,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         f32_main_grads: a.f32_main_grads,
         f32_cross_entropy: a.f32_cross_entropy,
         grad_compression: a.grad_compression,
-        mesh_order: Default::default(),
+        mesh_order: a.mesh_order,
         calibration: a.calibration,
     };
     let report = estimate::run(&match &settings {

@@ -96,6 +96,7 @@ def estimate(
     f32_main_grads: bool = False,
     f32_cross_entropy: bool = False,
     grad_compression: Optional[str] = None,
+    mesh_order: str = "dp-inner",
     calibration: Optional[PathArg] = None,
     example_inputs: Any = None,
     onnx_export_options: Optional[Dict[str, Any]] = None,
@@ -140,6 +141,7 @@ def estimate(
         f32_main_grads=f32_main_grads,
         f32_cross_entropy=f32_cross_entropy,
         grad_compression=grad_compression,
+        mesh_order=mesh_order,
         calibration=calibration,
     )
     parsed: Dict[str, Any] = json.loads(report)

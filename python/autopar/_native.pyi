@@ -66,5 +66,6 @@ def estimate(
     f32_main_grads: bool,
     f32_cross_entropy: bool,
     grad_compression: Optional[str],
+    mesh_order: str,
     calibration: Optional[_Path],
 ) -> str: ...

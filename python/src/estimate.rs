@@ -13,7 +13,7 @@ use std::path::PathBuf;
     model, *, cluster, gpus, tp, pp, dp, virtual_stages, sp, cp, ep, zero, global_batch, from_,
     micro_batch, seq, recompute, schedule, attention, dropout, moe_capacity_factor,
     overlap_grad_reduce, grad_bucket_mib, tp_comm_overlap, overlap_param_gather, f32_main_grads,
-    f32_cross_entropy, grad_compression, calibration
+    f32_cross_entropy, grad_compression, mesh_order, calibration
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn estimate(
@@ -45,6 +45,7 @@ pub fn estimate(
     f32_main_grads: bool,
     f32_cross_entropy: bool,
     grad_compression: Option<&str>,
+    mesh_order: &str,
     calibration: Option<PathBuf>,
 ) -> PyResult<String> {
     let from = from_.as_ref().map(|(tool, file)| (tool.as_str(), file.as_path()));
@@ -78,7 +79,7 @@ pub fn estimate(
         f32_main_grads,
         f32_cross_entropy,
         grad_compression: keywords::parse_opt(grad_compression)?,
-        mesh_order: Default::default(),
+        mesh_order: keywords::parse(mesh_order)?,
         calibration,
     };
     let request = match &settings {
