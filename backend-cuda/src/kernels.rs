@@ -41,7 +41,7 @@ pub const UNARY_OPS: &[&str] = &[
     "identity",
 ];
 /// `binary_{op}_{T}` kernels.
-pub const BINARY_OPS: &[&str] = &["add", "sub", "mul", "div", "pow", "max", "min"];
+pub const BINARY_OPS: &[&str] = &["add", "sub", "mul", "div", "pow", "mod", "fmod", "max", "min"];
 /// `compare_{op}_{T}` kernels (0/1 byte outputs).
 pub const COMPARE_OPS: &[&str] = &["eq", "lt", "gt"];
 /// `reduce_rows_{op}_{T}` kernels.
@@ -207,9 +207,11 @@ mod tests {
         assert!(elementwise.contains(&"compare_gt_f32".to_string()));
         assert!(elementwise.contains(&"cast_bool_f32".to_string()));
         assert!(!elementwise.contains(&"cast_bool_f32_f32".to_string()));
-        // copy_view, 14 unary, 7 binary, 3 compare, where, fill, add_inplace,
-        // scale: 29 typed kernels per dtype, plus 5 casts.
-        assert_eq!(elementwise.len(), 29 * 2 + 5);
+        assert!(elementwise.contains(&"binary_mod_bf16".to_string()));
+        assert!(elementwise.contains(&"binary_fmod_f32".to_string()));
+        // copy_view, 14 unary, 9 binary, 3 compare, where, fill, add_inplace,
+        // scale: 31 typed kernels per dtype, plus 5 casts.
+        assert_eq!(elementwise.len(), 31 * 2 + 5);
     }
 
     #[test]

@@ -67,6 +67,11 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(f
 #define F32_NAN __int_as_float(0x7fffffff)
 
 // max/min that propagate NaN, as the reference kernels do (fmaxf drops it).
+// The remainder with the divisor's sign (Python's %, ONNX Mod).
+__device__ __forceinline__ float floor_mod(float a, float b) {
+    const float r = fmodf(a, b);
+    return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
 __device__ __forceinline__ float nan_max(float a, float b) { return (a != a || b != b) ? F32_NAN : fmaxf(a, b); }
 __device__ __forceinline__ float nan_min(float a, float b) { return (a != a || b != b) ? F32_NAN : fminf(a, b); }
 

@@ -31,7 +31,8 @@ __device__ __forceinline__ void unary(T* out, const T* in, long long n) {
 // ---- binary and comparisons (broadcast through views; out contiguous) ----
 #define BINARY_OPS(X, T, S)                                                               \
     X(add, a + b, T, S) X(sub, a - b, T, S) X(mul, a * b, T, S) X(div, a / b, T, S)         \
-    X(pow, (powf(a, b)), T, S) X(max, (nan_max(a, b)), T, S) X(min, (nan_min(a, b)), T, S)
+    X(pow, (powf(a, b)), T, S) X(mod, (floor_mod(a, b)), T, S) X(fmod, (fmodf(a, b)), T, S)  \
+    X(max, (nan_max(a, b)), T, S) X(min, (nan_min(a, b)), T, S)
 #define COMPARE_OPS(X, T, S) X(eq, a == b, T, S) X(lt, a < b, T, S) X(gt, a > b, T, S)
 
 #define DEFINE_BINARY_OP(NAME, EXPR, T, S) \

@@ -34,6 +34,8 @@ fn binary_name(f: BinaryOp) -> Option<&'static str> {
         BinaryOp::Mul => "mul",
         BinaryOp::Div => "div",
         BinaryOp::Pow => "pow",
+        BinaryOp::Mod => "mod",
+        BinaryOp::Fmod => "fmod",
         BinaryOp::Max => "max",
         BinaryOp::Min => "min",
         _ => return None,

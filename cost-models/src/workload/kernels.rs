@@ -432,7 +432,14 @@ pub fn saved_tensors(
         Op::Conv { .. } | Op::ConvTranspose { .. } | Op::Pool { .. } => input(0).into_iter().collect(),
         Op::MatMul
         | Op::Binary {
-            func: BinaryOp::Mul | BinaryOp::Div | BinaryOp::Pow | BinaryOp::Max | BinaryOp::Min,
+            func:
+                BinaryOp::Mul
+                | BinaryOp::Div
+                | BinaryOp::Pow
+                | BinaryOp::Mod
+                | BinaryOp::Fmod
+                | BinaryOp::Max
+                | BinaryOp::Min,
         } => inputs.iter().flatten().copied().collect(),
         Op::Unary { func } if !matches!(func, UnaryOp::Neg | UnaryOp::Identity | UnaryOp::Not) => {
             input(0).into_iter().collect()

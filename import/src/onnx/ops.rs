@@ -156,6 +156,7 @@ pub(crate) fn converter(op_type: &str) -> Option<Convert> {
         "ConvTranspose" => super::ops_conv::conv_transpose,
         "MaxPool" | "AveragePool" => super::ops_conv::pool,
         "BatchNormalization" => super::ops_batch_norm::batch_norm,
+        "Mod" => modulo,
         "IsNaN" => is_nan,
         "IsInf" => is_inf,
         "Range" => range,
@@ -274,6 +275,17 @@ fn binary(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
         return Err(n.error("legacy broadcast with an 'axis' attribute (opset < 7) is not supported"));
     }
     let func = table_op(n, BINARY)?;
+    pass(b, n, Op::Binary { func })
+}
+
+/// `Mod`: the divisor's sign (`fmod=0`, integers in ONNX), or the
+/// dividend's (`fmod=1`, C's `fmod`; required for floats).
+fn modulo(b: &mut Builder, n: &NodeCtx) -> Result<(), OnnxError> {
+    let func = match n.attrs.int("fmod")?.unwrap_or(0) {
+        0 => BinaryOp::Mod,
+        1 => BinaryOp::Fmod,
+        other => return Err(n.error(format!("attribute 'fmod' is {other}; expected 0 or 1"))),
+    };
     pass(b, n, Op::Binary { func })
 }
 

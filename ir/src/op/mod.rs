@@ -83,6 +83,12 @@ pub enum BinaryOp {
     Mul,
     Div,
     Pow,
+    /// Remainder with the divisor's sign, `a − b·⌊a/b⌋` (ONNX `Mod`,
+    /// PyTorch's `remainder`, Python's `%`).
+    Mod,
+    /// Remainder with the dividend's sign, `a − b·trunc(a/b)` (ONNX `Mod`
+    /// with `fmod=1`, C's `fmod`).
+    Fmod,
     Max,
     Min,
     And,

@@ -61,9 +61,21 @@ pub(super) fn float_arith<T: Real>(func: BinaryOp, x: T, y: T) -> T {
         BinaryOp::Mul => x * y,
         BinaryOp::Div => x / y,
         BinaryOp::Pow => x.powf(y),
+        BinaryOp::Fmod => x % y,
+        BinaryOp::Mod => floor_mod(x % y, y),
         _ if x.is_nan() || y.is_nan() => T::nan(),
         BinaryOp::Max => x.max(y),
         _ => x.min(y),
+    }
+}
+
+/// A truncated remainder `r` of a division by `y` moved to `y`'s sign (a
+/// floored remainder), without the rounding of `x − y·⌊x/y⌋`.
+fn floor_mod<T: Real>(r: T, y: T) -> T {
+    if r != T::zero() && (r < T::zero()) != (y < T::zero()) {
+        r + y
+    } else {
+        r
     }
 }
 

@@ -140,6 +140,17 @@ fn int_arith(op: &str, func: BinaryOp, dtype: DType, x: i64, y: i64) -> Result<i
         BinaryOp::Div if dtype == DType::U64 => ((x as u64) / (y as u64)) as i64,
         BinaryOp::Div => x.wrapping_div(y),
         BinaryOp::Pow => int_pow(x, y),
+        BinaryOp::Mod | BinaryOp::Fmod if y == 0 => return Err(invalid(op, "integer modulo by zero")),
+        BinaryOp::Mod | BinaryOp::Fmod if dtype == DType::U64 => ((x as u64) % (y as u64)) as i64,
+        BinaryOp::Fmod => x.wrapping_rem(y),
+        BinaryOp::Mod => {
+            let r = x.wrapping_rem(y);
+            if r != 0 && (r < 0) != (y < 0) {
+                r + y
+            } else {
+                r
+            }
+        }
         BinaryOp::Max if int_cmp(dtype, x, y) == Ordering::Less => y,
         BinaryOp::Min if int_cmp(dtype, x, y) == Ordering::Greater => y,
         _ => x,

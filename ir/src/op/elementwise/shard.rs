@@ -60,6 +60,8 @@ fn linear_operands(func: BinaryOp) -> &'static [&'static [usize]] {
         BinaryOp::Mul => &[&[0], &[1]],
         BinaryOp::Div => &[&[0]],
         BinaryOp::Pow
+        | BinaryOp::Mod
+        | BinaryOp::Fmod
         | BinaryOp::Max
         | BinaryOp::Min
         | BinaryOp::And

@@ -90,6 +90,28 @@ fn integers_wrap_and_u64_compares_unsigned() {
     assert_eq!(max[0].as_i64().unwrap(), &[-1]);
 }
 
+/// ONNX `Mod`: the divisor's sign (Python's `%`) and, with `fmod=1`, the
+/// dividend's (C's `fmod`), for integers and floats.
+#[test]
+fn remainders_take_the_divisors_or_the_dividends_sign() {
+    let a = ints(DType::I32, &[4], &[-7, 7, -7, 6]);
+    let b = ints(DType::I32, &[4], &[3, -3, -3, 3]);
+    assert_eq!(
+        eval1(&bin(BinaryOp::Mod), &[&a, &b]).1,
+        vec![2.0, -2.0, -1.0, 0.0]
+    );
+    assert_eq!(
+        eval1(&bin(BinaryOp::Fmod), &[&a, &b]).1,
+        vec![-1.0, 1.0, -1.0, 0.0]
+    );
+    let x = f32s(&[3], &[-7.5, 7.5, 4.0]);
+    let y = f32s(&[3], &[2.0, -2.0, 2.0]);
+    assert_eq!(eval1(&bin(BinaryOp::Mod), &[&x, &y]).1, vec![0.5, -0.5, 0.0]);
+    assert_eq!(eval1(&bin(BinaryOp::Fmod), &[&x, &y]).1, vec![-1.5, 1.5, 0.0]);
+    let zero = ints(DType::I32, &[1], &[0]);
+    assert!(eval(&bin(BinaryOp::Mod), &[&a, &zero]).is_err());
+}
+
 #[test]
 fn pow_with_mixed_types() {
     let base = f32s(&[2], &[2.0, 3.0]);

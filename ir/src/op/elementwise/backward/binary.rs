@@ -1,5 +1,6 @@
 //! Backward rules of `Binary`: arithmetic (variadic `Add`/`Mul`), `Div`,
-//! `Pow` (both operands), and `Max`/`Min` (variadic, ties split evenly).
+//! `Pow` (both operands), `Mod`/`Fmod`, and `Max`/`Min` (variadic, ties
+//! split evenly).
 //! Comparisons and logic give no gradient. Local gradients have the
 //! broadcast output's shape and are summed back to each input's.
 
@@ -59,6 +60,19 @@ pub(super) fn binary_grads(
             }
             if wanted[1] {
                 local[1] = Some(pow_exponent_grad(ctx, a, b, y, g)?);
+            }
+        }
+        // r = a − b·q with q = ⌊a/b⌋ (Mod) or trunc(a/b) (Fmod), piecewise
+        // constant: ∂a = g, ∂b = −g·q, where q = (a − r)/b is recomputed
+        // from the inputs (the op's saved tensors, as for Div).
+        BinaryOp::Mod | BinaryOp::Fmod => {
+            local[0] = Some(g);
+            if wanted[1] {
+                let r = ctx.binary(func, xs[0], xs[1])?;
+                let whole = ctx.binary(BinaryOp::Sub, xs[0], r)?;
+                let q = ctx.binary(BinaryOp::Div, whole, xs[1])?;
+                let gq = ctx.binary(BinaryOp::Mul, g, q)?;
+                local[1] = Some(unary(ctx, UnaryOp::Neg, gq)?);
             }
         }
         BinaryOp::Max | BinaryOp::Min => extremum_grads(ctx, &xs, y, g, &wanted, &mut local)?,
@@ -216,6 +230,16 @@ mod tests {
                     TOL,
                 );
             }
+        }
+    }
+
+    #[test]
+    fn remainders_of_both_operands() {
+        // Quotients away from whole numbers, where the remainder jumps.
+        let a = f64s(&[6], &[2.3, -1.7, 5.1, -4.4, 0.9, 3.3]);
+        let b = f64s(&[6], &[0.7, 1.1, -1.3, 0.6, -0.8, 2.0]);
+        for func in [BinaryOp::Mod, BinaryOp::Fmod] {
+            check_op(&Op::Binary { func }, &[Some(a.clone()), Some(b.clone())], TOL);
         }
     }
 
