@@ -12,7 +12,12 @@
 //!
 //! Run with `cargo bench -p autopar-cpu --bench train_step` (release
 //! build; the zoo GPT takes a few seconds a step on a small machine).
-//! `scripts/torch_train_step.py` times the same zoo GPT step in PyTorch.
+//! The zoo GPT's rows end with PyTorch's time for the same step, run in
+//! the same bench by `scripts/torch_train_step.py` (1 and 2 threads), and
+//! autopar's speed relative to it: one rank against one thread, the faster
+//! two-rank layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
+//! torch (default `python3`); without torch the comparison says it was
+//! skipped. The bench allocates with mimalloc, as the `autopar` binary does.
 
 use autopar_cpu::train;
 use autopar_exec::train::{initialize, Data, Optimizer, TokenSource, DEFAULT_ADAMW_LR};
@@ -24,6 +29,11 @@ use autopar_lower::{lower, training_graph, Objective, Strategy};
 use autopar_rewrite::{canonicalize, detect_blocks};
 use std::error::Error;
 use std::path::Path;
+use std::process::Command;
+
+/// What the `autopar` binary allocates with, so the bench times what it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -190,6 +200,66 @@ fn main() -> Result<()> {
             .map(|r| format!("{} {:.2}×", r.layout, r.tokens_per_s / one.tokens_per_s))
             .collect();
         println!("  2 ranks vs 1 (tokens/s): {}", ratios.join(", "));
+        if m.name == ZOO_MODEL {
+            compare_with_torch(&m, &rows);
+        }
     }
     Ok(())
+}
+
+/// PyTorch's median step for `m` at 1 and 2 threads, beside autopar's rows.
+fn compare_with_torch(m: &Model, rows: &[Row]) {
+    let python = std::env::var("AUTOPAR_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_train_step.py");
+    let out = Command::new(&python)
+        .args([script, "--spec", &m.name, "--batch", &m.global_batch.to_string()])
+        .args(["--warmup", &WARMUP.to_string(), "--steps", &MEASURED.to_string()])
+        .args(["--threads", "1", "2"])
+        .output();
+    let text = match out {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).into_owned(),
+        Ok(o) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err.lines().last().unwrap_or("");
+            println!("  PyTorch: skipped ({python} {script} failed: {last}; set AUTOPAR_TORCH_PYTHON)");
+            return;
+        }
+        Err(e) => {
+            println!("  PyTorch: skipped ({python}: {e}; set AUTOPAR_TORCH_PYTHON)");
+            return;
+        }
+    };
+    // Its table rows: threads, step_s, tokens/s, params, loss.
+    let torch: Vec<(usize, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            match f.as_slice() {
+                [threads, step, _, _, _] => Some((threads.parse().ok()?, step.parse().ok()?)),
+                _ => None,
+            }
+        })
+        .collect();
+    let version = text
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split(',')
+        .next()
+        .unwrap_or("torch");
+    for (threads, torch_s) in torch {
+        let ours = rows
+            .iter()
+            .filter(|r| r.ranks == threads)
+            .min_by(|a, b| a.step_s.total_cmp(&b.step_s));
+        if let Some(r) = ours {
+            println!(
+                "  {version}, {threads} thread{}: {torch_s:.3} s; autopar ({}) {:.3} s = {:.2}× PyTorch's speed",
+                if threads == 1 { "" } else { "s" },
+                r.layout,
+                r.step_s,
+                torch_s / r.step_s
+            );
+        }
+    }
 }
