@@ -9,6 +9,7 @@ use super::super::elementwise::infer_activation;
 use super::super::geometry::numel;
 use super::super::numeric::Real;
 use super::super::{Activation, OpError, TensorType};
+use super::kernel::{gelu_tanh_arg, sigmoid};
 
 /// FLOPs per element: the derivative (a transcendental and a few products)
 /// and the product with `dout`.
@@ -29,11 +30,11 @@ pub(crate) fn derivative<T: Real>(act: Activation, x: T) -> T {
             let pdf = (-half * x * x).exp() * T::lit(1.0 / (2.0 * std::f64::consts::PI).sqrt());
             cdf + x * pdf
         }
+        // With s = ½(1 + tanh u) = σ(2u): s + x·2s(1 − s)·u'(x).
         Activation::GeluTanh => {
             let (c, a) = (T::lit((2.0 / std::f64::consts::PI).sqrt()), T::lit(0.044715));
-            let t = (c * (x + a * x * x * x)).tanh();
-            let three = T::lit(3.0);
-            half * (T::one() + t) + half * x * (T::one() - t * t) * c * (T::one() + three * a * x * x)
+            let s = sigmoid(T::lit(2.0) * gelu_tanh_arg(x));
+            s + T::lit(2.0) * x * s * (T::one() - s) * c * (T::one() + T::lit(3.0) * a * x * x)
         }
     }
 }

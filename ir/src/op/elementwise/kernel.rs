@@ -9,7 +9,7 @@ use super::{binary2, cast_with, unary_int};
 use crate::{DType, Data, RoundMode, Value};
 use std::cmp::Ordering;
 
-fn sigmoid<T: Real>(x: T) -> T {
+pub(crate) fn sigmoid<T: Real>(x: T) -> T {
     if x >= T::zero() {
         T::one() / (T::one() + (-x).exp())
     } else {
@@ -163,11 +163,15 @@ pub(crate) fn activate<T: Real>(act: Activation, x: T) -> T {
         Activation::Relu if x < T::zero() => T::zero(),
         Activation::Relu => x,
         Activation::Gelu => half * x * (T::one() + (x * T::lit(std::f64::consts::FRAC_1_SQRT_2)).erf()),
-        Activation::GeluTanh => {
-            let c = T::lit((2.0 / std::f64::consts::PI).sqrt());
-            half * x * (T::one() + (c * (x + T::lit(0.044715) * x * x * x)).tanh())
-        }
+        // ½·(1 + tanh u) = σ(2u): one exponential instead of a tanh, which
+        // took a sixth of a small GPT's CPU step.
+        Activation::GeluTanh => x * sigmoid(T::lit(2.0) * gelu_tanh_arg(x)),
     }
+}
+
+/// `u = √(2/π)·(x + 0.044715·x³)`, GELU's tanh approximation's argument.
+pub(crate) fn gelu_tanh_arg<T: Real>(x: T) -> T {
+    T::lit((2.0 / std::f64::consts::PI).sqrt()) * (x + T::lit(0.044715) * x * x * x)
 }
 
 /// Reference kernel for `Silu` and `Gelu`.

@@ -18,18 +18,93 @@ pub(super) fn eval_transpose(cx: &EvalCtx, perm: Option<&[usize]>) -> Result<Vec
     let x = cx.input(0)?;
     let rank = x.shape.len();
     let p = perm.map_or_else(|| (0..rank).rev().collect(), <[usize]>::to_vec);
-    let st = strides(&x.shape);
     let out_shape = cx.out_shape(0)?;
-    let idx = strided_index(
-        &out_shape,
-        &p.iter().map(|&a| st[a] as isize).collect::<Vec<_>>(),
-        0,
-    );
     Ok(vec![Value {
         dtype: x.dtype,
         shape: out_shape,
-        data: map_data!(&x.data, d => take(d, &idx)),
+        data: map_data!(&x.data, d => permute(d, &x.shape, &p)),
     }])
+}
+
+/// `data` (row-major, `shape`) with its axes permuted by `p`. The two
+/// layouts transformers move most run without an index per element: a
+/// permutation that keeps the last axis copies whole rows (heads split
+/// from or merged into the hidden axis), one that swaps the last two
+/// transposes cache-sized tiles (a weight read transposed); any other
+/// gathers through an index.
+fn permute<T: Clone>(data: &[T], shape: &[usize], p: &[usize]) -> Vec<T> {
+    let rank = shape.len();
+    let st = strides(shape);
+    let out_shape: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
+    let src_strides: Vec<usize> = p.iter().map(|&a| st[a]).collect();
+    let leading_fixed = |n: usize| (0..n).all(|a| p[a] == a);
+    if rank >= 1 && p[rank - 1] == rank - 1 {
+        let run = shape[rank - 1];
+        let mut out = Vec::with_capacity(data.len());
+        for_each_offset(&out_shape[..rank - 1], &src_strides[..rank - 1], |src| {
+            out.extend_from_slice(&data[src..src + run]);
+        });
+        return out;
+    }
+    if rank >= 2 && p[rank - 2] == rank - 1 && p[rank - 1] == rank - 2 && leading_fixed(rank - 2) {
+        let (m, n) = (shape[rank - 2], shape[rank - 1]);
+        let mut out = Vec::with_capacity(data.len());
+        for matrix in data.chunks(m * n) {
+            transpose_tiles(matrix, m, n, &mut out);
+        }
+        return out;
+    }
+    let idx = strided_index(
+        &out_shape,
+        &src_strides.iter().map(|&s| s as isize).collect::<Vec<_>>(),
+        0,
+    );
+    take(data, &idx)
+}
+
+/// Calls `f` with the source offset of every index of `shape`, in row-major
+/// order, where axis `a` steps `strides[a]` in the source.
+fn for_each_offset(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize)) {
+    if shape.contains(&0) {
+        return;
+    }
+    let mut index = vec![0; shape.len()];
+    let mut offset = 0;
+    loop {
+        f(offset);
+        let mut a = shape.len();
+        loop {
+            if a == 0 {
+                return;
+            }
+            a -= 1;
+            index[a] += 1;
+            offset += strides[a];
+            if index[a] < shape[a] {
+                break;
+            }
+            offset -= strides[a] * shape[a];
+            index[a] = 0;
+        }
+    }
+}
+
+/// Appends the `n × m` transpose of the row-major `m × n` `matrix` to
+/// `out`, a tile at a time so both sides stay in cache.
+fn transpose_tiles<T: Clone>(matrix: &[T], m: usize, n: usize, out: &mut Vec<T>) {
+    const TILE: usize = 32;
+    let start = out.len();
+    out.extend_from_slice(matrix);
+    let dst = &mut out[start..];
+    for j0 in (0..n).step_by(TILE) {
+        for i0 in (0..m).step_by(TILE) {
+            for j in j0..(j0 + TILE).min(n) {
+                for i in i0..(i0 + TILE).min(m) {
+                    dst[j * m + i] = matrix[i * n + j].clone();
+                }
+            }
+        }
+    }
 }
 
 /// Reference kernel for `Expand`.
@@ -42,4 +117,51 @@ pub(super) fn eval_expand(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
         shape: out_shape,
         data: map_data!(&x.data, d => take(d, &idx)),
     }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every permutation of shapes up to rank 4 (with 1-sized and tile-
+    /// straddling axes) against the plain index gather.
+    #[test]
+    fn permute_fast_paths_equal_the_index_gather() {
+        fn perms(n: usize) -> Vec<Vec<usize>> {
+            if n == 0 {
+                return vec![vec![]];
+            }
+            let mut all = vec![];
+            for p in perms(n - 1) {
+                for at in 0..n {
+                    let mut q = p.clone();
+                    q.insert(at, n - 1);
+                    all.push(q);
+                }
+            }
+            all
+        }
+        let shapes: [&[usize]; 6] = [
+            &[5],
+            &[3, 70],
+            &[33, 1],
+            &[2, 3, 4],
+            &[1, 35, 3, 2],
+            &[2, 3, 33, 40],
+        ];
+        for shape in shapes {
+            let n: usize = shape.iter().product();
+            let data: Vec<i64> = (0..n as i64).collect();
+            let st = strides(shape);
+            for p in perms(shape.len()) {
+                let out_shape: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
+                let idx = strided_index(
+                    &out_shape,
+                    &p.iter().map(|&a| st[a] as isize).collect::<Vec<_>>(),
+                    0,
+                );
+                assert_eq!(permute(&data, shape, &p), take(&data, &idx), "{shape:?} {p:?}");
+            }
+        }
+    }
 }
