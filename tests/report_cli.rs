@@ -246,3 +246,51 @@ fn bad_report_input_is_refused_by_name() {
         &["nonexistent-folder"],
     );
 }
+
+/// Expert parallelism: runs of `ep` consecutive data-parallel ranks hold
+/// different experts, and each expert's copies sit `ep` ranks apart.
+#[test]
+fn expert_groups_and_their_replicas() {
+    let dir = scratch_dir("moe");
+    let plan = dir.join("plan.json");
+    let (code, _, err) = autopar(&[
+        "plan",
+        "moe:layers=8,hidden=2048,heads=16,ffn=8192,vocab=32000,seq=2048,experts=16,top_k=2,dtype=bf16",
+        "--cluster",
+        "dgx-h100",
+        "--gpus",
+        "64",
+        "--global-batch",
+        "256",
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let p: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&plan).unwrap()).unwrap();
+    let (ep, dp, tp) = (
+        p["parallel"]["ep"].as_u64().unwrap(),
+        p["parallel"]["dp"].as_u64().unwrap(),
+        p["parallel"]["tp"].as_u64().unwrap(),
+    );
+    assert!(
+        ep > 1 && tp == 1,
+        "the search should pick expert parallelism alone: {}",
+        p["parallel"]
+    );
+    let out = dir.join("report.html");
+    report(&plan, &out);
+    let html = std::fs::read_to_string(&out).unwrap();
+    let groups = rows(element(&html, "table", "groups"));
+    let row = |name: &str| groups.iter().find(|r| r[0] == name).unwrap().clone();
+    let expert = row("expert");
+    assert_eq!(
+        (expert[1].clone(), expert[4].clone()),
+        (ep.to_string(), format!("0-{}", ep - 1))
+    );
+    let replicas = row("data (expert replicas)");
+    assert_eq!(replicas[1], (dp / ep).to_string());
+    assert!(
+        replicas[4].starts_with(&format!("0, {}, {}", ep, 2 * ep)),
+        "{replicas:?}"
+    );
+}

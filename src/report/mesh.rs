@@ -93,7 +93,7 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
         ),
     );
     type GroupOf<'s> = Box<dyn Fn(Coord) -> Vec<usize> + 's>;
-    let all: [(usize, &str, &str, GroupOf); 5] = [
+    let all: [(usize, &str, &str, GroupOf); 6] = [
         (
             s.tp,
             "tensor",
@@ -117,6 +117,13 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
             "data (replicas)",
             "hold copies of the same weights; reduce gradients once a step",
             Box::new(|x| s.replica_group(false, x)),
+        ),
+        (
+            // Experts split over an expert group have fewer copies.
+            if s.ep > 1 { s.dp * s.cp / s.ep } else { 1 },
+            "data (expert replicas)",
+            "hold copies of the same experts; reduce their gradients once a step",
+            Box::new(|x| s.replica_group(true, x)),
         ),
         (
             s.pp,
