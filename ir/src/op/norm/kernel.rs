@@ -9,6 +9,14 @@ use crate::Value;
 
 /// Softmax (or log-softmax) of `x` along rows, written into a new buffer.
 fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
+    if rows.inner == 1 {
+        // The last axis: whole rows in place, no index per element.
+        let mut out = x.to_vec();
+        for row in out.chunks_mut(rows.n.max(1)) {
+            softmax_row(row, log);
+        }
+        return out;
+    }
     let mut out = vec![T::zero(); x.len()];
     let mut idx = Vec::with_capacity(rows.n);
     for base in rows.starts() {
@@ -35,6 +43,33 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
         }
     }
     out
+}
+
+/// Softmax (or log-softmax) of one contiguous row, in place, with the same
+/// operations in the same order as the strided path.
+fn softmax_row<T: Real>(row: &mut [T], log: bool) {
+    let max = row
+        .iter()
+        .fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
+    if log {
+        let mut sum = T::zero();
+        for &v in row.iter() {
+            sum += (v - max).exp();
+        }
+        let lse = sum.ln();
+        for v in row.iter_mut() {
+            *v = *v - max - lse;
+        }
+    } else {
+        let mut sum = T::zero();
+        for v in row.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        for v in row.iter_mut() {
+            *v = *v / sum;
+        }
+    }
 }
 
 /// Reference kernel for `Softmax` and `LogSoftmax`.

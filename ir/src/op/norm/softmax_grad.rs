@@ -37,6 +37,24 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
     let (y, dout) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?);
     let rows = Rows::along(&y_val.shape, norm_axis(cx.op, axis, y_val.shape.len())?);
     let mut dx = vec![T::zero(); y.len()];
+    if rows.inner == 1 {
+        // The last axis: contiguous rows, the same sums in the same order.
+        let n = rows.n.max(1);
+        for ((dx, y), dout) in dx.chunks_mut(n).zip(y.chunks(n)).zip(dout.chunks(n)) {
+            if log {
+                let total = dout.iter().copied().sum::<T>();
+                for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+                    *d = g - y.exp() * total;
+                }
+            } else {
+                let total = dout.iter().zip(y).map(|(&g, &y)| g * y).sum::<T>();
+                for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+                    *d = y * (g - total);
+                }
+            }
+        }
+        return Ok(vec![dx]);
+    }
     let mut idx = Vec::with_capacity(rows.n);
     for base in rows.starts() {
         idx.clear();
