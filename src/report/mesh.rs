@@ -32,7 +32,7 @@ fn kind<'a>(
     name: &'a str,
     what: &'a str,
     s: &Strategy,
-    node_of: &[usize],
+    place_of: &[(usize, usize)],
     group: impl Fn(Coord) -> Vec<usize>,
 ) -> GroupKind<'a> {
     let mut seen = vec![false; s.ranks.len()];
@@ -53,7 +53,7 @@ fn kind<'a>(
         for &r in &g {
             seen[r] = true;
         }
-        let nodes: BTreeSet<usize> = g.iter().map(|&r| node_of[r]).collect();
+        let nodes: BTreeSet<usize> = g.iter().map(|&r| place_of[r].0).collect();
         k.groups += 1;
         k.size = k.size.max(g.len());
         k.inside_node += usize::from(nodes.len() == 1);
@@ -74,10 +74,11 @@ fn link_text(link: &Link) -> String {
 /// the links a group's traffic crosses.
 pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Option<&Cluster>) {
     let c = &plan.inputs.cluster;
-    let mut node_of = vec![0; s.ranks.len()];
+    // Each rank's (node, GPU), by rank.
+    let mut place_of = vec![(0, 0); s.ranks.len()];
     for place in &plan.mesh.ranks {
-        if let Some(n) = node_of.get_mut(place.rank) {
-            *n = place.node;
+        if let Some(p) = place_of.get_mut(place.rank) {
+            *p = (place.node, place.gpu);
         }
     }
     open_section(
@@ -135,7 +136,7 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
     let kinds: Vec<GroupKind> = all
         .into_iter()
         .filter(|(degree, ..)| *degree > 1)
-        .map(|(_, name, what, group)| kind(name, what, s, &node_of, group))
+        .map(|(_, name, what, group)| kind(name, what, s, &place_of, group))
         .collect();
     out.push_str(
         "<table id=\"groups\"><tr><th>group</th><th class=\"n\">size</th><th class=\"n\">groups</th><th>placement</th><th>first group's ranks</th><th>what it does</th></tr>",
@@ -175,7 +176,7 @@ pub(super) fn section(out: &mut String, plan: &Plan, s: &Strategy, cluster: Opti
         );
     }
     out.push_str("</table>");
-    grid(out, plan, s);
+    grid(out, plan, s, &place_of);
 }
 
 /// Where each node's block of GPUs sits in the map.
@@ -219,7 +220,7 @@ impl Geometry {
 
 /// Every node as a block of its GPUs, each coloured by its rank's pipeline
 /// stage and outlined by tensor-parallel group; hovering names the rank.
-fn grid(out: &mut String, plan: &Plan, s: &Strategy) {
+fn grid(out: &mut String, plan: &Plan, s: &Strategy, place_of: &[(usize, usize)]) {
     let c = &plan.inputs.cluster;
     let geo = Geometry::new(c.nodes, c.gpus_per_node);
     let (width, height) = geo.size(c.nodes);
@@ -269,20 +270,14 @@ fn grid(out: &mut String, plan: &Plan, s: &Strategy) {
         }
     }
     if s.tp > 1 {
-        tensor_outlines(out, s, plan, &geo);
+        tensor_outlines(out, s, place_of, &geo);
     }
     out.push_str("</svg>");
 }
 
 /// An outline around each tensor-parallel group that sits on one node's
 /// consecutive GPUs (the groups table tells of the others).
-fn tensor_outlines(out: &mut String, s: &Strategy, plan: &Plan, geo: &Geometry) {
-    let mut place_of = vec![(0, 0); s.ranks.len()];
-    for place in &plan.mesh.ranks {
-        if let Some(p) = place_of.get_mut(place.rank) {
-            *p = (place.node, place.gpu);
-        }
-    }
+fn tensor_outlines(out: &mut String, s: &Strategy, place_of: &[(usize, usize)], geo: &Geometry) {
     for (rank, coord) in s.ranks.iter().enumerate() {
         if coord.tp != 0 {
             continue;

@@ -90,7 +90,7 @@ impl Facts {
     fn gather(plan: &Plan, plan_arg: &str, calibration: Option<&Path>) -> Facts {
         let mut missing = Vec::new();
         let cluster = plan_cluster(plan)
-            .map_err(|e| missing.push(format!("no link figures: {e}")))
+            .map_err(|e| missing.push(format!("no link figures or per-stage memory: {e}")))
             .ok();
         let graph = match simulate::plan_graph(plan, plan_arg) {
             Ok(g) => Some(g),
@@ -110,10 +110,13 @@ impl Facts {
                 missing,
             };
         };
-        let stage_memory = stage_memory(plan, &graph).unwrap_or_else(|e| {
-            missing.push(format!("no per-stage memory: {}", crate::errors::one_line(&e)));
-            Vec::new()
-        });
+        let stage_memory = match &cluster {
+            Some(c) => stage_memory(plan, &graph, c).unwrap_or_else(|e| {
+                missing.push(format!("no per-stage memory: {}", crate::errors::one_line(&e)));
+                Vec::new()
+            }),
+            None => Vec::new(),
+        };
         let simulated = simulate::simulate(plan, plan_arg, &graph, calibration, &SimOptions::default())
             .map_err(|e| missing.push(format!("no simulation: {}", crate::errors::one_line(&e))))
             .ok();
@@ -128,11 +131,10 @@ impl Facts {
 
 /// Each stage's memory as the plan's estimate prices it (the estimate
 /// itself keeps only the peak stage's).
-fn stage_memory(plan: &Plan, graph: &autopar_ir::Graph) -> Result<Vec<MemoryBreakdown>> {
+fn stage_memory(plan: &Plan, graph: &autopar_ir::Graph, cluster: &Cluster) -> Result<Vec<MemoryBreakdown>> {
     let cfg = plan.training_config();
-    let cluster = plan_cluster(plan)?;
     let calibration = Calibration::default();
     let w = planned_workload(graph, &cfg, &plan.sharding)?;
-    let ev = Evaluator::new(&w, &cluster, &calibration, &Mesh::of(&cfg), cfg.sp)?;
+    let ev = Evaluator::new(&w, cluster, &calibration, &Mesh::of(&cfg), cfg.sp)?;
     Ok(ev.stages(&cfg).iter().map(|s| ev.stage_memory(&cfg, s)).collect())
 }
