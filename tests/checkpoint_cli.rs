@@ -38,6 +38,20 @@ fn latest_step(dir: &Path) -> Option<usize> {
     name.trim().strip_prefix("step-")?.parse().ok()
 }
 
+/// The newest complete checkpoint in `DIR` (a `step-<S>` folder with its
+/// index): what `--resume DIR` continues from. A process stopped between
+/// publishing a folder and pointing `latest` at it leaves this one newer.
+fn newest_published(dir: &Path) -> Option<usize> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let step = e.file_name().to_str()?.strip_prefix("step-")?.parse().ok()?;
+            e.path().join("index.json").exists().then_some(step)
+        })
+        .max()
+}
+
 #[test]
 fn a_resumed_run_continues_bit_for_bit() {
     let dir = tempfile::tempdir().unwrap();
@@ -152,7 +166,9 @@ fn a_job_relaunched_on_fewer_ranks_continues_from_the_checkpoint() {
     assert!(!outcomes[0].status.success(), "rank 0 went on without rank 3");
     assert!(survivor.contains("rank 3"), "{survivor}");
 
-    let saved = latest_step(&ck).unwrap();
+    // Rank 0 may have published the step after `latest`'s before it
+    // stopped: the relaunch continues from the newest complete one.
+    let saved = newest_published(&ck).unwrap();
     let kept = dir.path().join("kept");
     std::fs::create_dir(&kept).unwrap();
     let from = ck.join(format!("step-{saved}"));
