@@ -9,6 +9,8 @@ use autopar_cost_models::{
     estimate, AttentionKernel, Calibration, Cluster, Estimate, Recompute, Schedule, Sharding, TrainingConfig,
     Workload, WorkloadOptions,
 };
+use autopar_ir::Loss;
+use autopar_lower::priced_loss;
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -39,6 +41,9 @@ pub struct Request {
     pub attention: AttentionKernel,
     pub dropout: bool,
     pub moe_capacity_factor: Option<f64>,
+    /// The loss to price (`--objective`'s); `None`: the one of the
+    /// objective `run` infers ([`priced_loss`]).
+    pub loss: Option<Loss>,
     pub overlap_grad_reduce: bool,
     /// Gradient bucket size in MiB (0: one collective per parameter tensor).
     pub grad_bucket_mib: u32,
@@ -184,6 +189,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         (None, _, Schedule::Interleaved) => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
         (None, _, Schedule::Gpipe | Schedule::OneFOneB) => 1,
     };
+    let loss = priced_loss(&graph, r.loss);
     let opts = WorkloadOptions {
         micro_batch: r.micro_batch,
         seq: r.seq,
@@ -196,6 +202,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         attention: r.attention,
         dropout: r.dropout,
         moe_capacity_factor: r.moe_capacity_factor,
+        loss,
     };
     let workload = Workload::build(&graph, &opts).with_context(|| r.model.clone())?;
     let cfg = TrainingConfig {
@@ -215,6 +222,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         attention: r.attention,
         dropout: r.dropout,
         moe_capacity_factor: r.moe_capacity_factor,
+        loss,
         overlap_grad_reduce: r.overlap_grad_reduce,
         grad_reduce: autopar_cost_models::GradReduce {
             bucket_mib: r.grad_bucket_mib,

@@ -306,6 +306,10 @@ struct PlanArgs {
     /// GPUs in all: whole nodes, or part of one node.
     #[arg(long)]
     gpus: usize,
+    /// What the model is trained for, as `run --objective` takes it: its
+    /// loss is what the plan prices. Default: what `run` infers.
+    #[arg(long)]
+    objective: Option<Objective>,
     /// Samples per optimizer step.
     #[arg(long)]
     global_batch: usize,
@@ -370,6 +374,10 @@ struct EstimateArgs {
     /// GPUs in all: whole nodes, or part of one node.
     #[arg(long)]
     gpus: usize,
+    /// What the model is trained for, as `run --objective` takes it: its
+    /// loss is what the plan prices. Default: what `run` infers.
+    #[arg(long)]
+    objective: Option<Objective>,
     /// Tensor-parallel degree.
     #[arg(long, default_value_t = 1)]
     tp: usize,
@@ -624,6 +632,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         attention: a.attention,
         dropout: a.dropout,
         moe_capacity_factor: a.moe_capacity_factor,
+        loss: a.objective.map(Objective::loss),
         calibration: a.calibration,
         output: a.output.clone(),
         limits: autopar_planner::DegreeLimits {
@@ -694,6 +703,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         attention: a.attention,
         dropout: a.dropout,
         moe_capacity_factor: a.moe_capacity_factor,
+        loss: a.objective.map(Objective::loss),
         overlap_grad_reduce: a.overlap_grad_reduce,
         grad_bucket_mib: a.grad_bucket_mib,
         tp_comm_overlap: a.tp_comm_overlap,

@@ -31,15 +31,19 @@ pub fn run(dir: &Path, gpus: usize, cluster: Option<&str>, out: Option<PathBuf>)
     let m = model::load_with(&index.model, model::Axes::training(None, saved.inputs.seq))
         .with_context(|| format!("the checkpoint's model {}", index.model))?;
     let canonical = model::canonical(&m)?;
-    let request = run::runnable_request(
-        &index.model,
-        &canonical,
-        cluster,
-        gpus,
-        saved.inputs.global_batch,
-        saved.inputs.seq,
-        out.clone(),
-    );
+    let request = plan::Request {
+        // The loss the checkpoint's run trains, as its plan priced it.
+        loss: Some(saved.inputs.loss),
+        ..run::runnable_request(
+            &index.model,
+            &canonical,
+            cluster,
+            gpus,
+            saved.inputs.global_batch,
+            saved.inputs.seq,
+            out.clone(),
+        )
+    };
     let plan =
         plan::run(&request, &|_, _| {}).with_context(|| format!("planning for {gpus} GPUs of {cluster}"))?;
     Ok(Replanned {

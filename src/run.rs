@@ -321,15 +321,18 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
             model::check_seq(&r.target, &m, r.seq)?;
             let batch = fixed_batch(&m.graph).unwrap_or(1);
             let canonical = model::canonical(&m)?;
-            let request = runnable_request(
-                &r.target,
-                &canonical,
-                "cpu",
-                ranks,
-                r.global_batch.unwrap_or(ROWS_PER_RANK * ranks * batch),
-                r.seq,
-                r.save_plan.clone().unwrap_or_default(),
-            );
+            let request = plan::Request {
+                loss: r.objective.map(Objective::loss),
+                ..runnable_request(
+                    &r.target,
+                    &canonical,
+                    "cpu",
+                    ranks,
+                    r.global_batch.unwrap_or(ROWS_PER_RANK * ranks * batch),
+                    r.seq,
+                    r.save_plan.clone().unwrap_or_default(),
+                )
+            };
             let p = match &r.save_plan {
                 Some(_) if writer => plan::run(&request, &|_, _| {})?,
                 _ => plan::make(&request, &|_, _| {})?,
@@ -378,6 +381,7 @@ pub(crate) fn runnable_request(
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
+        loss: None,
         calibration: None,
         output,
         limits: DegreeLimits {
@@ -526,6 +530,13 @@ pub fn run(
     }
     let seq = seq_of(&graph, &p)?;
     let (objective, chosen) = objective(r, &graph).with_context(|| model_arg.clone())?;
+    if p.inputs.loss != objective.loss() {
+        bail!(
+            "the plan prices a {} loss, but this run trains {objective}, a {} loss: run it with the objective it was planned for (--objective), or plan again with --objective {objective}",
+            p.inputs.loss,
+            objective.loss()
+        );
+    }
     opts.objective = Some(objective);
     let rank = launch.rank;
     let session = Session::new(p, graph, seq, opts, launch).with_context(|| model_arg.clone())?;

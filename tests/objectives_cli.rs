@@ -255,3 +255,41 @@ fn help_names_the_objectives() {
         assert!(out.contains(needle), "{needle} missing from:\n{out}");
     }
 }
+
+/// A plan prices the loss of the objective it is made for (inferred, or
+/// `--objective`) and records it; a run of another objective is refused
+/// with the flag that fits, and the objective it was planned for runs.
+#[test]
+fn plans_price_and_record_the_objectives_loss() {
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = model("mlp.ts.onnx");
+    let mut files = Vec::new();
+    for (flag, loss) in [(None, "cross_entropy"), (Some("regress"), "squared_error")] {
+        let file = dir.path().join(format!("{loss}.json"));
+        let mut args = vec![
+            "plan",
+            &mlp,
+            "--cluster",
+            "cpu",
+            "--gpus",
+            "2",
+            "--global-batch",
+            "8",
+        ];
+        let out = file.to_str().unwrap();
+        args.extend(["-o", out, "--json"]);
+        if let Some(o) = flag {
+            args.extend(["--objective", o]);
+        }
+        let (code, stdout, err) = autopar(&args);
+        assert_eq!(code, 0, "{err}");
+        let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(plan["inputs"]["loss"], loss);
+        files.push(file);
+    }
+    let regress = files[1].to_str().unwrap();
+    let run = ["run", &mlp, "--plan", regress, "--ranks", "2", "--steps", "1"];
+    assert_error(&run, 2, &["squared_error", "classify", "--objective"]);
+    let (code, _, err) = autopar(&[&run[..], &["--objective", "regress"]].concat());
+    assert_eq!(code, 0, "{err}");
+}

@@ -35,6 +35,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             attention: r.config().attention,
             dropout: r.config().dropout,
             moe_capacity_factor: None,
+            loss: Default::default(),
             top: 1,
             tp_comm_overlap: false,
         };

@@ -158,6 +158,7 @@ fn workload(micro_batch: usize) -> Workload {
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
+        loss: Default::default(),
     };
     Workload::build(&model(), &opts).unwrap()
 }

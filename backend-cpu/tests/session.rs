@@ -25,6 +25,7 @@ fn session() -> Session {
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
+        loss: Default::default(),
         top: 1,
         tp_comm_overlap: false,
         limits: DegreeLimits {

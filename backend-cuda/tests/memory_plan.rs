@@ -301,6 +301,7 @@ fn the_activation_peak_is_near_the_cost_model_s_activation_memory() {
             attention: AttentionKernel::Fused,
             dropout: false,
             moe_capacity_factor: None,
+            loss: Default::default(),
         },
     )
     .unwrap();

@@ -3,6 +3,7 @@
 //! cluster and the model before anything is priced.
 
 use crate::workload::AttentionKernel;
+use autopar_ir::Loss;
 
 /// What activations the backward pass recomputes instead of storing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -343,6 +344,8 @@ pub struct TrainingConfig {
     /// MoE capacity factor (drop and pad); `None`: no token is dropped
     /// ([`crate::workload::WorkloadOptions::moe_capacity_factor`]).
     pub moe_capacity_factor: Option<f64>,
+    /// The loss training appends on the output (the objective's).
+    pub loss: Loss,
     /// Gradient reduction overlaps the last micro-batch's backward pass
     /// (bucketed, as PyTorch DDP does) instead of following it.
     pub overlap_grad_reduce: bool,
@@ -362,7 +365,7 @@ pub struct TrainingConfig {
     /// The loss as Megatron-LM computes it by default: the logits cast to
     /// f32 and its vocabulary-parallel cross-entropy's passes over them
     /// ([`crate::workload::kernels::megatron_cross_entropy`]), instead of
-    /// the one log-softmax pass lowering emits. No backend here runs it: it
+    /// the cross-entropy lowering emits. No backend here runs it: it
     /// prices runs of Megatron-LM.
     pub f32_cross_entropy: bool,
     /// ZeRO-3: how many layers ahead of the one it computes a task gathers
@@ -590,6 +593,7 @@ impl Default for TrainingConfig {
             attention: AttentionKernel::Fused,
             dropout: false,
             moe_capacity_factor: None,
+            loss: Loss::CrossEntropy,
             overlap_grad_reduce: false,
             grad_reduce: GradReduce::default(),
             tp_comm_overlap: false,

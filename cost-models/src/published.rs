@@ -6,6 +6,7 @@
 
 use crate::config::{Recompute, Schedule, TrainingConfig};
 use crate::workload::{AttentionKernel, Sharding, WorkloadOptions};
+use autopar_ir::Loss;
 
 const SC21: &str = include_str!("../../fixtures/megatron_sc21_table1.json");
 const MCORE_H100: &str = include_str!("../../fixtures/megatron_core_h100.json");
@@ -197,6 +198,7 @@ impl PublishedRun {
             attention: self.setting.attention,
             dropout: self.setting.dropout,
             moe_capacity_factor: None,
+            loss: Loss::CrossEntropy,
         }
     }
 

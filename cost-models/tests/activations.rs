@@ -24,6 +24,7 @@ fn workload(tp: usize, sp: bool, attention: AttentionKernel) -> Workload {
         attention,
         dropout: true,
         moe_capacity_factor: None,
+        loss: Default::default(),
     };
     Workload::build(&graph, &opts).unwrap()
 }

@@ -74,6 +74,7 @@ fn workload(c: &Case, attention: AttentionKernel) -> Workload {
         attention,
         dropout: true,
         moe_capacity_factor: None,
+        loss: Default::default(),
     };
     Workload::build(&spec.build().unwrap(), &opts).unwrap()
 }

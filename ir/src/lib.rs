@@ -12,6 +12,7 @@ mod graph;
 pub mod interp;
 pub mod json;
 pub mod layers;
+mod loss;
 pub mod lowp;
 pub mod op;
 mod shape;
@@ -20,6 +21,7 @@ mod value;
 
 pub use dtype::DType;
 pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
+pub use loss::Loss;
 pub use lowp::RoundMode;
 pub use op::{
     pool_divisors, Activation, BinaryOp, CommGroup, CommKind, ConvSizes, Cost, GeluApprox, InferInput, Op,

@@ -260,3 +260,49 @@ fn misfits_name_the_input_output_and_flag() {
         assert!(err.contains(want), "{objective}: {err}");
     }
 }
+
+/// One truth for the loss: for every kind of loss, the kernels the cost
+/// model prices are the `loss/…` nodes lowering appends to the training
+/// graph, one for one (but views: the targets' reshape runs no kernel).
+#[test]
+fn the_cost_model_prices_the_loss_lowering_appends() {
+    use autopar_cost_models::workload::{AttentionKernel, Sharding, Workload, WorkloadOptions};
+    let gpt = "gpt:layers=1,hidden=16,heads=2,vocab=32,seq=8";
+    let bert = "bert:layers=1,hidden=16,heads=2,vocab=32,seq=8";
+    let cases = [
+        ("gpt", zoo(gpt), Objective::Lm),
+        ("bert", zoo(bert), Objective::Mlm),
+        ("classifier", linear(&[4, 3], &[4, 5]), Objective::Classify),
+        ("regressor", linear(&[4, 3], &[4, 1]), Objective::Regress),
+    ];
+    for (name, g, objective) in cases {
+        let t = training_graph(&g, 4, 8, 4, objective).unwrap();
+        let tg = &t.graph;
+        let mut appended: Vec<String> = tg
+            .node_indices()
+            .map(|i| tg.node(i))
+            .filter(|n| t.forward.contains(&n.name) && n.name.starts_with("loss/"))
+            .filter(|n| !matches!(n.op, Op::Reshape { .. }))
+            .map(|n| n.name.clone())
+            .collect();
+        let opts = WorkloadOptions {
+            micro_batch: Some(4),
+            seq: objective.on_tokens().then_some(8),
+            sharding: Sharding {
+                tp: 1,
+                sp: false,
+                cp: 1,
+                ep: 1,
+            },
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            moe_capacity_factor: None,
+            loss: objective.loss(),
+        };
+        let w = Workload::build(&g, &opts).unwrap();
+        let mut priced: Vec<String> = w.loss.iter().map(|k| k.node.clone()).collect();
+        appended.sort();
+        priced.sort();
+        assert_eq!(priced, appended, "{name} ({objective})");
+    }
+}

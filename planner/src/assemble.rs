@@ -180,6 +180,7 @@ pub fn plan_candidate(
             global_batch: opts.global_batch,
             seq: opts.seq,
             max_memory_fraction: opts.max_memory_fraction,
+            loss: opts.loss,
         },
         mesh,
         parallel: Parallel::of(cfg, candidate.estimate.micro_batches),
@@ -226,6 +227,7 @@ pub fn planned_workload(
         attention: cfg.attention,
         dropout: cfg.dropout,
         moe_capacity_factor: cfg.moe_capacity_factor,
+        loss: cfg.loss,
     };
     let names: BTreeMap<String, String> = sharding
         .iter()

@@ -71,6 +71,7 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
             attention: opts.attention,
             dropout: opts.dropout,
             moe_capacity_factor: None,
+            loss: Default::default(),
         },
     )
     .unwrap();
@@ -105,6 +106,7 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
                                 attention: opts.attention,
                                 dropout: opts.dropout,
                                 moe_capacity_factor: None,
+                                loss: Default::default(),
                             },
                         )
                         .unwrap();
@@ -215,6 +217,7 @@ fn check(
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
+        loss: Default::default(),
         top: 3,
         tp_comm_overlap: false,
     };

@@ -2,6 +2,7 @@
 
 use crate::{error, keywords};
 use autopar::estimate::{self as cli, Request};
+use autopar_lower::Objective;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -11,7 +12,7 @@ use std::path::PathBuf;
 #[pyfunction]
 #[pyo3(signature = (
     model, *, cluster, gpus, tp, pp, dp, virtual_stages, sp, cp, ep, zero, global_batch, from_,
-    micro_batch, seq, recompute, schedule, attention, dropout, moe_capacity_factor,
+    micro_batch, seq, recompute, schedule, attention, dropout, moe_capacity_factor, objective,
     overlap_grad_reduce, grad_bucket_mib, tp_comm_overlap, overlap_param_gather, f32_main_grads,
     f32_cross_entropy, grad_compression, mesh_order, calibration
 ))]
@@ -38,6 +39,7 @@ pub fn estimate(
     attention: &str,
     dropout: bool,
     moe_capacity_factor: Option<f64>,
+    objective: Option<&str>,
     overlap_grad_reduce: bool,
     grad_bucket_mib: u32,
     tp_comm_overlap: bool,
@@ -72,6 +74,7 @@ pub fn estimate(
         attention: keywords::parse(attention)?,
         dropout,
         moe_capacity_factor: keywords::capacity_factor(moe_capacity_factor)?,
+        loss: keywords::parse_opt::<Objective>(objective)?.map(Objective::loss),
         overlap_grad_reduce,
         grad_bucket_mib,
         tp_comm_overlap,

@@ -3,6 +3,7 @@
 
 use crate::{error, keywords};
 use autopar::{export, output, plan as cli, report};
+use autopar_lower::Objective;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -74,7 +75,7 @@ pub fn load_plan(path: PathBuf) -> PyResult<Plan> {
 #[pyfunction]
 #[pyo3(signature = (
     model, *, cluster, gpus, global_batch, seq, max_memory_fraction, top, attention, dropout,
-    moe_capacity_factor, calibration, tp_comm_overlap, allow_lossy_compression, verify
+    moe_capacity_factor, objective, calibration, tp_comm_overlap, allow_lossy_compression, verify
 ))]
 #[allow(clippy::too_many_arguments)]
 pub fn plan(
@@ -89,6 +90,7 @@ pub fn plan(
     attention: &str,
     dropout: bool,
     moe_capacity_factor: Option<f64>,
+    objective: Option<&str>,
     calibration: Option<PathBuf>,
     tp_comm_overlap: bool,
     allow_lossy_compression: bool,
@@ -105,6 +107,7 @@ pub fn plan(
         attention: keywords::parse(attention)?,
         dropout,
         moe_capacity_factor: keywords::capacity_factor(moe_capacity_factor)?,
+        loss: keywords::parse_opt::<Objective>(objective)?.map(Objective::loss),
         calibration,
         // `make` does not write: the Python side saves where it is told.
         output: PathBuf::new(),

@@ -129,6 +129,7 @@ pub fn workload_options(seq: usize, tp: usize, sp: bool) -> WorkloadOptions {
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
+        loss: Default::default(),
     }
 }
 

@@ -757,27 +757,45 @@ impl<'g> Builder<'g> {
         kernels::price(&ctx, &ir)
     }
 
-    /// The kernels of the token cross-entropy lowering adds on each graph
-    /// output: a log-softmax over the rank's logits, priced as the op is
-    /// wherever it runs (the picking of the targets' entries and their sum
-    /// touch one value per token and are left out). Returns those kernels
-    /// and the logit elements they read on one rank.
+    /// The graph outputs a loss reads (the float ones; lowering trains a
+    /// model with one) and the unit that produces each.
+    pub(super) fn loss_outputs(&self) -> Vec<(TensorId, usize)> {
+        let graph = self.graph;
+        graph
+            .outputs
+            .iter()
+            .filter(|&&t| graph.tensor(t).ty.dtype.is_float())
+            .filter_map(|&t| Some((t, graph.producer(t).and_then(|p| self.unit_of(p))?)))
+            .collect()
+    }
+
+    /// The kernels of the loss lowering appends on each float graph output
+    /// ([`autopar_ir::Loss::standalone`], the nodes the training graph
+    /// gets), at the rank's shapes and priced as each op is wherever it
+    /// runs. Returns those kernels and, for a cross-entropy, the logit
+    /// elements it reads on one rank (what another implementation of it
+    /// is priced against).
     pub(super) fn add_loss_kernels(&mut self) -> (Vec<kernels::OpWork>, f64) {
         let (mut all, mut elements) = (Vec::new(), 0.0);
-        for &t in &self.graph.outputs {
-            let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
-                continue;
-            };
+        let loss = self.opts.loss;
+        for (t, u) in self.loss_outputs() {
             let ty = TensorType {
                 dtype: self.graph.tensor(t).ty.dtype,
                 shape: Shape::fixed(&self.dims[t.index()]),
             };
-            let op = Op::LogSoftmax { axis: -1 };
             let work_div = self.divisor(self.layouts[t.index()]);
-            let priced = self.synthetic(&op, "loss/log_softmax", vec![ty.clone()], &[ty], work_div);
-            elements += self.dims[t.index()].iter().product::<usize>() as f64 / work_div;
-            all.extend(priced.iter().cloned());
-            self.units[u].ops.extend(priced);
+            let g = loss.standalone(&ty);
+            for idx in g.node_indices() {
+                let node = g.node(idx);
+                let types = |ts: &[TensorId]| ts.iter().map(|&t| g.tensor(t).ty.clone()).collect::<Vec<_>>();
+                let inputs = types(&node.inputs.iter().flatten().copied().collect::<Vec<_>>());
+                let priced = self.synthetic(&node.op, &node.name, inputs, &types(&node.outputs), work_div);
+                all.extend(priced.iter().cloned());
+                self.units[u].ops.extend(priced);
+            }
+            if loss.over_classes() {
+                elements += self.dims[t.index()].iter().product::<usize>() as f64 / work_div;
+            }
         }
         (all, elements)
     }
@@ -794,10 +812,7 @@ impl<'g> Builder<'g> {
         if s.cp > 1 {
             // Each context rank sums its tokens' losses; the sums are
             // all-reduced (one value per graph output).
-            for &t in &self.graph.outputs {
-                let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
-                    continue;
-                };
+            for (t, u) in self.loss_outputs() {
                 let bytes = self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0;
                 self.units[u].comms.push(CommWork {
                     group: Group::Context,
@@ -811,10 +826,7 @@ impl<'g> Builder<'g> {
         if s.tp == 1 {
             return;
         }
-        for &t in &self.graph.outputs {
-            let Some(u) = self.graph.producer(t).and_then(|p| self.unit_of(p)) else {
-                continue;
-            };
+        for (t, u) in self.loss_outputs() {
             let vocab_split = match &self.planned {
                 Some(planned) => match planned.loss_input(t, self.dims[t.index()].len()) {
                     Some(None) => true,
@@ -828,6 +840,15 @@ impl<'g> Builder<'g> {
                 None => self.layouts[t.index()] == Layout::Split,
             };
             if !vocab_split {
+                continue;
+            }
+            if !self.opts.loss.over_classes() {
+                // A squared error on a split output reads the values' slice
+                // and all-reduces its one partial sum.
+                let bytes = self.graph.tensor(t).ty.dtype.size_bits() as f64 / 8.0;
+                self.units[u]
+                    .comms
+                    .push(tensor_comm(Some(Collective::AllReduce), None, bytes));
                 continue;
             }
             let vocab = self.dims[t.index()].last().copied().unwrap_or(1).max(1) as f64;

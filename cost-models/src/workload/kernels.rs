@@ -161,6 +161,16 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
             let out = ctx.output_types.first().map_or(0.0, nbytes) / div;
             vec![lookup(ctx.name, ctx.dtype, flops, out)]
         }
+        // Reads the entries it returns; its adjoint writes a gradient
+        // shaped as the input, zero but at those entries (a cross-entropy's
+        // pick of each target's log-probability).
+        Op::GatherElements { .. } => {
+            let out = ctx.output_types.first().map_or(0.0, nbytes) / div;
+            let input = ctx.input(0).map_or(0.0, nbytes) / div;
+            let mut pick = lookup(ctx.name, ctx.dtype, flops, out);
+            pick.backward_bytes = input + out;
+            vec![pick]
+        }
         // Streaming passes: each reads its inputs and writes its outputs once.
         Op::Unary { .. }
         | Op::Binary { .. }
@@ -193,7 +203,6 @@ pub fn price(ctx: &Context, ir: &autopar_ir::Cost) -> Vec<OpWork> {
         | Op::Expand
         | Op::Concat { .. }
         | Op::Trilu { .. }
-        | Op::GatherElements { .. }
         | Op::GatherNd { .. }
         | Op::GatherGrad { .. }
         | Op::GatherElementsGrad { .. }

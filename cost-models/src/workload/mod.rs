@@ -17,7 +17,7 @@ pub mod kernels;
 pub mod layout;
 
 use crate::comm::Collective;
-use autopar_ir::{Bindings, DType, Dim, Graph, NodeIndex, TensorId};
+use autopar_ir::{Bindings, DType, Dim, Graph, Loss, NodeIndex, TensorId};
 pub use builder::is_residual_add;
 use builder::{Builder, Planned};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -62,6 +62,8 @@ pub struct WorkloadOptions {
     /// token assignments each, in blocks of that many rows (drop and pad);
     /// `None`: no token is dropped.
     pub moe_capacity_factor: Option<f64>,
+    /// The loss training appends on the output (the objective's).
+    pub loss: Loss,
 }
 
 /// The tensor-parallel, context-parallel or expert-parallel group.
@@ -255,7 +257,7 @@ impl Workload {
         b.add_loss_comms();
         let (loss, loss_elements) = b.add_loss_kernels();
         b.add_sequence_parallel_grad_comms();
-        let output_bytes = graph.outputs.iter().map(|&t| b.loss_input_bytes(t)).sum();
+        let output_bytes = b.loss_outputs().iter().map(|&(t, _)| b.loss_input_bytes(t)).sum();
         let boundary_bytes = b.boundary_bytes();
         let [pre, layer, post] = b.units;
         let layers = graph.blocks.len();
@@ -430,6 +432,7 @@ mod tests {
             attention: AttentionKernel::Fused,
             dropout: false,
             moe_capacity_factor: None,
+            loss: Default::default(),
         };
         Workload::build(&spec.build().unwrap(), &opts).unwrap()
     }
@@ -519,8 +522,9 @@ mod tests {
     fn the_loss_reads_the_ranks_logits() {
         let whole = build(GPT, 1, false, 1);
         assert_eq!(whole.loss_elements, 2.0 * 16.0 * 100.0);
-        assert_eq!(whole.loss.len(), 1);
-        assert!(whole.post.ops.contains(&whole.loss[0]));
+        let names: Vec<&str> = whole.loss.iter().map(|k| k.node.as_str()).collect();
+        assert_eq!(names[..2], ["loss/log_softmax", "loss/picked"]);
+        assert!(whole.loss.iter().all(|k| whole.post.ops.contains(k)));
         assert_eq!(build(GPT, 2, false, 1).loss_elements, 2.0 * 16.0 * 50.0);
         let megatron = kernels::megatron_cross_entropy(100.0, DType::Bf16);
         assert_eq!(
@@ -650,6 +654,7 @@ mod tests {
             attention: AttentionKernel::Fused,
             dropout: false,
             moe_capacity_factor: None,
+            loss: Default::default(),
         };
         assert!(Workload::build(&g, &opts(4)).is_ok());
         let err = Workload::build(&g, &opts(2)).unwrap_err();

@@ -2,7 +2,7 @@
 //! against the objective; the loss's targets (and mlm's masked positions)
 //! as new inputs; the loss; and the [`Task`] one row of data fills.
 
-use super::{inputs, loss, FeatureInput, Feed, Objective, Task};
+use super::{inputs, FeatureInput, Feed, Objective, Task};
 use crate::TrainingError;
 use autopar_ir::{DType, Dim, Graph, Role, Shape, TensorId, TensorType};
 
@@ -111,7 +111,7 @@ fn tokens_head(
         _ => None,
     };
     let count = global_rows * task.terms_per_row();
-    let loss = loss::cross_entropy(g, logits, targets, weights, count)?;
+    let loss = objective.loss().append(g, logits, targets, weights, count)?;
     Ok((task, loss))
 }
 
@@ -151,7 +151,7 @@ fn features_head(
                 shape: Shape(vec![out_ty.shape.0[0].clone()]),
             };
             let targets = add_input(g, feeds, "targets", ty, Feed::Targets);
-            let loss = loss::cross_entropy(g, output, targets, None, count(&task))?;
+            let loss = objective.loss().append(g, output, targets, None, count(&task))?;
             Ok((task, loss))
         }
         _ => {
@@ -160,7 +160,7 @@ fn features_head(
                 outputs: dims.get(1).copied().unwrap_or(1),
             };
             let values = add_input(g, feeds, "targets", out_ty, Feed::Values);
-            let loss = loss::squared_error(g, output, values, count(&task))?;
+            let loss = objective.loss().append(g, output, values, None, count(&task))?;
             Ok((task, loss))
         }
     }

@@ -10,13 +10,12 @@
 
 mod head;
 mod inputs;
-mod loss;
 
 pub(crate) use head::attach;
 pub use inputs::Feed;
 
 use super::TrainingError;
-use autopar_ir::{DType, Graph, Op};
+use autopar_ir::{DType, Graph, Loss, Op};
 
 /// What a model is trained to do (`autopar run --objective`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -47,6 +46,15 @@ impl Objective {
             Objective::Mlm => "mlm",
             Objective::Classify => "classify",
             Objective::Regress => "regress",
+        }
+    }
+
+    /// The loss it trains: what lowering appends and the cost model prices.
+    pub fn loss(self) -> Loss {
+        match self {
+            Objective::Lm | Objective::Seq2Seq | Objective::Classify => Loss::CrossEntropy,
+            Objective::Mlm => Loss::MaskedCrossEntropy,
+            Objective::Regress => Loss::SquaredError,
         }
     }
 
@@ -99,6 +107,14 @@ impl Objective {
             outputs: describe(g, &g.outputs),
         })
     }
+}
+
+/// The loss a plan of `g` prices: `given` (an `--objective`'s, or a plan's
+/// being replanned), else the one of the objective `run` infers. A model
+/// no objective is inferred for runs only with `--objective`; until one is
+/// given it is priced with the common loss, a cross-entropy.
+pub fn priced_loss(g: &Graph, given: Option<Loss>) -> Loss {
+    given.unwrap_or_else(|| Objective::infer(g).map(Objective::loss).unwrap_or_default())
 }
 
 /// Whether the graph has attention and none of it is causal: an encoder,
