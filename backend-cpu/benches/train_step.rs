@@ -12,8 +12,9 @@
 //!
 //! Run with `cargo bench -p autopar-cpu --bench train_step` (release
 //! build; the zoo GPT takes a few seconds a step on a small machine).
-//! The zoo GPT's rows end with PyTorch's time for the same step, run in
-//! the same bench by `scripts/torch_train_step.py` (1 and 2 threads), and
+//! Each model's rows end with PyTorch's time for the same step (for
+//! gpt2-tiny, the zoo GPT of its architecture), run in the same bench by
+//! `scripts/torch_train_step.py` (1 and 2 threads), and
 //! autopar's speed relative to it: one rank against one thread, the faster
 //! two-rank layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
 //! torch (default `python3`); without torch the comparison says it was
@@ -51,6 +52,11 @@ const ONNX_MODEL: &str = concat!(
 );
 /// A GPT-2-style decoder of about 21 M parameters (tied embeddings).
 const ZOO_MODEL: &str = "gpt:layers=4,hidden=512,heads=8,vocab=8192,seq=256";
+/// gpt2-tiny's architecture as a zoo spec, which the PyTorch baseline
+/// builds: GPT-2's learned positions, pre-LayerNorm layers, GELU(tanh) MLP
+/// of 4 × hidden, tied head and final LayerNorm, at its 2 layers, 128
+/// hidden, 4 heads of 32, 1,000 words and 16 tokens.
+const GPT2_TINY_SPEC: &str = "gpt:layers=2,hidden=128,heads=4,vocab=1000,seq=16,final_norm=true";
 
 /// One model to time, with the batch its rows share.
 struct Model {
@@ -63,6 +69,8 @@ struct Model {
     global_batch: usize,
     /// Whether to time a two-stage pipeline too.
     pipeline: bool,
+    /// The zoo spec PyTorch builds for the comparison.
+    torch_spec: &'static str,
 }
 
 /// One timed configuration.
@@ -110,6 +118,7 @@ fn models() -> Result<Vec<Model>> {
             micro_batch: batch,
             global_batch: 2 * batch,
             pipeline: false,
+            torch_spec: GPT2_TINY_SPEC,
         },
         Model {
             name: ZOO_MODEL.into(),
@@ -118,6 +127,7 @@ fn models() -> Result<Vec<Model>> {
             micro_batch: 1,
             global_batch: 2,
             pipeline: true,
+            torch_spec: ZOO_MODEL,
         },
     ])
 }
@@ -200,9 +210,7 @@ fn main() -> Result<()> {
             .map(|r| format!("{} {:.2}×", r.layout, r.tokens_per_s / one.tokens_per_s))
             .collect();
         println!("  2 ranks vs 1 (tokens/s): {}", ratios.join(", "));
-        if m.name == ZOO_MODEL {
-            compare_with_torch(&m, &rows);
-        }
+        compare_with_torch(&m, &rows);
     }
     Ok(())
 }
@@ -212,7 +220,7 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
     let python = std::env::var("AUTOPAR_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_train_step.py");
     let out = Command::new(&python)
-        .args([script, "--spec", &m.name, "--batch", &m.global_batch.to_string()])
+        .args([script, "--spec", m.torch_spec, "--batch", &m.global_batch.to_string()])
         .args(["--warmup", &WARMUP.to_string(), "--steps", &MEASURED.to_string()])
         .args(["--threads", "1", "2"])
         .output();
