@@ -148,7 +148,7 @@ def main():
         step_s, params, loss = time_steps(c, a.batch, a.warmup, a.steps, threads)
         if not math.isfinite(loss):
             raise SystemExit(f"loss is {loss} with {threads} threads")
-        print(f"  {threads:>7}  {step_s:>7.3f}  {tokens / step_s:>9.0f}  {params:>9}  {loss:.4f}")
+        print(f"  {threads:>7}  {step_s:>8.5f}  {tokens / step_s:>9.0f}  {params:>9}  {loss:.4f}")
 
 
 if __name__ == "__main__":

@@ -40,8 +40,11 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 /// Steps trained before timing (first-touch allocations, optimizer state).
 const WARMUP: usize = 2;
-/// Steps whose median is reported.
+/// Steps whose median is reported, for a model whose step takes a
+/// second or so; a model of milliseconds a step measures
+/// [`MEASURED_SMALL`] (its steps vary more with the host's other work).
 const MEASURED: usize = 5;
+const MEASURED_SMALL: usize = 50;
 /// Seed of the synthetic tokens and of the zoo model's weights.
 const SEED: u64 = 1;
 
@@ -71,6 +74,8 @@ struct Model {
     pipeline: bool,
     /// The zoo spec PyTorch builds for the comparison.
     torch_spec: &'static str,
+    /// Steps whose median is reported.
+    measured: usize,
 }
 
 /// One timed configuration.
@@ -119,6 +124,7 @@ fn models() -> Result<Vec<Model>> {
             global_batch: 2 * batch,
             pipeline: false,
             torch_spec: GPT2_TINY_SPEC,
+            measured: MEASURED_SMALL,
         },
         Model {
             name: ZOO_MODEL.into(),
@@ -128,6 +134,7 @@ fn models() -> Result<Vec<Model>> {
             global_batch: 2,
             pipeline: true,
             torch_spec: ZOO_MODEL,
+            measured: MEASURED,
         },
     ])
 }
@@ -158,7 +165,7 @@ fn strategies(m: &Model) -> Vec<(String, Strategy, bool)> {
     out
 }
 
-/// Trains `WARMUP + MEASURED` steps of `m` under `s`; the median measured step.
+/// Trains `WARMUP + m.measured` steps of `m` under `s`; the median measured step.
 fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<Row> {
     let t = training_graph(&m.graph, s.micro_batch, m.seq, s.global_batch(), Objective::Lm)?;
     let programs = lower(&t, s)?;
@@ -166,7 +173,7 @@ fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<R
     let mut opts = TrainOptions::new(
         Precision::F32,
         Optimizer::adamw(DEFAULT_ADAMW_LR),
-        WARMUP + MEASURED,
+        WARMUP + m.measured,
     );
     opts.overlap_comm = overlap_comm;
     let report = train(&t, &programs, &data, &opts, &|_| {})?;
@@ -182,24 +189,25 @@ fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<R
 }
 
 fn main() -> Result<()> {
-    println!("f32, AdamW; median of {MEASURED} steps after {WARMUP} warm-up steps; one thread per rank");
+    println!("f32, AdamW; the median step after {WARMUP} warm-up steps; one thread per rank");
     for m in models()? {
         println!();
         println!(
-            "{}  ({} layers, {} parameters, global batch {} × seq {}, micro-batch {})",
+            "{}  ({} layers, {} parameters, global batch {} × seq {}, micro-batch {}, {} steps timed)",
             m.name,
             m.graph.blocks.len(),
             m.graph.float_parameter_elements(&m.graph.bindings),
             m.global_batch,
             m.seq,
-            m.micro_batch
+            m.micro_batch,
+            m.measured
         );
-        println!("  ranks  layout       step_s   tokens/s");
+        println!("  ranks  layout        step_s   tokens/s");
         let mut rows = Vec::new();
         for (layout, s, overlap) in strategies(&m) {
             let row = time(&m, layout, &s, overlap).map_err(|e| format!("{}: {e}", m.name))?;
             println!(
-                "  {:>5}  {:<11}  {:>7.3}  {:>9.0}",
+                "  {:>5}  {:<11}  {:>8.4}  {:>9.0}",
                 row.ranks, row.layout, row.step_s, row.tokens_per_s
             );
             rows.push(row);
@@ -220,8 +228,19 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
     let python = std::env::var("AUTOPAR_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_train_step.py");
     let out = Command::new(&python)
-        .args([script, "--spec", m.torch_spec, "--batch", &m.global_batch.to_string()])
-        .args(["--warmup", &WARMUP.to_string(), "--steps", &MEASURED.to_string()])
+        .args([
+            script,
+            "--spec",
+            m.torch_spec,
+            "--batch",
+            &m.global_batch.to_string(),
+        ])
+        .args([
+            "--warmup",
+            &WARMUP.to_string(),
+            "--steps",
+            &m.measured.to_string(),
+        ])
         .args(["--threads", "1", "2"])
         .output();
     let text = match out {
@@ -262,7 +281,7 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
             .min_by(|a, b| a.step_s.total_cmp(&b.step_s));
         if let Some(r) = ours {
             println!(
-                "  {version}, {threads} thread{}: {torch_s:.3} s; autopar ({}) {:.3} s = {:.2}× PyTorch's speed",
+                "  {version}, {threads} thread{}: {torch_s:.4} s; autopar ({}) {:.4} s = {:.2}× PyTorch's speed",
                 if threads == 1 { "" } else { "s" },
                 r.layout,
                 r.step_s,

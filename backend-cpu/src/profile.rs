@@ -159,10 +159,11 @@ fn cubes(dtype: DType, dims: &[usize]) -> Vec<(DType, [usize; 3])> {
 }
 
 /// What the profiler measures, revised whenever that changes (a kernel
-/// priced apart, a figure added, or the CLI's allocator, which moves the
-/// interpreter's overheads), so that cached host profiles are measured
-/// again.
-pub const REVISION: u32 = 3;
+/// priced apart, a figure added, the CLI's allocator, which moves the
+/// interpreter's overheads, or a kernel made faster: 4, the vectorized
+/// exponentials and activations), so that cached host profiles are
+/// measured again.
+pub const REVISION: u32 = 4;
 
 /// Measures this host through the CPU backend's kernels and returns a
 /// calibration with every measured field set (efficiency fractions keep

@@ -7,7 +7,7 @@ use super::super::adjoint::check_grad_like;
 use super::super::context::{EvalCtx, InferCtx};
 use super::super::elementwise::infer_activation;
 use super::super::geometry::numel;
-use super::super::numeric::Real;
+use super::super::numeric::{zip_map_v, Real};
 use super::super::{Activation, OpError, TensorType};
 use super::kernel::{gelu_tanh_arg, sigmoid};
 
@@ -16,18 +16,19 @@ use super::kernel::{gelu_tanh_arg, sigmoid};
 const ACTIVATION_GRAD_FLOPS: f64 = 10.0;
 
 /// The derivative of an activation function at `x`.
+#[inline(always)]
 pub(crate) fn derivative<T: Real>(act: Activation, x: T) -> T {
     let half = T::lit(0.5);
     match act {
         Activation::Silu => {
-            let s = T::one() / (T::one() + (-x).exp());
+            let s = sigmoid(x);
             s * (T::one() + x * (T::one() - s))
         }
         Activation::Relu if x > T::zero() => T::one(),
         Activation::Relu => T::zero(),
         Activation::Gelu => {
             let cdf = half * (T::one() + (x * T::lit(std::f64::consts::FRAC_1_SQRT_2)).erf());
-            let pdf = (-half * x * x).exp() * T::lit(1.0 / (2.0 * std::f64::consts::PI).sqrt());
+            let pdf = (-half * x * x).exp_v() * T::lit(1.0 / (2.0 * std::f64::consts::PI).sqrt());
             cdf + x * pdf
         }
         // With s = ½(1 + tanh u) = σ(2u): s + x·2s(1 − s)·u'(x).
@@ -54,11 +55,15 @@ pub(super) fn infer(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
 /// Reference kernel: `[dx]`.
 pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T>>, OpError> {
     let (x, dout) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?);
-    Ok(vec![x
-        .iter()
-        .zip(dout)
-        .map(|(&v, &d)| d * derivative(act, v))
-        .collect()])
+    // The function chosen once outside the loop, so each loop is small
+    // enough to inline and vectorize.
+    let grads = match act {
+        Activation::Silu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Silu, v)),
+        Activation::Relu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Relu, v)),
+        Activation::Gelu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Gelu, v)),
+        Activation::GeluTanh => zip_map_v(x, dout, |v, d| d * derivative(Activation::GeluTanh, v)),
+    };
+    Ok(vec![grads])
 }
 
 /// FLOPs of `ActivationGrad` over `x`.

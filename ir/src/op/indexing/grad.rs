@@ -13,6 +13,7 @@ use super::super::context::{finish, invalid, tensor, EvalCtx, InferCtx};
 use super::super::geometry::{numel, prod};
 use super::super::numeric::{float_kernel, Real};
 use super::super::{InferInput, Op, OpError, TensorType};
+use super::kernel;
 use crate::{DType, Dim, Shape, Value};
 
 impl Op {
@@ -100,28 +101,31 @@ pub(super) fn infer(cx: &InferCtx, op: &Op) -> Result<Vec<TensorType>, OpError> 
 pub(super) fn eval(cx: &EvalCtx, op: &Op) -> Result<Vec<Value>, OpError> {
     let grad = cx.input(0)?;
     let shape = cx.out_shape(0)?;
-    let n = prod(&shape);
-    let iota =
-        Value::i64(shape.clone(), (0..n as i64).collect()).map_err(|e| invalid(cx.op, e.to_string()))?;
+    let ind = cx.input(1)?;
+    let ids = ind
+        .as_i64()
+        .ok_or_else(|| invalid(cx.op, "input 1 must be an integer tensor"))?;
+    // The positions the forward gather read, found as it finds them.
     let forward = forward_of(cx.op, op)?;
-    let gathered = forward
-        .eval(&[Some(&iota), Some(cx.input(1)?)])
+    let pos = kernel::positions(&forward, &shape, &ind.shape, ids)
         .map_err(|e| invalid(cx.op, format!("as the adjoint of {e}")))?;
-    let pos = gathered
-        .first()
-        .and_then(Value::as_i64)
-        .filter(|p| p.len() == grad.numel())
-        .ok_or_else(|| invalid(cx.op, "internal error: gathered positions do not match grad"))?;
-    let data = float_kernel!(cx.op, grad, T => accumulate::<T>(cx.floats::<T>(0)?, pos, n));
+    if pos.len() != grad.numel() {
+        return Err(invalid(
+            cx.op,
+            "internal error: gathered positions do not match grad",
+        ));
+    }
+    let n = prod(&shape);
+    let data = float_kernel!(cx.op, grad, T => accumulate::<T>(cx.floats::<T>(0)?, &pos, n));
     Ok(vec![finish(grad.dtype, shape, data)])
 }
 
 /// `n` zeros with each `g[k]` added at `pos[k]` (positions lie in `0..n`:
 /// they were gathered from `0..n`).
-fn accumulate<T: Real>(g: &[T], pos: &[i64], n: usize) -> Vec<T> {
+fn accumulate<T: Real>(g: &[T], pos: &[usize], n: usize) -> Vec<T> {
     let mut out = vec![T::zero(); n];
     for (&v, &p) in g.iter().zip(pos) {
-        if let Some(o) = usize::try_from(p).ok().and_then(|p| out.get_mut(p)) {
+        if let Some(o) = out.get_mut(p) {
             *o += v;
         }
     }

@@ -92,15 +92,20 @@ fn for_each_offset(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize))
 /// Appends the `n × m` transpose of the row-major `m × n` `matrix` to
 /// `out`, a tile at a time so both sides stay in cache.
 fn transpose_tiles<T: Clone>(matrix: &[T], m: usize, n: usize, out: &mut Vec<T>) {
-    const TILE: usize = 32;
+    const TILE: usize = 8;
     let start = out.len();
     out.extend_from_slice(matrix);
     let dst = &mut out[start..];
-    for j0 in (0..n).step_by(TILE) {
-        for i0 in (0..m).step_by(TILE) {
-            for j in j0..(j0 + TILE).min(n) {
-                for i in i0..(i0 + TILE).min(m) {
-                    dst[j * m + i] = matrix[i * n + j].clone();
+    for i0 in (0..m).step_by(TILE) {
+        let rows = (m - i0).min(TILE);
+        let block = &matrix[i0 * n..(i0 + rows) * n];
+        for j0 in (0..n).step_by(TILE) {
+            let cols = (n - j0).min(TILE);
+            // One tile: `rows` source rows read along, `cols` destination
+            // rows written along, both within a few cache lines.
+            for (c, d) in dst[j0 * m..(j0 + cols) * m].chunks_exact_mut(m).enumerate() {
+                for (r, slot) in d[i0..i0 + rows].iter_mut().enumerate() {
+                    *slot = block[r * n + j0 + c].clone();
                 }
             }
         }

@@ -3,7 +3,7 @@
 use super::super::broadcast::source_index;
 use super::super::context::{finish, norm_axis, EvalCtx};
 use super::super::geometry::{prod, Rows};
-use super::super::numeric::{float_kernel, Real};
+use super::super::numeric::{float_kernel, vectorized, Real};
 use super::super::OpError;
 use crate::Value;
 
@@ -12,9 +12,12 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
     if rows.inner == 1 {
         // The last axis: whole rows in place, no index per element.
         let mut out = x.to_vec();
-        for row in out.chunks_mut(rows.n.max(1)) {
-            softmax_row(row, log);
-        }
+        vectorized(|| {
+            let mut exps = Vec::new();
+            for row in out.chunks_mut(rows.n.max(1)) {
+                softmax_row(row, log, &mut exps);
+            }
+        });
         return out;
     }
     let mut out = vec![T::zero(); x.len()];
@@ -27,7 +30,7 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
             .fold(T::neg_infinity(), |m, &i| if x[i] > m { x[i] } else { m });
         let mut sum = T::zero();
         for &i in &idx {
-            let e = (x[i] - max).exp();
+            let e = (x[i] - max).exp_v();
             out[i] = e;
             sum += e;
         }
@@ -46,25 +49,35 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
 }
 
 /// Softmax (or log-softmax) of one contiguous row, in place, with the same
-/// operations in the same order as the strided path.
-fn softmax_row<T: Real>(row: &mut [T], log: bool) {
+/// operations in the same order as the strided path. The exponentials are
+/// a pass of their own (into `exps` for log-softmax), which vectorizes; the
+/// sum stays in order.
+#[inline(always)]
+fn softmax_row<T: Real>(row: &mut [T], log: bool, exps: &mut Vec<T>) {
     let max = row
         .iter()
         .fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
     if log {
+        exps.clear();
+        exps.extend_from_slice(row);
+        for e in exps.iter_mut() {
+            *e = (*e - max).exp_v();
+        }
         let mut sum = T::zero();
-        for &v in row.iter() {
-            sum += (v - max).exp();
+        for &e in exps.iter() {
+            sum += e;
         }
         let lse = sum.ln();
         for v in row.iter_mut() {
             *v = *v - max - lse;
         }
     } else {
-        let mut sum = T::zero();
         for v in row.iter_mut() {
-            *v = (*v - max).exp();
-            sum += *v;
+            *v = (*v - max).exp_v();
+        }
+        let mut sum = T::zero();
+        for &v in row.iter() {
+            sum += v;
         }
         for v in row.iter_mut() {
             *v = *v / sum;

@@ -44,7 +44,7 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
             if log {
                 let total = dout.iter().copied().sum::<T>();
                 for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
-                    *d = g - y.exp() * total;
+                    *d = g - y.exp_v() * total;
                 }
             } else {
                 let total = dout.iter().zip(y).map(|(&g, &y)| g * y).sum::<T>();
@@ -62,7 +62,7 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
         if log {
             let total = idx.iter().map(|&i| dout[i]).sum::<T>();
             for &i in &idx {
-                dx[i] = dout[i] - y[i].exp() * total;
+                dx[i] = dout[i] - y[i].exp_v() * total;
             }
         } else {
             let total = idx.iter().map(|&i| dout[i] * y[i]).sum::<T>();
