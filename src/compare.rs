@@ -69,7 +69,7 @@ pub fn compare(p: &Plan, r: &plan::Request, file: &Path) -> Result<Comparison> {
         attention: r.attention,
         dropout: r.dropout,
         moe_capacity_factor: r.moe_capacity_factor,
-        loss: r.loss,
+        objective: r.objective,
         overlap_grad_reduce: true,
         grad_bucket_mib: autopar_cost_models::DEFAULT_BUCKET_MIB,
         tp_comm_overlap: false,

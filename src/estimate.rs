@@ -9,8 +9,8 @@ use autopar_cost_models::{
     estimate, AttentionKernel, Calibration, Cluster, Estimate, Recompute, Schedule, Sharding, TrainingConfig,
     Workload, WorkloadOptions,
 };
-use autopar_ir::Loss;
-use autopar_lower::priced_loss;
+use autopar_ir::{Loss, Objective};
+use autopar_lower::planned_objective;
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -41,9 +41,9 @@ pub struct Request {
     pub attention: AttentionKernel,
     pub dropout: bool,
     pub moe_capacity_factor: Option<f64>,
-    /// The loss to price (`--objective`'s); `None`: the one of the
-    /// objective `run` infers ([`priced_loss`]).
-    pub loss: Option<Loss>,
+    /// What the model is trained for (`--objective`; its loss is priced);
+    /// `None`: what `run` infers ([`planned_objective`]).
+    pub objective: Option<Objective>,
     pub overlap_grad_reduce: bool,
     /// Gradient bucket size in MiB (0: one collective per parameter tensor).
     pub grad_bucket_mib: u32,
@@ -189,7 +189,7 @@ pub fn run(r: &Request) -> Result<EstimateReport> {
         (None, _, Schedule::Interleaved) => TrainingConfig::default_virtual_stages(graph.blocks.len(), r.pp),
         (None, _, Schedule::Gpipe | Schedule::OneFOneB) => 1,
     };
-    let loss = priced_loss(&graph, r.loss);
+    let loss = Loss::of(planned_objective(&graph, r.objective));
     let opts = WorkloadOptions {
         micro_batch: r.micro_batch,
         seq: r.seq,

@@ -632,7 +632,7 @@ fn plan_command(a: PlanArgs) -> Result<()> {
         attention: a.attention,
         dropout: a.dropout,
         moe_capacity_factor: a.moe_capacity_factor,
-        loss: a.objective.map(Objective::loss),
+        objective: a.objective,
         calibration: a.calibration,
         output: a.output.clone(),
         limits: autopar_planner::DegreeLimits {
@@ -703,7 +703,7 @@ fn estimate_command(a: EstimateArgs) -> Result<()> {
         attention: a.attention,
         dropout: a.dropout,
         moe_capacity_factor: a.moe_capacity_factor,
-        loss: a.objective.map(Objective::loss),
+        objective: a.objective,
         overlap_grad_reduce: a.overlap_grad_reduce,
         grad_bucket_mib: a.grad_bucket_mib,
         tp_comm_overlap: a.tp_comm_overlap,

@@ -7,8 +7,8 @@ use crate::{limits, model, output};
 use anyhow::{Context, Result};
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Calibration, Cluster};
-use autopar_ir::Loss;
-use autopar_lower::priced_loss;
+use autopar_ir::Objective;
+use autopar_lower::planned_objective;
 use autopar_planner::plan::{fnv1a_hex, Alternative, Parallel};
 use autopar_planner::{plan_model_verified, DegreeLimits, ModelId, Plan, SearchOptions, Verify};
 use autopar_sim::simulate_model_plan_step;
@@ -31,9 +31,9 @@ pub struct Request {
     pub attention: AttentionKernel,
     pub dropout: bool,
     pub moe_capacity_factor: Option<f64>,
-    /// The loss to price (`--objective`'s); `None`: the one of the
-    /// objective `run` infers ([`priced_loss`]).
-    pub loss: Option<Loss>,
+    /// What the model is trained for (`--objective`; its loss is priced);
+    /// `None`: what `run` infers ([`planned_objective`]).
+    pub objective: Option<Objective>,
     pub calibration: Option<PathBuf>,
     pub output: PathBuf,
     /// What the search may use.
@@ -83,7 +83,7 @@ pub fn make(r: &Request, progress: &(dyn Fn(usize, usize) + Sync)) -> Result<Pla
         attention: r.attention,
         dropout: r.dropout,
         moe_capacity_factor: r.moe_capacity_factor,
-        loss: priced_loss(&graph, r.loss),
+        objective: planned_objective(&graph, r.objective),
         top: r.top,
         tp_comm_overlap: r.tp_comm_overlap,
     };

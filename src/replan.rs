@@ -32,8 +32,8 @@ pub fn run(dir: &Path, gpus: usize, cluster: Option<&str>, out: Option<PathBuf>)
         .with_context(|| format!("the checkpoint's model {}", index.model))?;
     let canonical = model::canonical(&m)?;
     let request = plan::Request {
-        // The loss the checkpoint's run trains, as its plan priced it.
-        loss: Some(saved.inputs.loss),
+        // What the checkpoint's run trains, as its plan priced it.
+        objective: saved.inputs.objective,
         ..run::runnable_request(
             &index.model,
             &canonical,

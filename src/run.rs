@@ -19,7 +19,7 @@ use autopar_exec::train::{Optimizer, DEFAULT_ADAMW_LR, DEFAULT_SGD_LR};
 use autopar_exec::StepReport;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::Objective;
+use autopar_lower::{infer_objective, Objective};
 use autopar_planner::{DegreeLimits, Parallel, Plan};
 use autopar_sim::{simulate_plan, SimOptions};
 use serde::Serialize;
@@ -322,7 +322,7 @@ fn resolve(r: &Request, ranks: usize, writer: bool) -> Result<(Plan, String, Gra
             let batch = fixed_batch(&m.graph).unwrap_or(1);
             let canonical = model::canonical(&m)?;
             let request = plan::Request {
-                loss: r.objective.map(Objective::loss),
+                objective: r.objective,
                 ..runnable_request(
                     &r.target,
                     &canonical,
@@ -381,7 +381,7 @@ pub(crate) fn runnable_request(
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
-        loss: None,
+        objective: None,
         calibration: None,
         output,
         limits: DegreeLimits {
@@ -444,6 +444,9 @@ pub enum Chosen {
     /// Inferred as next-token prediction for a model whose attention is
     /// not causal (an encoder, or a causal mask autopar did not recognise).
     InferredNotCausal,
+    /// The one the plan was made for (`plan --objective`), which is not
+    /// the one inferred.
+    Planned,
 }
 
 /// What a step's throughput counts: `per_step` of `unit` (tokens, or
@@ -454,13 +457,19 @@ pub struct Throughput {
     pub unit: &'static str,
 }
 
-/// The objective `r` asks for, or the one `graph` calls for, and how it
-/// was chosen.
-fn objective(r: &Request, graph: &Graph) -> Result<(Objective, Chosen)> {
+/// The objective `r` asks for, else the one plan `p` was made for where
+/// it is not the one `graph` calls for, else that one; and how it was
+/// chosen.
+fn objective(r: &Request, graph: &Graph, p: &Plan) -> Result<(Objective, Chosen)> {
     if let Some(o) = r.objective {
         return Ok((o, Chosen::Flag));
     }
-    let o = Objective::infer(graph)?;
+    let inferred = infer_objective(graph);
+    let o = match (p.inputs.objective, inferred) {
+        (Some(planned), Ok(o)) if planned != o => return Ok((planned, Chosen::Planned)),
+        (Some(planned), Err(_)) => return Ok((planned, Chosen::Planned)),
+        (_, inferred) => inferred?,
+    };
     let not_causal = o == Objective::Lm && autopar_lower::bidirectional(graph);
     Ok((
         o,
@@ -529,11 +538,15 @@ pub fn run(
         );
     }
     let seq = seq_of(&graph, &p)?;
-    let (objective, chosen) = objective(r, &graph).with_context(|| model_arg.clone())?;
-    if p.inputs.loss != objective.loss() {
+    let (objective, chosen) = objective(r, &graph, &p).with_context(|| model_arg.clone())?;
+    if p.inputs.loss() != objective.loss() {
+        let planned = p
+            .inputs
+            .objective
+            .map_or("an unknown objective".into(), |o| o.to_string());
         bail!(
-            "the plan prices a {} loss, but this run trains {objective}, a {} loss: run it with the objective it was planned for (--objective), or plan again with --objective {objective}",
-            p.inputs.loss,
+            "the plan was made for {planned}, priced with a {} loss, but this run trains {objective}, a {} loss: run it without --objective, or plan again with --objective {objective}",
+            p.inputs.loss(),
             objective.loss()
         );
     }
@@ -790,6 +803,7 @@ pub fn objective_line(objective: Objective, chosen: Chosen) -> String {
             "objective: {objective} (inferred from the model; its attention is not causal, so predicting the next \
              token lets it see the answer: --objective mlm trains an encoder as a masked LM)"
         ),
+        Chosen::Planned => format!("objective: {objective} (the plan's)"),
     }
 }
 

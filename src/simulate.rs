@@ -8,7 +8,7 @@ use autopar_cost_models::{estimate, Calibration, Estimate};
 use autopar_exec::trace::chrome_json;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
-use autopar_lower::{for_strategy, Objective, Strategy};
+use autopar_lower::{for_strategy, plan_objective, Strategy};
 use autopar_planner::{planned_workload, Plan};
 use autopar_sim::{plan_cluster, simulate_plan, RankReport, SimOptions, Simulation, Term};
 use serde::Serialize;
@@ -74,7 +74,7 @@ pub fn simulate(
     let model_arg = &p.inputs.model;
     let strategy = Strategy::from_plan(p).with_context(|| format!("{plan_arg}: lowering the plan"))?;
     let seq = run::seq_of(graph, p)?;
-    let objective = Objective::infer(graph).with_context(|| model_arg.clone())?;
+    let objective = plan_objective(p, graph).with_context(|| model_arg.clone())?;
     let t = for_strategy(graph, &strategy, seq, objective).with_context(|| model_arg.clone())?;
     let cal = match calibration {
         Some(path) => Calibration::load(path)?,

@@ -33,7 +33,7 @@ fn published_request(r: &PublishedRun) -> Request {
         attention: cfg.attention,
         dropout: cfg.dropout,
         moe_capacity_factor: cfg.moe_capacity_factor,
-        loss: Default::default(),
+        objective: None,
         overlap_grad_reduce: cfg.overlap_grad_reduce,
         grad_bucket_mib: cfg.grad_reduce.bucket_mib,
         tp_comm_overlap: cfg.tp_comm_overlap,

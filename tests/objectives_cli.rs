@@ -256,16 +256,17 @@ fn help_names_the_objectives() {
     }
 }
 
-/// A plan prices the loss of the objective it is made for (inferred, or
-/// `--objective`) and records it; a run of another objective is refused
-/// with the flag that fits, and the objective it was planned for runs.
+/// A plan is made for an objective (inferred, or `--objective`), prices
+/// its loss and records it; a run of the plan trains it without the flag,
+/// and a run asking for an objective of another loss is refused with the
+/// flag that fits.
 #[test]
-fn plans_price_and_record_the_objectives_loss() {
+fn plans_record_the_objective_whose_loss_they_price() {
     let dir = tempfile::tempdir().unwrap();
     let mlp = model("mlp.ts.onnx");
     let mut files = Vec::new();
-    for (flag, loss) in [(None, "cross_entropy"), (Some("regress"), "squared_error")] {
-        let file = dir.path().join(format!("{loss}.json"));
+    for (flag, objective) in [(None, "classify"), (Some("regress"), "regress")] {
+        let file = dir.path().join(format!("{objective}.json"));
         let mut args = vec![
             "plan",
             &mlp,
@@ -284,12 +285,19 @@ fn plans_price_and_record_the_objectives_loss() {
         let (code, stdout, err) = autopar(&args);
         assert_eq!(code, 0, "{err}");
         let plan: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        assert_eq!(plan["inputs"]["loss"], loss);
+        assert_eq!(plan["inputs"]["objective"], objective);
         files.push(file);
     }
     let regress = files[1].to_str().unwrap();
     let run = ["run", &mlp, "--plan", regress, "--ranks", "2", "--steps", "1"];
-    assert_error(&run, 2, &["squared_error", "classify", "--objective"]);
-    let (code, _, err) = autopar(&[&run[..], &["--objective", "regress"]].concat());
+    let (code, stdout, err) = autopar(&[&run[..], &["--json"]].concat());
     assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["objective"], "regress");
+    let classify = [&run[..], &["--objective", "classify"]].concat();
+    assert_error(
+        &classify,
+        2,
+        &["regress", "squared_error", "classify", "--objective"],
+    );
 }

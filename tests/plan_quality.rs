@@ -35,7 +35,7 @@ fn every_plan_beats_or_matches_the_published_configuration() {
             attention: r.config().attention,
             dropout: r.config().dropout,
             moe_capacity_factor: None,
-            loss: Default::default(),
+            objective: None,
             top: 1,
             tp_comm_overlap: false,
         };

@@ -25,7 +25,7 @@ fn session() -> Session {
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
-        loss: Default::default(),
+        objective: None,
         top: 1,
         tp_comm_overlap: false,
         limits: DegreeLimits {

@@ -14,6 +14,7 @@ pub mod json;
 pub mod layers;
 mod loss;
 pub mod lowp;
+mod objective;
 pub mod op;
 mod shape;
 mod stats;
@@ -23,6 +24,7 @@ pub use dtype::DType;
 pub use graph::{Block, Graph, GraphError, Node, Role, Tensor, TensorId};
 pub use loss::Loss;
 pub use lowp::RoundMode;
+pub use objective::Objective;
 pub use op::{
     pool_divisors, Activation, BinaryOp, CommGroup, CommKind, ConvSizes, Cost, GeluApprox, InferInput, Op,
     OpClass, OpError, PoolKind, ReduceKind, ScalarValue, TensorType, UnaryOp, Window,

@@ -30,6 +30,13 @@ pub enum Loss {
 }
 
 impl Loss {
+    /// The loss `objective` trains; where none is known, a cross-entropy
+    /// (the common loss, which a plan made before the objective was chosen
+    /// prices).
+    pub fn of(objective: Option<crate::Objective>) -> Loss {
+        objective.map_or(Loss::CrossEntropy, crate::Objective::loss)
+    }
+
     /// What it reads beside the output: the targets, and the weights of a
     /// masked cross-entropy. A cross-entropy's targets are one index per
     /// row of the output's last dim; its weights have that dim 1.

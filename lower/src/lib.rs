@@ -21,7 +21,9 @@ pub mod strategy;
 pub mod tensor_parallel;
 pub mod training;
 
-pub use objective::{bidirectional, priced_loss, FeatureInput, Feed, Objective, Task};
+pub use objective::{
+    bidirectional, infer_objective, plan_objective, planned_objective, FeatureInput, Feed, Objective, Task,
+};
 pub use program::{Buf, Coord, Instr, ParamSlot, Program, Shard};
 pub use strategy::{Strategy, StrategyError};
 pub use tensor_parallel::WeightSlice;

@@ -94,7 +94,7 @@ fn objectives_are_inferred_from_inputs_and_outputs() {
         ("per-position output", linear(&[2, 5, 4], &[2, 5, 3]), None),
     ];
     for (name, g, want) in cases {
-        match (Objective::infer(&g), want) {
+        match (autopar_lower::infer_objective(&g), want) {
             (Ok(got), Some(want)) => assert_eq!(got, want, "{name}"),
             (Err(e), None) => assert!(
                 e.to_string()

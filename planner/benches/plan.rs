@@ -48,7 +48,7 @@ fn main() {
             attention: r.config().attention,
             dropout: r.config().dropout,
             moe_capacity_factor: None,
-            loss: Default::default(),
+            objective: None,
             top: 5,
             tp_comm_overlap: false,
         };

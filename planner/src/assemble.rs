@@ -180,7 +180,7 @@ pub fn plan_candidate(
             global_batch: opts.global_batch,
             seq: opts.seq,
             max_memory_fraction: opts.max_memory_fraction,
-            loss: opts.loss,
+            objective: opts.objective,
         },
         mesh,
         parallel: Parallel::of(cfg, candidate.estimate.micro_batches),

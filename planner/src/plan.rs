@@ -4,7 +4,7 @@
 use crate::spec::OpSharding;
 use autopar_cost_models::comm::Algorithm;
 use autopar_cost_models::{AttentionKernel, Estimate, MeshOrder, Recompute, Schedule, TrainingConfig};
-use autopar_ir::Loss;
+use autopar_ir::{Loss, Objective};
 use serde::{Deserialize, Serialize};
 
 /// The `format` tag of plan files.
@@ -68,10 +68,18 @@ pub struct Inputs {
     pub global_batch: usize,
     pub seq: Option<usize>,
     pub max_memory_fraction: f64,
-    /// The loss the plan was priced with (the objective's); files written
-    /// before it was recorded were priced with a cross-entropy.
+    /// What the model is trained for, whose loss the plan priced; `null`
+    /// when not known (priced with a cross-entropy, as files written before
+    /// it was recorded were).
     #[serde(default)]
-    pub loss: Loss,
+    pub objective: Option<Objective>,
+}
+
+impl Inputs {
+    /// The loss the plan priced.
+    pub fn loss(&self) -> Loss {
+        Loss::of(self.objective)
+    }
 }
 
 /// The cluster's facts that the plan depends on.
@@ -223,7 +231,7 @@ impl Plan {
             attention: p.attention,
             dropout: p.dropout,
             moe_capacity_factor: p.moe_capacity_factor,
-            loss: self.inputs.loss,
+            loss: self.inputs.loss(),
             overlap_grad_reduce: true,
             grad_reduce: autopar_cost_models::GradReduce {
                 algorithm: p.grad_reduce,
@@ -514,7 +522,7 @@ mod tests {
             ("grad_bucket_mib", serde_json::Value::from(default_bucket_mib())),
             ("comm_bytes_per_gpu", serde_json::Value::from(0.0)),
             ("zero3_prefetch", serde_json::Value::from(default_prefetch())),
-            ("loss", serde_json::Value::from("cross_entropy")),
+            ("objective", serde_json::Value::Null),
         ];
         match v {
             serde_json::Value::Object(o) => {

@@ -32,7 +32,7 @@ use autopar_cost_models::{
     AttentionKernel, Calibration, Cluster, Estimate, EstimateError, Evaluator, GradCompression, GradReduce,
     Mesh, MeshOrder, Recompute, Schedule, Sharding, TrainingConfig, Workload, WorkloadError, WorkloadOptions,
 };
-use autopar_ir::{Graph, Loss, Op};
+use autopar_ir::{Graph, Loss, Objective, Op};
 use rayon::prelude::*;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
@@ -58,8 +58,9 @@ pub struct SearchOptions {
     /// MoE capacity factor the model trains with (drop and pad); `None`:
     /// no token is dropped.
     pub moe_capacity_factor: Option<f64>,
-    /// The loss training appends on the output (the objective's).
-    pub loss: Loss,
+    /// What the model is trained for (its loss is priced, [`Loss::of`]);
+    /// `None`: not known.
+    pub objective: Option<Objective>,
     /// How many of the fastest plans to keep.
     pub top: usize,
     /// What the search may use (degrees, gradient compression).
@@ -81,7 +82,7 @@ impl SearchOptions {
             attention: AttentionKernel::Fused,
             dropout: false,
             moe_capacity_factor: None,
-            loss: Loss::CrossEntropy,
+            objective: None,
             top,
             limits: DegreeLimits::RUNNABLE,
             tp_comm_overlap: false,
@@ -255,7 +256,7 @@ fn workload_options(
         attention: opts.attention,
         dropout: opts.dropout,
         moe_capacity_factor: opts.moe_capacity_factor,
-        loss: opts.loss,
+        loss: Loss::of(opts.objective),
     }
 }
 
@@ -618,7 +619,7 @@ fn search_mesh(
             attention: opts.attention,
             dropout: opts.dropout,
             moe_capacity_factor: opts.moe_capacity_factor,
-            loss: opts.loss,
+            loss: Loss::of(opts.objective),
             mesh_order: order,
             overlap_grad_reduce: true,
             tp_comm_overlap: opts.tp_comm_overlap,

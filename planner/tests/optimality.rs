@@ -217,7 +217,7 @@ fn check(
         attention: AttentionKernel::Fused,
         dropout: false,
         moe_capacity_factor: None,
-        loss: Default::default(),
+        objective: None,
         top: 3,
         tp_comm_overlap: false,
     };

@@ -2,7 +2,6 @@
 
 use crate::{error, keywords};
 use autopar::estimate::{self as cli, Request};
-use autopar_lower::Objective;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -74,7 +73,7 @@ pub fn estimate(
         attention: keywords::parse(attention)?,
         dropout,
         moe_capacity_factor: keywords::capacity_factor(moe_capacity_factor)?,
-        loss: keywords::parse_opt::<Objective>(objective)?.map(Objective::loss),
+        objective: keywords::parse_opt(objective)?,
         overlap_grad_reduce,
         grad_bucket_mib,
         tp_comm_overlap,

@@ -3,7 +3,6 @@
 
 use crate::{error, keywords};
 use autopar::{export, output, plan as cli, report};
-use autopar_lower::Objective;
 use pyo3::prelude::*;
 use std::path::PathBuf;
 
@@ -107,7 +106,7 @@ pub fn plan(
         attention: keywords::parse(attention)?,
         dropout,
         moe_capacity_factor: keywords::capacity_factor(moe_capacity_factor)?,
-        loss: keywords::parse_opt::<Objective>(objective)?.map(Objective::loss),
+        objective: keywords::parse_opt(objective)?,
         calibration,
         // `make` does not write: the Python side saves where it is told.
         output: PathBuf::new(),

@@ -120,8 +120,7 @@ fn plan_pricing<'a>(
 }
 
 /// Plan `p`'s strategy and training graph over `model`, built as `autopar
-/// run` builds them (for the objective the model's inputs and outputs call
-/// for).
+/// run` builds them (for the objective the plan was made for).
 fn lower_model_plan(p: &Plan, model: &Graph) -> Result<(Strategy, TrainingGraph), SimError> {
     let strategy = Strategy::from_plan(p)?;
     let seq = model
@@ -131,7 +130,7 @@ fn lower_model_plan(p: &Plan, model: &Graph) -> Result<(Strategy, TrainingGraph)
         .or(p.inputs.seq)
         .or_else(|| model.bindings.get("seq").copied())
         .ok_or(SimError::Sequence)?;
-    let t = lower::for_strategy(model, &strategy, seq, lower::Objective::infer(model)?)?;
+    let t = lower::for_strategy(model, &strategy, seq, lower::plan_objective(p, model)?)?;
     Ok((strategy, t))
 }
 

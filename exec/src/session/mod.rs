@@ -64,7 +64,7 @@ pub struct RunOptions {
     pub seed: u64,
     pub optimizer: Optimizer,
     /// What to train the model for; `None`: what its inputs and outputs
-    /// call for ([`Objective::infer`]).
+    /// call for ([`autopar_lower::infer_objective`]).
     pub objective: Option<Objective>,
     /// A tokens.bin file (little-endian uint16) for token objectives, or
     /// arrays of features (`.npy`, `.safetensors`) for the others; `None`
@@ -199,7 +199,7 @@ impl Session {
         initialize(&mut graph, opts.seed).map_err(SessionError::Init)?;
         let objective = match opts.objective {
             Some(o) => o,
-            None => Objective::infer(&graph).map_err(SessionError::Training)?,
+            None => autopar_lower::infer_objective(&graph).map_err(SessionError::Training)?,
         };
         let training = for_strategy(&graph, &strategy, seq, objective).map_err(SessionError::Training)?;
         let programs = lower(&training, &strategy).map_err(SessionError::Lower)?;

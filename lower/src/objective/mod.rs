@@ -15,106 +15,63 @@ pub(crate) use head::attach;
 pub use inputs::Feed;
 
 use super::TrainingError;
-use autopar_ir::{DType, Graph, Loss, Op};
+pub use autopar_ir::Objective;
+use autopar_ir::{DType, Graph, Op};
 
-/// What a model is trained to do (`autopar run --objective`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Objective {
-    /// Next-token prediction on a token stream.
-    Lm,
-    /// Sequence to sequence with teacher forcing: the decoder reads the
-    /// targets shifted right by one.
-    Seq2Seq,
-    /// Masked language modelling: some tokens are masked and predicted.
-    Mlm,
-    /// Classification of features into the output's classes.
-    Classify,
-    /// Regression of the output onto real-valued targets (squared error).
-    Regress,
+/// The objective the graph's inputs and outputs call for, where they
+/// leave no doubt: an integer input named as a decoder's is seq2seq; a
+/// token input otherwise is next-token prediction; float inputs alone
+/// are regression when the output is `[batch]` or `[batch, 1]`, else
+/// classification over a `[batch, classes]` output.
+///
+/// An encoder is not inferred as `mlm`: whether attention is
+/// bidirectional is not reliably visible in an exported graph (the
+/// causal mask of some exports is not recognised, see
+/// [`bidirectional`]), and guessing wrong would silently train a
+/// decoder as a masked LM. Encoders ask for it with `--objective mlm`.
+pub fn infer_objective(g: &Graph) -> Result<Objective, TrainingError> {
+    let inputs: Vec<&autopar_ir::Tensor> = g.inputs.iter().map(|&t| g.tensor(t)).collect();
+    let tokens = || inputs.iter().filter(|t| inputs::is_token_input(t));
+    if tokens().any(|t| inputs::is_decoder(t)) {
+        return Ok(Objective::Seq2Seq);
+    }
+    if tokens().next().is_some() {
+        return Ok(Objective::Lm);
+    }
+    let floats = inputs.iter().any(|t| t.ty.dtype.is_float());
+    let outputs: Vec<&autopar_ir::Tensor> = g
+        .outputs
+        .iter()
+        .map(|&t| g.tensor(t))
+        .filter(|t| t.ty.dtype.is_float())
+        .collect();
+    if let ([out], true) = (outputs.as_slice(), floats) {
+        let dims = &out.ty.shape.0;
+        match dims.len() {
+            1 => return Ok(Objective::Regress),
+            2 if dims[1].fixed() == Some(1) => return Ok(Objective::Regress),
+            2 if dims[1].fixed().is_some() => return Ok(Objective::Classify),
+            _ => {}
+        }
+    }
+    Err(TrainingError::NoObjective {
+        inputs: describe(g, &g.inputs),
+        outputs: describe(g, &g.outputs),
+    })
 }
 
-impl Objective {
-    /// The names `--objective` accepts, in declaration order.
-    pub const NAMES: &'static [&'static str] = &["lm", "seq2seq", "mlm", "classify", "regress"];
-
-    /// The objective's name, as the flag spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Objective::Lm => "lm",
-            Objective::Seq2Seq => "seq2seq",
-            Objective::Mlm => "mlm",
-            Objective::Classify => "classify",
-            Objective::Regress => "regress",
-        }
-    }
-
-    /// The loss it trains: what lowering appends and the cost model prices.
-    pub fn loss(self) -> Loss {
-        match self {
-            Objective::Lm | Objective::Seq2Seq | Objective::Classify => Loss::CrossEntropy,
-            Objective::Mlm => Loss::MaskedCrossEntropy,
-            Objective::Regress => Loss::SquaredError,
-        }
-    }
-
-    /// Whether it trains on token streams (rather than features and labels).
-    pub fn on_tokens(self) -> bool {
-        match self {
-            Objective::Lm | Objective::Seq2Seq | Objective::Mlm => true,
-            Objective::Classify | Objective::Regress => false,
-        }
-    }
-
-    /// The objective the graph's inputs and outputs call for, where they
-    /// leave no doubt: an integer input named as a decoder's is seq2seq; a
-    /// token input otherwise is next-token prediction; float inputs alone
-    /// are regression when the output is `[batch]` or `[batch, 1]`, else
-    /// classification over a `[batch, classes]` output.
-    ///
-    /// An encoder is not inferred as `mlm`: whether attention is
-    /// bidirectional is not reliably visible in an exported graph (the
-    /// causal mask of some exports is not recognised, see
-    /// [`bidirectional`]), and guessing wrong would silently train a
-    /// decoder as a masked LM. Encoders ask for it with `--objective mlm`.
-    pub fn infer(g: &Graph) -> Result<Objective, TrainingError> {
-        let inputs: Vec<&autopar_ir::Tensor> = g.inputs.iter().map(|&t| g.tensor(t)).collect();
-        let tokens = || inputs.iter().filter(|t| inputs::is_token_input(t));
-        if tokens().any(|t| inputs::is_decoder(t)) {
-            return Ok(Objective::Seq2Seq);
-        }
-        if tokens().next().is_some() {
-            return Ok(Objective::Lm);
-        }
-        let floats = inputs.iter().any(|t| t.ty.dtype.is_float());
-        let outputs: Vec<&autopar_ir::Tensor> = g
-            .outputs
-            .iter()
-            .map(|&t| g.tensor(t))
-            .filter(|t| t.ty.dtype.is_float())
-            .collect();
-        if let ([out], true) = (outputs.as_slice(), floats) {
-            let dims = &out.ty.shape.0;
-            match dims.len() {
-                1 => return Ok(Objective::Regress),
-                2 if dims[1].fixed() == Some(1) => return Ok(Objective::Regress),
-                2 if dims[1].fixed().is_some() => return Ok(Objective::Classify),
-                _ => {}
-            }
-        }
-        Err(TrainingError::NoObjective {
-            inputs: describe(g, &g.inputs),
-            outputs: describe(g, &g.outputs),
-        })
-    }
+/// The objective a plan of `g` is made for: `given` (an `--objective`, or
+/// a plan's being replanned), else the one `run` infers; `None` for a
+/// model no objective is inferred for (it runs only with `--objective`;
+/// until then it is priced with a cross-entropy, [`Loss::of`]).
+pub fn planned_objective(g: &Graph, given: Option<Objective>) -> Option<Objective> {
+    given.or_else(|| infer_objective(g).ok())
 }
 
-/// The loss a plan of `g` prices: `given` (an `--objective`'s, or a plan's
-/// being replanned), else the one of the objective `run` infers. A model
-/// no objective is inferred for runs only with `--objective`; until one is
-/// given it is priced with the common loss, a cross-entropy.
-pub fn priced_loss(g: &Graph, given: Option<Loss>) -> Loss {
-    given.unwrap_or_else(|| Objective::infer(g).map(Objective::loss).unwrap_or_default())
+/// What a run of plan `p` on `g` trains: the objective the plan was made
+/// for, else the one `g` calls for.
+pub fn plan_objective(p: &autopar_planner::Plan, g: &Graph) -> Result<Objective, TrainingError> {
+    p.inputs.objective.map_or_else(|| infer_objective(g), Ok)
 }
 
 /// Whether the graph has attention and none of it is causal: an encoder,
@@ -130,33 +87,6 @@ pub fn bidirectional(g: &Graph) -> bool {
         })
         .collect();
     !causal.is_empty() && causal.iter().all(|c| !c)
-}
-
-impl std::str::FromStr for Objective {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        [
-            Objective::Lm,
-            Objective::Seq2Seq,
-            Objective::Mlm,
-            Objective::Classify,
-            Objective::Regress,
-        ]
-        .into_iter()
-        .find(|o| o.name() == s)
-        .ok_or_else(|| {
-            format!(
-                "unknown objective '{s}' (expected {})",
-                Objective::NAMES.join(", ")
-            )
-        })
-    }
-}
-
-impl std::fmt::Display for Objective {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.name())
-    }
 }
 
 /// What one row of a training batch holds, with the sizes the training
