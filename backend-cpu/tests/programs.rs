@@ -8,8 +8,7 @@ use autopar_comm::collective::Buffer;
 use autopar_cost_models::comm::{bytes_sent, Algorithm, Collective};
 use autopar_cost_models::memory::{stage_memory, PartParams};
 use autopar_cost_models::{
-    pipeline, AttentionKernel, MeshOrder, Recompute, Schedule, Sharding, TrainingConfig, Workload,
-    WorkloadOptions,
+    pipeline, AttentionKernel, MeshOrder, Recompute, Schedule, TrainingConfig, Workload, WorkloadOptions,
 };
 use autopar_cpu::train;
 use autopar_exec::trace::{Stream, TraceEvent};
@@ -145,20 +144,12 @@ fn schedules_bound_the_micro_batches_in_flight() {
 
 /// The cost model's view of one micro-batch of `micro_batch` rows on one rank.
 fn workload(micro_batch: usize) -> Workload {
+    // One rank; the training graph differentiates attention with one
+    // fused AttentionGrad, as the default prices it.
     let opts = WorkloadOptions {
         micro_batch: Some(micro_batch),
         seq: Some(SEQ),
-        sharding: Sharding {
-            tp: 1,
-            sp: false,
-            cp: 1,
-            ep: 1,
-        },
-        // The training graph differentiates attention with one fused AttentionGrad.
-        attention: AttentionKernel::Fused,
-        dropout: false,
-        moe_capacity_factor: None,
-        loss: Default::default(),
+        ..WorkloadOptions::default()
     };
     Workload::build(&model(), &opts).unwrap()
 }

@@ -6,8 +6,7 @@
 //! factor of the cost model's activation memory.
 
 use autopar_cost_models::{
-    AttentionKernel, Calibration, Cluster, Evaluator, Mesh, Recompute, Sharding, TrainingConfig, Workload,
-    WorkloadOptions,
+    Calibration, Cluster, Evaluator, Mesh, Recompute, TrainingConfig, Workload, WorkloadOptions,
 };
 use autopar_cpu::train;
 use autopar_cuda::memory::{
@@ -288,20 +287,12 @@ fn the_activation_peak_is_near_the_cost_model_s_activation_memory() {
     let g = model();
     let w = Workload::build(
         &g,
+        // One rank; the training graph differentiates attention with one
+        // fused AttentionGrad, as the default prices it.
         &WorkloadOptions {
             micro_batch: Some(s.micro_batch),
             seq: Some(SEQ),
-            sharding: Sharding {
-                tp: 1,
-                sp: false,
-                cp: 1,
-                ep: 1,
-            },
-            // The training graph differentiates attention with one fused AttentionGrad.
-            attention: AttentionKernel::Fused,
-            dropout: false,
-            moe_capacity_factor: None,
-            loss: Default::default(),
+            ..WorkloadOptions::default()
         },
     )
     .unwrap();

@@ -266,7 +266,7 @@ fn misfits_name_the_input_output_and_flag() {
 /// graph, one for one (but views: the targets' reshape runs no kernel).
 #[test]
 fn the_cost_model_prices_the_loss_lowering_appends() {
-    use autopar_cost_models::workload::{AttentionKernel, Sharding, Workload, WorkloadOptions};
+    use autopar_cost_models::workload::{Workload, WorkloadOptions};
     let gpt = "gpt:layers=1,hidden=16,heads=2,vocab=32,seq=8";
     let bert = "bert:layers=1,hidden=16,heads=2,vocab=32,seq=8";
     let cases = [
@@ -288,16 +288,8 @@ fn the_cost_model_prices_the_loss_lowering_appends() {
         let opts = WorkloadOptions {
             micro_batch: Some(4),
             seq: objective.on_tokens().then_some(8),
-            sharding: Sharding {
-                tp: 1,
-                sp: false,
-                cp: 1,
-                ep: 1,
-            },
-            attention: AttentionKernel::Fused,
-            dropout: false,
-            moe_capacity_factor: None,
             loss: objective.loss(),
+            ..WorkloadOptions::default()
         };
         let w = Workload::build(&g, &opts).unwrap();
         let mut priced: Vec<String> = w.loss.iter().map(|k| k.node.clone()).collect();

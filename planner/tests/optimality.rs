@@ -60,18 +60,9 @@ fn brute_force(graph: &Graph, cluster: &Cluster, opts: &SearchOptions) -> (f64, 
     let probe = Workload::from_layered(
         &layered,
         &WorkloadOptions {
-            micro_batch: None,
-            seq: None,
-            sharding: Sharding {
-                tp: 1,
-                sp: false,
-                cp: 1,
-                ep: 1,
-            },
             attention: opts.attention,
             dropout: opts.dropout,
-            moe_capacity_factor: None,
-            loss: Default::default(),
+            ..WorkloadOptions::default()
         },
     )
     .unwrap();

@@ -66,6 +66,27 @@ pub struct WorkloadOptions {
     pub loss: Loss,
 }
 
+impl Default for WorkloadOptions {
+    /// One rank with nothing split, the model's own batch and sequence,
+    /// fused attention, no dropout or token dropping, a cross-entropy.
+    fn default() -> Self {
+        WorkloadOptions {
+            micro_batch: None,
+            seq: None,
+            sharding: Sharding {
+                tp: 1,
+                sp: false,
+                cp: 1,
+                ep: 1,
+            },
+            attention: AttentionKernel::Fused,
+            dropout: false,
+            moe_capacity_factor: None,
+            loss: Loss::CrossEntropy,
+        }
+    }
+}
+
 /// The tensor-parallel, context-parallel or expert-parallel group.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Group {
@@ -644,17 +665,7 @@ mod tests {
         g.inputs.push(x);
         let opts = |mb| WorkloadOptions {
             micro_batch: Some(mb),
-            seq: None,
-            sharding: Sharding {
-                tp: 1,
-                sp: false,
-                cp: 1,
-                ep: 1,
-            },
-            attention: AttentionKernel::Fused,
-            dropout: false,
-            moe_capacity_factor: None,
-            loss: Default::default(),
+            ..WorkloadOptions::default()
         };
         assert!(Workload::build(&g, &opts(4)).is_ok());
         let err = Workload::build(&g, &opts(2)).unwrap_err();
