@@ -48,7 +48,7 @@ fn model_path(file: &str) -> String {
 #[test]
 fn every_fixture_reports_its_float_initializer_elements() {
     let models = fixture_models();
-    assert_eq!(models.len(), 13);
+    assert_eq!(models.len(), 14);
     for (file, float_params) in models {
         let r = inspect::report(&model_path(&file), None, None).unwrap();
         assert_eq!(r.float_initializer_elements, float_params, "{file}");
@@ -59,7 +59,7 @@ fn every_fixture_reports_its_float_initializer_elements() {
 #[test]
 fn check_passes_on_every_reference_with_and_without_rewrites() {
     let stems = reference_stems();
-    assert_eq!(stems.len(), 7);
+    assert_eq!(stems.len(), 8);
     for stem in stems {
         let data = PathBuf::from(format!("{FIXTURES}/reference/{stem}/test_data_set_0"));
         for rewrite in [false, true] {

@@ -6,7 +6,8 @@
 //! `ep − 1` rank-loads in all, whatever the routing: the mean over the
 //! group equals the estimate's even routing, to the byte. Under a
 //! capacity factor every expert's block travels whole (drop and pad): the
-//! bytes are fixed.
+//! bytes are fixed. Both exporters' Mixtral train under expert
+//! parallelism with one rank's losses.
 
 use autopar_cost_models::{estimate, Calibration, Cluster, Sharding, TrainingConfig, Workload};
 use autopar_cpu::train;
@@ -92,5 +93,30 @@ fn dispatch_bytes_per_rank_are_the_estimates() {
             (measured - estimated).abs() <= 1e-9 * estimated,
             "{what}: {measured} bytes per rank per step, the estimate counts {estimated}"
         );
+    }
+}
+
+/// Mixtral as both exporters write it (dynamo: `Expand`, `GatherND`,
+/// `Split`; legacy: `Tile`, `Gather`, `Slice`s) is recognised as experts,
+/// and dp 2 · ep 2 trains the losses of one rank, in f64.
+#[test]
+fn both_exports_of_mixtral_train_expert_parallel_with_one_ranks_losses() {
+    for file in ["mixtral-tiny.dynamo.onnx", "mixtral-tiny.ts.onnx"] {
+        let g = common::fixture(file);
+        assert_eq!(g.op_histogram().get("MoeExperts"), Some(&2), "{file}");
+        let losses = |dp: usize, ep: usize| -> Vec<f64> {
+            let mut s = Strategy::new(dp, 1, g.blocks.len(), common::MICRO_BATCH, 2 / dp);
+            s.ep = ep;
+            let t = for_strategy(&g, &s, 16, Objective::Lm).unwrap();
+            let programs = lower(&t, &s).unwrap();
+            let opts = TrainOptions::new(Precision::F64, Optimizer::adamw(1e-3), STEPS);
+            let data: Data = TokenSource::synthetic(1000, 3).into();
+            let report = train(&t, &programs, &data, &opts, &|_| {}).unwrap();
+            report.steps.iter().map(|s| s.loss).collect()
+        };
+        let (one, split) = (losses(1, 1), losses(2, 2));
+        for (a, b) in one.iter().zip(&split) {
+            assert!(((a - b) / a).abs() <= 1e-9, "{file}: {one:?} vs {split:?}");
+        }
     }
 }

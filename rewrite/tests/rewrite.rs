@@ -62,10 +62,18 @@ fn both_exports_of_each_model_agree_on_compute_ops() {
 
 #[test]
 fn mixtral_routing_and_attention_are_recognised() {
-    let (g, c, r) = canonical("mixtral-tiny.dynamo");
-    check_shrinks_and_finds_attention("mixtral-tiny.dynamo", &g, &c, &r);
-    let h = compute_histogram(&c);
-    assert!(h.contains_key("MoeRouter") || h.contains_key("TopK"), "{h:?}");
+    let mut histograms = vec![];
+    for stem in ["mixtral-tiny.dynamo", "mixtral-tiny.ts"] {
+        let (g, c, r) = canonical(stem);
+        check_shrinks_and_finds_attention(stem, &g, &c, &r);
+        let h = compute_histogram(&c);
+        assert!(
+            h.contains_key("MoeRouter") && h.contains_key("MoeExperts"),
+            "{stem}: {h:?}"
+        );
+        histograms.push(h);
+    }
+    assert_eq!(histograms[0], histograms[1], "both exports compute alike");
 }
 
 /// Runs `graph` on `feeds` (by graph-input order) with each op's reference
@@ -116,6 +124,7 @@ fn rewritten_graphs_reproduce_reference_outputs() {
         "bert-tiny.ts",
         "bert-tiny.dynamo",
         "mixtral-tiny.dynamo",
+        "mixtral-tiny.ts",
     ] {
         let (_, c, _) = canonical(stem);
         let dir = Path::new(FIXTURES)
@@ -157,6 +166,7 @@ fn causal_flag_follows_the_exported_mask() {
         "llama-tiny.ts",
         "llama-tiny.dynamo",
         "mixtral-tiny.dynamo",
+        "mixtral-tiny.ts",
     ] {
         assert_eq!(causal_flags(stem), vec![true, true], "{stem}");
     }

@@ -48,6 +48,7 @@ pub fn models() -> Vec<(&'static str, Graph, usize, usize)> {
         ("bert-tiny.ts.onnx", 2),
         ("bert-tiny.dynamo.onnx", 2),
         ("mixtral-tiny.dynamo.onnx", 2),
+        ("mixtral-tiny.ts.onnx", 2),
     ] {
         m.push((file, fixture(file), 16, max_tp));
     }

@@ -1,10 +1,13 @@
 //! Fusing exported mixture-of-experts MLPs into `MoeExperts`.
 //!
-//! Hugging Face's Mixtral, exported by dynamo, computes its experts densely
-//! per routed slot: every token is repeated `k` times, each copy gathers
-//! its expert's stacked gate/up and down weights (`GatherNd`), runs two
-//! batched matrix-vector products around the gated activation, is scaled by
-//! its routing weight, and the `k` copies are summed. That chain of views,
+//! Hugging Face's Mixtral with batched expert kernels computes its experts
+//! densely per routed slot: every token is repeated `k` times, each copy
+//! gathers its expert's stacked gate/up and down weights, runs two batched
+//! matrix-vector products around the gated activation, is scaled by its
+//! routing weight, and the `k` copies are summed. The two exporters spell
+//! the steps differently (dynamo: `Expand`, `GatherNd`, `Split`; the legacy
+//! exporter: `Tile`, `Gather` along the expert axis, two `Slice`s), and
+//! both are matched. That chain of views,
 //! gathers and batched matmuls is not something a planner can shard, so this
 //! pass replaces it with one `MoeExperts` node. Its expert weights come from
 //! the exported ones through weight-only nodes (`Slice` of the stacked
@@ -118,7 +121,7 @@ fn binary(g: &Graph, t: TensorId, func: BinaryOp) -> Option<[(TensorId, TensorId
     }
 }
 
-/// For `t = MatMul(GatherNd(w, idx), v)` with `v` of shape `[rows, n, 1]`:
+/// For `t = MatMul(GatherNd(w, idx), v)` (or `Gather`) with `v` of shape `[rows, n, 1]`:
 /// the stacked weights `w` (shape `[e, m, n]`), the routing indices
 /// `[t, k]` that `idx` views, and `v`. `n` is read from `w`.
 fn gathered_matvec(
@@ -131,16 +134,17 @@ fn gathered_matvec(
     let (Op::MatMul, [Some(gathered), Some(v)]) = produced(g, t)? else {
         return None;
     };
-    let (Op::GatherNd { batch_dims: 0 }, [Some(w), Some(idx)]) = produced(g, *gathered)? else {
-        return None;
+    // dynamo gathers by `GatherNd` with `[rows, 1]` indices, the legacy
+    // exporter by `Gather` along axis 0 with `[rows]`.
+    let (w, idx) = match produced(g, *gathered)? {
+        (Op::GatherNd { batch_dims: 0 }, [Some(w), Some(idx)]) if shape(g, *idx)? == [rows, 1] => (w, idx),
+        (Op::Gather { axis: 0 }, [Some(w), Some(idx)]) if shape(g, *idx)? == [rows] => (w, idx),
+        _ => return None,
     };
     let [_, wm, n] = shape(g, *w)?[..] else {
         return None;
     };
-    let fits = wm == m
-        && shape(g, *idx)? == [rows, 1]
-        && shape(g, *gathered)? == [rows, m, n]
-        && shape(g, *v)? == [rows, n, 1];
+    let fits = wm == m && shape(g, *gathered)? == [rows, m, n] && shape(g, *v)? == [rows, n, 1];
     let indices = view_of(g, *idx, &tk)?;
     let ok = fits && g.tensor(indices).ty.dtype == DType::I64;
     ok.then_some((*w, indices, *v, n))
@@ -162,30 +166,81 @@ fn activation(op: &Op) -> Option<Activation> {
 }
 
 /// For `t = up ⊙ act(gate)` where `gate, up` are the two halves of a
-/// `Split` along the last dim: the split input, the activation, and
+/// matrix along its last dim (a `Split`, as dynamo exports it, or two
+/// `Slice`s, as the legacy exporter does): the matrix, the activation, and
 /// whether the gate is the first half.
 fn gated(g: &Graph, t: TensorId) -> Option<(TensorId, Activation, bool)> {
     binary(g, t, BinaryOp::Mul)?.into_iter().find_map(|(up, acted)| {
         let (op, inputs) = produced(g, acted)?;
         let act = activation(op)?;
         let gate = arg(inputs, 0)?;
-        let split = g.producer(gate)?;
-        if up == gate || g.producer(up)? != split {
+        if up == gate {
             return None;
         }
-        let node = g.node(split);
-        let Op::Split { axis, outputs: 2, .. } = node.op else {
+        let (input, gate_first) = split_halves(g, gate, up).or_else(|| sliced_halves(g, gate, up))?;
+        let [_, cols] = shape(g, input)?[..] else {
             return None;
         };
-        let input = arg(&node.inputs, 0)?;
-        let rank = shape(g, input)?.len() as i64;
-        let halves = shape(g, gate)? == shape(g, up)?;
-        (halves && (axis == rank - 1 || axis == -1) && rank == 2).then_some((
-            input,
-            act,
-            node.outputs[0] == gate,
-        ))
+        let halves = shape(g, gate)? == shape(g, up)? && shape(g, gate)?.last() == Some(&(cols / 2));
+        halves.then_some((input, act, gate_first))
     })
+}
+
+/// `gate` and `up` as the two outputs of one `Split` of a matrix along
+/// its last dim: the matrix, and whether `gate` is the first.
+fn split_halves(g: &Graph, gate: TensorId, up: TensorId) -> Option<(TensorId, bool)> {
+    let split = g.producer(gate)?;
+    if g.producer(up)? != split {
+        return None;
+    }
+    let node = g.node(split);
+    let Op::Split { axis, outputs: 2, .. } = node.op else {
+        return None;
+    };
+    let input = arg(&node.inputs, 0)?;
+    (axis == 1 || axis == -1).then_some((input, node.outputs[0] == gate))
+}
+
+/// `gate` and `up` as two `Slice`s of one matrix along its last dim that
+/// together cover it: the matrix, and whether `gate` is the first half.
+fn sliced_halves(g: &Graph, gate: TensorId, up: TensorId) -> Option<(TensorId, bool)> {
+    let (a, gate_from) = column_slice(g, gate)?;
+    let (b, up_from) = column_slice(g, up)?;
+    let cols = *shape(g, a)?.last()? as i64;
+    let covers = a == b && gate_from + up_from == cols / 2 && cols % 2 == 0;
+    covers.then_some((a, gate_from == 0))
+}
+
+/// For `t = Slice(m, [lo], [lo + cols/2], [last axis])` of a matrix `m`,
+/// with constant bounds and unit step: `m` and `lo` (0 or `cols/2`).
+fn column_slice(g: &Graph, t: TensorId) -> Option<(TensorId, i64)> {
+    let (Op::Slice, inputs) = produced(g, t)? else {
+        return None;
+    };
+    let m = arg(inputs, 0)?;
+    let [_, cols] = shape(g, m)?[..] else {
+        return None;
+    };
+    let cols = cols as i64;
+    let ints = |slot: usize| -> Option<Vec<i64>> {
+        let v = g.tensor(arg(inputs, slot)?).data.as_deref()?;
+        Some(v.as_i64()?.to_vec())
+    };
+    let (starts, ends) = (ints(1)?, ints(2)?);
+    let axes = match arg(inputs, 3) {
+        Some(_) => ints(3)?,
+        None => vec![0],
+    };
+    let step_one = match arg(inputs, 4) {
+        Some(_) => ints(4)? == [1],
+        None => true,
+    };
+    let last_axis = axes == [1] || axes == [-1];
+    let half = cols / 2;
+    let lo = *starts.first()?;
+    let hi = (*ends.first()?).min(cols);
+    let ok = step_one && last_axis && starts.len() == 1 && (lo == 0 || lo == half) && hi == lo + half;
+    ok.then_some((m, lo))
 }
 
 /// Matches the expert computation whose `Σ_k` is node `sum`.
@@ -246,15 +301,32 @@ fn match_at(g: &Graph, sum: NodeIndex) -> Option<Experts> {
     })
 }
 
-/// For `x_col` viewing `Expand(x[t, 1, h], [t, k, h])` (each token repeated
-/// for its `k` slots): the tokens `x [t, h]`.
+/// For `x_col` viewing each token of `x [t, h]` repeated for its `k`
+/// slots: `x`. dynamo writes the repeat as `Expand(x[t, 1, h], [t, k, h])`,
+/// the legacy exporter as `Tile`, which the importer spells as an `Expand`
+/// of `x` with unit dims around it; either way it is an `Expand` (under
+/// views) that broadcasts one unit axis to `k`, with `t` elements'
+/// worth of dims before it and `h` after.
 fn repeated_tokens(g: &Graph, x_col: TensorId, [t, k, h]: [usize; 3]) -> Option<TensorId> {
-    let expanded = view_of(g, x_col, &[t, k, h])?;
-    let (Op::Expand, inputs) = produced(g, expanded)? else {
+    let mut expanded = view_of(g, x_col, &[t, k, h])?;
+    let single = loop {
+        match produced(g, expanded)? {
+            (Op::Expand, inputs) => break arg(inputs, 0)?,
+            (op, inputs) if is_view(op) => expanded = arg(inputs, 0)?,
+            _ => return None,
+        }
+    };
+    let (from, to) = (shape(g, single)?, shape(g, expanded)?);
+    if from.len() != to.len() {
+        return None;
+    }
+    let broadcast: Vec<usize> = (0..to.len()).filter(|&i| from[i] != to[i]).collect();
+    let [axis] = broadcast[..] else {
         return None;
     };
-    let single = arg(inputs, 0)?;
-    (shape(g, single)? == [t, 1, h]).then_some(())?;
+    let before: usize = to[..axis].iter().product();
+    let after: usize = to[axis + 1..].iter().product();
+    (from[axis] == 1 && to[axis] == k && before == t && after == h).then_some(())?;
     view_of(g, single, &[t, h])
 }
 
@@ -381,14 +453,34 @@ mod tests {
 
     #[test]
     fn mixtral_experts_fuse_per_layer_and_compute_the_same() {
-        let imported = load_model(Path::new(&format!("{FIXTURES}/models/mixtral-tiny.dynamo.onnx"))).unwrap();
+        let canonical = fuses_and_computes_the_same("mixtral-tiny.dynamo");
+        let ops = canonical.op_histogram();
+        assert_eq!(ops.get("GatherNd"), Some(&1), "only the mask gather is left");
+    }
+
+    /// The legacy exporter's Mixtral repeats tokens by `Tile`, gathers
+    /// expert weights by `Gather` and halves gate/up by two `Slice`s.
+    #[test]
+    fn legacy_exported_mixtral_experts_fuse_too() {
+        let canonical = fuses_and_computes_the_same("mixtral-tiny.ts");
+        let ops = canonical.op_histogram();
+        assert_eq!(
+            ops.get("Sigmoid"),
+            None,
+            "the experts' SiLU went into the fused op"
+        );
+    }
+
+    /// Canonicalises fixture `stem`, checks it has one `MoeExperts` per
+    /// layer and computes the reference outputs, and returns it.
+    fn fuses_and_computes_the_same(stem: &str) -> Graph {
+        let imported = load_model(Path::new(&format!("{FIXTURES}/models/{stem}.onnx"))).unwrap();
         let (canonical, report) = canonicalize(&imported).unwrap();
         let ops = canonical.op_histogram();
-        assert_eq!(ops.get("MoeExperts"), Some(&2));
-        assert_eq!(ops.get("GatherNd"), Some(&1), "only the mask gather is left");
+        assert_eq!(ops.get("MoeExperts"), Some(&2), "{stem}: {ops:?}");
         assert_eq!(report.ops_after, ops);
 
-        let data = format!("{FIXTURES}/reference/mixtral-tiny.dynamo/test_data_set_0");
+        let data = format!("{FIXTURES}/reference/{stem}/test_data_set_0");
         let inputs: Vec<Value> = (0..imported.inputs.len())
             .map(|i| {
                 read_tensor_file(Path::new(&format!("{data}/input_{i}.pb")))
@@ -405,5 +497,15 @@ mod tests {
                 assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
             }
         }
+        let want = read_tensor_file(Path::new(&format!("{data}/output_0.pb")))
+            .unwrap()
+            .1;
+        let diff = want
+            .to_f64_vec()
+            .iter()
+            .zip(got[0].to_f64_vec())
+            .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+        assert!(diff < 1e-4, "{stem}: {diff} from onnxruntime");
+        canonical
     }
 }
