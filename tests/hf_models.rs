@@ -1,6 +1,7 @@
 //! The development set's vision models, dynamic-axes export and folded
 //! tied head (`fixtures/hf-models/`: a CNN and a ViT from both exporters,
-//! Qwen2 with dynamic batch and sequence axes, MobileBERT's legacy export)
+//! Qwen2 with dynamic batch and sequence axes, MobileBERT's legacy export,
+//! Falcon's grouped-query layout)
 //! import, give onnxruntime's outputs, have PyTorch's parameter count, and
 //! plan on a GPU node and on this host.
 
@@ -12,13 +13,14 @@ use common::{autopar, scratch};
 use std::path::PathBuf;
 
 const MODELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/hf-models");
-const STEMS: [&str; 6] = [
+const STEMS: [&str; 7] = [
     "convnet3.ts",
     "convnet3.dynamo",
     "vit.ts",
     "vit.dynamo",
     "qwen2_dynamic.ts",
     "mobilebert.ts",
+    "falcon-gqa.ts",
 ];
 
 fn path(stem: &str) -> String {
@@ -44,7 +46,7 @@ fn each_matches_onnxruntime_with_and_without_rewrites() {
 /// shifts into the convolutions (eval mode), so those 32 are not there.
 #[test]
 fn parameter_counts_are_pytorchs() {
-    for stem in ["vit.ts", "vit.dynamo", "mobilebert.ts"] {
+    for stem in ["vit.ts", "vit.dynamo", "mobilebert.ts", "falcon-gqa.ts"] {
         let meta: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(format!("{MODELS}/{stem}.meta.json")).unwrap())
                 .unwrap();

@@ -65,6 +65,18 @@ fn cases() -> Vec<Case> {
             tps: &[2],
         },
     );
+    // Falcon's grouped-query layout (Falcon-40B's): query, key and value
+    // fused per key/value group, two groups.
+    all.insert(
+        at + 1,
+        Case {
+            name: "falcon-gqa.ts.onnx",
+            graph: fixture("../hf-models/falcon-gqa.ts.onnx"),
+            seq: 16,
+            vocab: 512,
+            tps: &[2],
+        },
+    );
     all
 }
 
@@ -415,4 +427,57 @@ fn multi_query_attention_splits_its_query_heads() {
         &run(&c.graph, &s, c.seq, c.vocab),
         "falcon query heads",
     );
+}
+
+/// Falcon's grouped-query layout fuses each key/value group's queries,
+/// key and value into one product, viewed `[.., groups, q + 2, d]`: the
+/// engine splits that product by columns, which are whole groups, and
+/// every view, slice and head after it by the group axis, as Megatron-LM
+/// splits a fused QKV; the step equals one rank's and the bytes are what
+/// the cost model prices.
+#[test]
+fn grouped_query_falcon_splits_its_fused_projection_by_groups() {
+    let c = cases()
+        .into_iter()
+        .find(|c| c.name == "falcon-gqa.ts.onnx")
+        .unwrap();
+    let g = &c.graph;
+    // The fused product: the Linear whose output is viewed as 5-D groups.
+    let fused = g
+        .node_indices()
+        .map(|i| g.node(i))
+        .find(|n| {
+            matches!(n.op, autopar_ir::Op::Linear)
+                && g.consumers(n.outputs[0]).iter().any(|&u| {
+                    let view = g.node(u);
+                    matches!(view.op, autopar_ir::Op::Reshape { .. })
+                        && g.tensor(view.outputs[0]).ty.shape.rank() == 5
+                })
+        })
+        .unwrap()
+        .name
+        .clone();
+    let sharding = planned(g, 2, false, c.seq, Ask::LeastMemory);
+    let names: BTreeMap<String, String> = sharding
+        .iter()
+        .map(|o| (o.node.clone(), o.strategy.clone()))
+        .collect();
+    assert_eq!(names[&fused], "column", "{names:?}");
+    let attention = g
+        .node_indices()
+        .map(|i| g.node(i))
+        .find(|n| matches!(n.op, autopar_ir::Op::Attention { .. }))
+        .unwrap();
+    assert_eq!(names[&attention.name], "heads");
+    let w = Workload::build_planned(g, &workload_options(c.seq, 2, false), &names).unwrap();
+    let s = strategy(g, 2, false, sharding);
+    let t = for_strategy(g, &s, c.seq, Objective::Lm).unwrap();
+    let programs = lower(&t, &s).unwrap();
+    let sent: f64 = lowered_bytes(&t, &programs[0], 2).values().sum();
+    let priced = priced_bytes(&w, 2);
+    assert!(
+        (sent - priced).abs() <= 1e-9 * priced,
+        "sent {sent}, priced {priced}"
+    );
+    assert_same_step(&single(&c), &run(g, &s, c.seq, c.vocab), "falcon groups");
 }
