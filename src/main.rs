@@ -178,6 +178,11 @@ enum Command {
         /// Replay every rank, not one per pipeline stage.
         #[arg(long)]
         every_rank: bool,
+        /// On the `cpu` preset: threads each rank splits its large matrix
+        /// products over, as `run --threads` (default: its share of this
+        /// host's cores).
+        #[arg(long, value_name = "N")]
+        threads: Option<usize>,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -265,6 +270,12 @@ struct RunArgs {
     /// or to rule it out).
     #[arg(long)]
     no_overlap: bool,
+    /// Threads each rank splits its large matrix products over, on the CPU
+    /// backend (default: the rank's share of this host's cores, so one rank
+    /// on two cores uses both). The products give the same bits on any
+    /// count; the predicted step prices the same split.
+    #[arg(long, value_name = "N")]
+    threads: Option<usize>,
     /// Save checkpoints in DIR: `DIR/step-<S>/` holds one safetensors file
     /// per rank (its shards of weights and optimizer state) and index.json;
     /// `DIR/latest` names the newest complete one. Saved after the last
@@ -559,6 +570,7 @@ fn run_command(a: RunArgs) -> Result<()> {
         save: run::save_policy(a.save, a.save_every, a.keep)?,
         resume: a.resume,
         timeout: a.timeout,
+        threads: a.threads,
     };
     let json = a.json;
     let bar = step_bar(a.steps);
@@ -830,6 +842,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             calibration,
             trace,
             every_rank,
+            threads,
             json,
         } => {
             use autopar::simulate;
@@ -838,6 +851,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 calibration,
                 trace,
                 every_rank,
+                threads,
             };
             let report = simulate::run(&request)?;
             if json {

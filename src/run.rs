@@ -113,6 +113,9 @@ pub struct Request {
     pub resume: Option<PathBuf>,
     /// `--timeout`: seconds a rank waits for a peer.
     pub timeout: Option<f64>,
+    /// `--threads`: threads each rank splits its large products over
+    /// (default: its share of this host's cores).
+    pub threads: Option<usize>,
 }
 
 /// How many checkpoints `--save` keeps by default.
@@ -260,6 +263,8 @@ pub struct Report {
 pub struct HostUse {
     pub cores: usize,
     pub cores_used: f64,
+    /// Threads each rank split its large products over.
+    pub threads_per_rank: usize,
 }
 
 /// The device a CUDA run used and the nodes that had to run on the host.
@@ -600,6 +605,7 @@ pub fn run(
     }
     let host = match (in_process_cpu, cpu_before, process_cpu_seconds()) {
         (true, Some(before), Some(after)) => Some(HostUse {
+            threads_per_rank: session.threads_per_rank(),
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cores_used: (after - before) / started.elapsed().as_secs_f64().max(1e-9),
         }),
@@ -660,7 +666,10 @@ fn simulated(session: &Session, p: &Plan, cal: &Calibration) -> Result<f64> {
         Some(session.programs()),
         cal,
         session.precision(),
-        &SimOptions::default(),
+        &SimOptions {
+            threads_per_rank: Some(session.threads_per_rank()),
+            ..SimOptions::default()
+        },
     )?;
     Ok(sim.step_time_s)
 }
@@ -725,6 +734,9 @@ fn optimizer(r: &Request) -> Result<Optimizer> {
 
 /// The session's options from the flags.
 fn run_options(r: &Request, launch: &LaunchEnv) -> Result<RunOptions> {
+    if r.threads == Some(0) {
+        bail!("--threads 0: a rank needs at least one thread");
+    }
     Ok(RunOptions {
         steps: r.steps,
         seed: r.seed,
@@ -744,6 +756,7 @@ fn run_options(r: &Request, launch: &LaunchEnv) -> Result<RunOptions> {
         timeout: timeout(r.timeout)?,
         save: r.save.clone(),
         resume: None,
+        threads_per_rank: r.threads,
     })
 }
 
@@ -871,8 +884,11 @@ pub fn render_summary(r: &Report) -> String {
     if let Some(h) = &r.host {
         let _ = write!(
             out,
-            "; training kept {:.1} of this host's {} cores busy",
-            h.cores_used, h.cores
+            "; training kept {:.1} of this host's {} cores busy ({} thread{} a rank)",
+            h.cores_used,
+            h.cores,
+            h.threads_per_rank,
+            if h.threads_per_rank == 1 { "" } else { "s" }
         );
     }
     out.push('\n');
@@ -1013,11 +1029,12 @@ mod tests {
             host: Some(HostUse {
                 cores: 2,
                 cores_used: 1.14,
+                threads_per_rank: 1,
             }),
         };
         assert!(
             render_summary(&report)
-                .contains("step time 100.000 ms (median); training kept 1.1 of this host's 2 cores busy\n"),
+                .contains("step time 100.000 ms (median); training kept 1.1 of this host's 2 cores busy (1 thread a rank)\n"),
             "{}",
             render_summary(&report)
         );

@@ -24,6 +24,9 @@ pub struct Request {
     pub trace: Option<PathBuf>,
     /// Replay every rank instead of one per pipeline stage.
     pub every_rank: bool,
+    /// On the `cpu` preset: threads each rank splits its products over
+    /// (default: its share of this host's cores, as `run`'s).
+    pub threads: Option<usize>,
 }
 
 /// What a simulation found.
@@ -100,9 +103,13 @@ pub fn run(r: &Request) -> Result<Report> {
     }
     let plan_arg = r.plan.display().to_string();
     let p = plan::load(&r.plan)?;
+    if r.threads == Some(0) {
+        anyhow::bail!("--threads 0: a rank needs at least one thread");
+    }
     let sim_opts = SimOptions {
         every_rank: r.every_rank,
         trace: r.trace.is_some(),
+        threads_per_rank: r.threads,
     };
     let Simulated {
         sim,

@@ -636,3 +636,79 @@ fn a_frozen_process_is_named_within_the_timeout() {
         );
     }
 }
+
+/// One rank on this host splits its large products over all its cores by
+/// default, `--threads` sets the count, and the bits do not depend on it;
+/// the predicted step is the plan's programs simulated with the same split
+/// (`simulate --threads`), and a product split over more threads is
+/// predicted faster.
+#[test]
+fn a_rank_splits_its_products_over_its_share_of_the_host() {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = tempfile::tempdir().unwrap();
+    let plan = dir.path().join("tp.json");
+    let plan = plan.to_str().unwrap();
+    let args = [
+        "plan",
+        TP_ZOO,
+        "--cluster",
+        "cpu",
+        "--gpus",
+        "1",
+        "--global-batch",
+        "4",
+        "-o",
+        plan,
+    ];
+    let (code, _, err) = autopar(&args);
+    assert_eq!(code, 0, "{err}");
+    let cal = dir.path().join("cpu.json");
+    let cal = cal.to_str().unwrap();
+    let (code, _, err) = autopar(&["profile", "--backend", "cpu", "--quick", "-o", cal]);
+    assert_eq!(code, 0, "{err}");
+    let ran = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            plan,
+            "--ranks",
+            "1",
+            "--steps",
+            "2",
+            "--calibration",
+            cal,
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let (code, out, err) = autopar(&args);
+        assert_eq!(code, 0, "{err}");
+        json(&out)
+    };
+    let (default, one, three) = (ran(&[]), ran(&["--threads", "1"]), ran(&["--threads", "3"]));
+    assert_eq!(default["host"]["threads_per_rank"], cores, "{default}");
+    assert_eq!(one["host"]["threads_per_rank"], 1);
+    assert_eq!(default["losses"], one["losses"]);
+    assert_eq!(three["losses"], one["losses"]);
+    let predicted = |v: &serde_json::Value| v["simulated_step_time_s"].as_f64().unwrap();
+    let simulated = |threads: &str| {
+        let args = [
+            "simulate",
+            plan,
+            "--calibration",
+            cal,
+            "--threads",
+            threads,
+            "--json",
+        ];
+        let (code, out, err) = autopar(&args);
+        assert_eq!(code, 0, "{err}");
+        json(&out)["step_time_s"].as_f64().unwrap()
+    };
+    assert_close(predicted(&one), simulated("1"));
+    assert_close(predicted(&three), simulated("3"));
+    assert!(predicted(&three) < predicted(&one), "{three} vs {one}");
+    assert_error(
+        &["run", plan, "--ranks", "1", "--threads", "0"],
+        2,
+        &["--threads"],
+    );
+}

@@ -1,22 +1,24 @@
 //! Wall time of one training step on the CPU backend: forward, token
 //! cross-entropy, backward, gradient reduction and an AdamW update, in f32,
-//! for each model on one rank and on two ranks (two threads) sharing the same
-//! global batch: data parallelism (dp=2) and, for the zoo GPT, a two-stage
-//! 1F1B pipeline (pp=2). The dp=2 layout runs twice: with gradient
-//! reduction overlapping the backward pass on each rank's communication
-//! worker (the default), and inline ("dp=2 inline"), to measure what the
-//! overlap gains. Each row trains a few warm-up steps, then reports
-//! the median of the measured steps' wall time (the slowest rank's
-//! `StepReport::seconds`) and tokens/s = global batch · seq / step time, and
-//! each model ends with the speed-up of its two-rank rows over one rank.
+//! for each model on one thread and on two sharing the same global batch:
+//! one rank splitting its large products over two threads ("dp=1 x2 thr",
+//! what `autopar run` does by default with one rank on two cores), data
+//! parallelism over two ranks (dp=2) and, for the zoo GPT, a two-stage 1F1B
+//! pipeline (pp=2). The dp=2 layout runs twice: with gradient reduction
+//! overlapping the backward pass on each rank's communication worker (the
+//! default), and inline ("dp=2 inline"), to measure what the overlap gains.
+//! Each row trains a few warm-up steps, then reports the median of the
+//! measured steps' wall time (the slowest rank's `StepReport::seconds`) and
+//! tokens/s = global batch · seq / step time, and each model ends with the
+//! speed-up of its two-thread rows over one thread.
 //!
 //! Run with `cargo bench -p autopar-cpu --bench train_step` (release
 //! build; the zoo GPT takes a few seconds a step on a small machine).
 //! Each model's rows end with PyTorch's time for the same step (for
 //! gpt2-tiny, the zoo GPT of its architecture), run in the same bench by
 //! `scripts/torch_train_step.py` (1 and 2 threads), and
-//! autopar's speed relative to it: one rank against one thread, the faster
-//! two-rank layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
+//! autopar's speed relative to it: one thread against one, the fastest
+//! two-thread layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
 //! torch (default `python3`); without torch the comparison says it was
 //! skipped. The bench allocates with mimalloc, as the `autopar` binary does.
 
@@ -81,6 +83,8 @@ struct Model {
 /// One timed configuration.
 struct Row {
     ranks: usize,
+    /// Threads in all: ranks × each rank's product threads.
+    threads: usize,
     layout: String,
     step_s: f64,
     tokens_per_s: f64,
@@ -139,34 +143,49 @@ fn models() -> Result<Vec<Model>> {
     ])
 }
 
-/// The layouts timed for `m`: one rank, dp=2 (overlapped and inline
-/// communication) and (if asked) pp=2, each with `m.global_batch` rows per
-/// step; `true` where communication overlaps compute.
-fn strategies(m: &Model) -> Vec<(String, Strategy, bool)> {
+/// One layout to time: its name, strategy, whether communication
+/// overlaps compute, and the threads each rank splits its products over.
+struct Layout {
+    name: &'static str,
+    strategy: Strategy,
+    overlap: bool,
+    threads_per_rank: usize,
+}
+
+/// The layouts timed for `m`: one rank on one thread and on two, dp=2
+/// (overlapped and inline communication) and (if asked) pp=2, each with
+/// `m.global_batch` rows per step.
+fn layouts(m: &Model) -> Vec<Layout> {
     let layers = m.graph.blocks.len();
     let per_step = m.global_batch / m.micro_batch;
+    let one = Strategy::new(1, 1, layers, m.micro_batch, per_step);
     let dp2 = Strategy::new(2, 1, layers, m.micro_batch, per_step / 2);
+    let layout = |name, strategy, overlap, threads_per_rank| Layout {
+        name,
+        strategy,
+        overlap,
+        threads_per_rank,
+    };
     let mut out = vec![
-        (
-            "dp=1".to_string(),
-            Strategy::new(1, 1, layers, m.micro_batch, per_step),
-            true,
-        ),
-        ("dp=2".to_string(), dp2.clone(), true),
-        ("dp=2 inline".to_string(), dp2, false),
+        layout("dp=1", one.clone(), true, 1),
+        layout("dp=1 x2 thr", one, true, 2),
+        layout("dp=2", dp2.clone(), true, 1),
+        layout("dp=2 inline", dp2, false, 1),
     ];
     if m.pipeline {
-        out.push((
-            "pp=2 1f1b".to_string(),
+        out.push(layout(
+            "pp=2 1f1b",
             Strategy::new(1, 2, layers, m.micro_batch, per_step),
             true,
+            1,
         ));
     }
     out
 }
 
 /// Trains `WARMUP + m.measured` steps of `m` under `s`; the median measured step.
-fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<Row> {
+fn time(m: &Model, layout: &Layout) -> Result<Row> {
+    let s = &layout.strategy;
     let t = training_graph(&m.graph, s.micro_batch, m.seq, s.global_batch(), Objective::Lm)?;
     let programs = lower(&t, s)?;
     let data: Data = TokenSource::synthetic(vocab(&m.graph)?, SEED).into();
@@ -175,21 +194,23 @@ fn time(m: &Model, layout: String, s: &Strategy, overlap_comm: bool) -> Result<R
         Optimizer::adamw(DEFAULT_ADAMW_LR),
         WARMUP + m.measured,
     );
-    opts.overlap_comm = overlap_comm;
+    opts.overlap_comm = layout.overlap;
+    opts.threads_per_rank = layout.threads_per_rank;
     let report = train(&t, &programs, &data, &opts, &|_| {})?;
     let mut times: Vec<f64> = report.steps[WARMUP..].iter().map(|r| r.seconds).collect();
     times.sort_by(f64::total_cmp);
     let step_s = times[times.len() / 2];
     Ok(Row {
         ranks: programs.len(),
-        layout,
+        threads: programs.len() * layout.threads_per_rank,
+        layout: layout.name.to_string(),
         step_s,
         tokens_per_s: (s.global_batch() * m.seq) as f64 / step_s,
     })
 }
 
 fn main() -> Result<()> {
-    println!("f32, AdamW; the median step after {WARMUP} warm-up steps; one thread per rank");
+    println!("f32, AdamW; the median step after {WARMUP} warm-up steps; one thread per rank unless the layout says");
     for m in models()? {
         println!();
         println!(
@@ -202,13 +223,13 @@ fn main() -> Result<()> {
             m.micro_batch,
             m.measured
         );
-        println!("  ranks  layout        step_s   tokens/s");
+        println!("  ranks  threads  layout        step_s   tokens/s");
         let mut rows = Vec::new();
-        for (layout, s, overlap) in strategies(&m) {
-            let row = time(&m, layout, &s, overlap).map_err(|e| format!("{}: {e}", m.name))?;
+        for layout in layouts(&m) {
+            let row = time(&m, &layout).map_err(|e| format!("{}: {e}", m.name))?;
             println!(
-                "  {:>5}  {:<11}  {:>8.4}  {:>9.0}",
-                row.ranks, row.layout, row.step_s, row.tokens_per_s
+                "  {:>5}  {:>7}  {:<11}  {:>8.4}  {:>9.0}",
+                row.ranks, row.threads, row.layout, row.step_s, row.tokens_per_s
             );
             rows.push(row);
         }
@@ -217,7 +238,7 @@ fn main() -> Result<()> {
             .iter()
             .map(|r| format!("{} {:.2}×", r.layout, r.tokens_per_s / one.tokens_per_s))
             .collect();
-        println!("  2 ranks vs 1 (tokens/s): {}", ratios.join(", "));
+        println!("  2 threads vs 1 (tokens/s): {}", ratios.join(", "));
         compare_with_torch(&m, &rows);
     }
     Ok(())
@@ -277,7 +298,7 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
     for (threads, torch_s) in torch {
         let ours = rows
             .iter()
-            .filter(|r| r.ranks == threads)
+            .filter(|r| r.threads == threads)
             .min_by(|a, b| a.step_s.total_cmp(&b.step_s));
         if let Some(r) = ours {
             println!(

@@ -581,3 +581,32 @@ fn overlapped_and_inline_communication_train_alike() {
         .count();
     assert!(overlapping > 0, "no gradient collective overlapped compute");
 }
+
+/// A rank's products split over its threads (`threads_per_rank`) train the
+/// same bits as on the rank's own thread: losses and every gradient of
+/// two AdamW steps, one rank and two, in f32.
+#[test]
+fn products_split_over_threads_train_the_same_bits() {
+    let spec = "gpt:layers=1,hidden=256,heads=4,vocab=2048,seq=64";
+    let mut g = autopar_import::zoo::build(spec).unwrap();
+    initialize(&mut g, 3).unwrap();
+    for dp in [1, 2] {
+        let s = Strategy::new(dp, 1, 1, 4, 1);
+        let t = training_graph(&g, s.micro_batch, 64, s.global_batch(), Objective::Lm).unwrap();
+        let programs = lower(&t, &s).unwrap();
+        let trained = |threads: usize| {
+            let mut opts = TrainOptions::new(Precision::F32, Optimizer::adamw(1e-3), 2);
+            opts.record_grads = true;
+            opts.threads_per_rank = threads;
+            let data = TokenSource::synthetic(2048, 5).into();
+            train(&t, &programs, &data, &opts, &|_| {}).unwrap()
+        };
+        let (one, three) = (trained(1), trained(3));
+        let losses = |r: &TrainReport| r.steps.iter().map(|s| s.loss.to_bits()).collect::<Vec<_>>();
+        assert_eq!(losses(&one), losses(&three), "dp {dp}");
+        assert_eq!(one.gradients.len(), three.gradients.len());
+        for (name, g) in &one.gradients {
+            assert!(g.data == three.gradients[name].data, "dp {dp}: {name}");
+        }
+    }
+}

@@ -62,6 +62,7 @@ fn session() -> Session {
         timeout: Duration::from_secs(60),
         save: None,
         resume: None,
+        threads_per_rank: None,
     };
     Session::new(plan, graph, 8, run, LaunchEnv::single()).unwrap()
 }

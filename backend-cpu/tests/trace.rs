@@ -100,6 +100,7 @@ fn a_simulated_hybrid_plan_traces_every_rank_and_stream() {
         let opts = SimOptions {
             every_rank: true,
             trace: true,
+            ..SimOptions::default()
         };
         let sim = simulate(&t, &s, &pricing, &opts).unwrap();
         let ranks: Vec<usize> = (0..s.world()).collect();

@@ -290,6 +290,14 @@ impl Cluster {
     }
 }
 
+/// Threads each of `ranks` ranks running on this host gets by default: an
+/// equal share of its cores, at least one. The CPU backend splits a rank's
+/// large products over them and the simulator prices them so.
+pub fn host_threads_per_rank(ranks: usize) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (cores / ranks.max(1)).max(1)
+}
+
 /// This host as a one-node cluster of one rank per core. Peak and bandwidth
 /// are nominal (2.5 GHz, two 8-lane f32 FMAs per cycle, 20 GB/s memory,
 /// 10 GB/s between ranks through shared memory) until a calibration file

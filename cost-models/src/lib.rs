@@ -22,7 +22,7 @@ pub mod published;
 pub mod workload;
 
 pub use calibration::{Calibration, CalibrationError};
-pub use cluster::{Cluster, ClusterError, Device, Link, MAX_GPUS, PRESET_NAMES};
+pub use cluster::{host_threads_per_rank, Cluster, ClusterError, Device, Link, MAX_GPUS, PRESET_NAMES};
 pub use config::{
     ConfigError, GradCompression, GradReduce, GradWire, MeshOrder, Recompute, Schedule, StageSpec,
     TrainingConfig, DEFAULT_BUCKET_MIB, DEFAULT_PREFETCH,

@@ -61,6 +61,10 @@ pub struct TrainOptions {
     pub restore: Option<Arc<checkpoint::Restored>>,
     /// Where and when ranks save checkpoints.
     pub saver: Option<Arc<checkpoint::Saver>>,
+    /// Threads each rank splits its large products over
+    /// (`autopar_ir::op::split_ways`); 1 runs every kernel on the rank's
+    /// own thread.
+    pub threads_per_rank: usize,
 }
 
 impl TrainOptions {
@@ -78,6 +82,7 @@ impl TrainOptions {
             first_step: 0,
             restore: None,
             saver: None,
+            threads_per_rank: 1,
         }
     }
 

@@ -18,7 +18,7 @@ pub mod pricing;
 pub mod ranks;
 pub mod report;
 
-use autopar_cost_models::{Calibration, Cluster, ClusterError, Schedule};
+use autopar_cost_models::{host_threads_per_rank, Calibration, Cluster, ClusterError, Schedule};
 use autopar_exec::trace::{Stream, TraceEvent};
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
@@ -37,6 +37,9 @@ pub struct SimOptions {
     pub every_rank: bool,
     /// Keep every instruction's span and the memory curve (for a trace).
     pub trace: bool,
+    /// On the `cpu` preset, the threads each rank splits its large
+    /// products over (`None`: the run's default, its share of this host).
+    pub threads_per_rank: Option<usize>,
 }
 
 /// Why a plan could not be simulated.
@@ -89,7 +92,7 @@ pub fn simulate_plan(
     opts: &SimOptions,
 ) -> Result<(Simulation, bool), SimError> {
     let cluster = plan_cluster(p)?;
-    let pricing = plan_pricing(p, t, s, &cluster, calibration, precision)?;
+    let pricing = plan_pricing(p, t, s, &cluster, calibration, precision, opts.threads_per_rank)?;
     let sim = replay(t, s, &pricing, opts, programs)?;
     Ok((sim, pricing.per_node))
 }
@@ -102,6 +105,7 @@ fn plan_pricing<'a>(
     cluster: &'a Cluster,
     calibration: &'a Calibration,
     precision: Precision,
+    threads_per_rank: Option<usize>,
 ) -> Result<Pricing<'a>, SimError> {
     let pricing_opts = PricingOptions {
         attention: p.parallel.attention,
@@ -113,10 +117,8 @@ fn plan_pricing<'a>(
         return Ok(pricing);
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    // With more ranks than cores, the measured cost of taking turns
-    // where the calibration has it (else the figure for every core).
-    let slowdown = calibration.thread_slowdown(s.world());
-    Ok(pricing.sharing_cores(s.world(), cores, slowdown))
+    let threads = threads_per_rank.unwrap_or_else(|| host_threads_per_rank(s.world()));
+    Ok(pricing.sharing_cores(t, s.world(), cores, threads))
 }
 
 /// Plan `p`'s strategy and training graph over `model`, built as `autopar
@@ -165,8 +167,8 @@ pub fn simulate_model_plan(
 pub fn simulate_model_plan_step(p: &Plan, model: &Graph, calibration: &Calibration) -> Result<f64, SimError> {
     let (strategy, t) = lower_model_plan(p, model)?;
     let cluster = plan_cluster(p)?;
-    let pricing = plan_pricing(p, &t, &strategy, &cluster, calibration, Precision::F32)?;
     let opts = SimOptions::default();
+    let pricing = plan_pricing(p, &t, &strategy, &cluster, calibration, Precision::F32, None)?;
     let Some((fill, period)) = steady_fill(&strategy) else {
         return Ok(replay(&t, &strategy, &pricing, &opts, None)?.step_time_s);
     };

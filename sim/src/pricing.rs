@@ -57,6 +57,8 @@ pub struct Pricing<'a> {
     pub per_node: bool,
     /// Share of a processor each rank's computation gets (1: its own).
     core_share: f64,
+    /// Per product node split over a rank's threads: its time's factor.
+    threaded: HashMap<String, f64>,
 }
 
 /// Why a plan cannot be priced.
@@ -218,23 +220,45 @@ impl<'a> Pricing<'a> {
             node_seconds,
             per_node,
             core_share: 1.0,
+            threaded: HashMap::new(),
         })
     }
 
     /// The same prices for `ranks` ranks run as threads on `cores`
-    /// processors (the CPU backend): each rank gets `cores / ranks` of one
-    /// when there are more ranks than cores, and computes `slowdown` times
-    /// slower than alone for the threads running at once (measured by
-    /// `autopar profile`).
-    pub fn sharing_cores(mut self, ranks: usize, cores: usize, slowdown: f64) -> Self {
+    /// processors (the CPU backend), each splitting its large products
+    /// over `threads` threads: a rank gets `cores / ranks` of one when
+    /// there are more ranks than cores, and computes as much slower than
+    /// alone as the calibration measured for the threads running at once
+    /// (`autopar profile`); a product split `w` ways
+    /// ([`autopar_ir::op::split_ways`], the rule the kernel runs) takes
+    /// `1 / w` of its time, slowed for `ranks · w` threads instead.
+    pub fn sharing_cores(mut self, t: &TrainingGraph, ranks: usize, cores: usize, threads: usize) -> Self {
+        let cal = self.calibration;
+        let slowdown = cal.thread_slowdown(ranks);
         let share = (cores.max(1) as f64 / ranks.max(1) as f64).min(1.0);
         self.core_share = share / slowdown.max(1.0);
+        let g = &t.graph;
+        for i in g.node_indices() {
+            let n = g.node(i);
+            if !matches!(n.op, Op::MatMul | Op::Linear | Op::Gemm { .. }) {
+                continue;
+            }
+            let Some([m, cols, k]) = autopar_cost_models::measured::gemm_shape(g, i) else {
+                continue;
+            };
+            let ways = autopar_ir::op::split_ways(m as usize, cols as usize, k as usize, threads);
+            if ways > 1 {
+                let factor = cal.thread_slowdown(ranks * ways) / (ways as f64 * slowdown.max(1.0));
+                self.threaded.insert(n.name.clone(), factor);
+            }
+        }
         self
     }
 
     /// Seconds of node `name` for one micro-batch.
     pub fn node(&self, name: &str) -> f64 {
-        self.node_seconds.get(name).copied().unwrap_or(0.0) / self.core_share
+        let threaded = self.threaded.get(name).copied().unwrap_or(1.0);
+        self.node_seconds.get(name).copied().unwrap_or(0.0) * threaded / self.core_share
     }
 
     /// Seconds of a collective over `ranks` moving `bytes` (see

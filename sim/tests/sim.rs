@@ -34,7 +34,7 @@ fn run_with(s: &Strategy, every_rank: bool, calibration: &Calibration) -> Simula
     let pricing = Pricing::new(&t, &cluster, calibration, &opts).unwrap();
     let sim_opts = SimOptions {
         every_rank,
-        trace: false,
+        ..SimOptions::default()
     };
     simulate(&t, s, &pricing, &sim_opts).unwrap()
 }
@@ -236,6 +236,7 @@ fn data_parallel_traffic_runs_on_the_stream_its_instruction_declares() {
         let opts = SimOptions {
             every_rank: true,
             trace: true,
+            ..SimOptions::default()
         };
         let sim = simulate(&t, &s, &pricing, &opts).unwrap();
         let mut beside = 0;
@@ -322,4 +323,58 @@ fn a_tensor_parallel_copy_shares_its_input_s_memory() {
             p.static_bytes
         );
     }
+}
+
+/// On the CPU backend a rank splits each large product over its threads
+/// by `split_ways`, the rule the kernel runs: the simulator prices such a
+/// product at `1 / ways` of its time, slowed as the calibration measured
+/// for that many threads at once, and every other node as before.
+#[test]
+fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
+    use autopar_cost_models::calibration::ThreadSlowdown;
+    use autopar_cost_models::measured::gemm_shape;
+    let g = autopar_import::zoo::build("gpt:layers=1,hidden=256,heads=4,vocab=2048,seq=64").unwrap();
+    let s = Strategy::new(1, 1, 1, 4, 1);
+    let t = for_strategy(&g, &s, 64, Objective::Lm).unwrap();
+    let cluster = Cluster::preset("cpu").unwrap().with_gpus(1).unwrap();
+    let slowdowns = [(1, 1.0), (2, 1.25)].map(|(threads, slowdown)| ThreadSlowdown { threads, slowdown });
+    let cal = Calibration {
+        ops: vec![OpRate {
+            op: "Add".into(),
+            dtype: DType::F32,
+            at_bytes: None,
+            bytes_per_s: Some(1e9),
+            flops_per_s: None,
+        }],
+        threads: slowdowns.to_vec(),
+        ..Calibration::default()
+    };
+    let priced = |threads: usize| {
+        Pricing::new(&t, &cluster, &cal, &PricingOptions::default())
+            .unwrap()
+            .sharing_cores(&t, 1, 2, threads)
+    };
+    let (one, two) = (priced(1), priced(2));
+    let mut split = 0;
+    for i in t.graph.node_indices() {
+        let n = t.graph.node(i);
+        let ways = match (&n.op, gemm_shape(&t.graph, i)) {
+            (
+                autopar_ir::Op::Linear | autopar_ir::Op::MatMul | autopar_ir::Op::Gemm { .. },
+                Some([m, c, k]),
+            ) => autopar_ir::op::split_ways(m as usize, c as usize, k as usize, 2),
+            _ => 1,
+        };
+        let want = one.node(&n.name) * if ways == 2 { 1.25 / 2.0 } else { 1.0 };
+        assert!(
+            (two.node(&n.name) - want).abs() <= 1e-12 * want.max(1e-30),
+            "{}",
+            n.name
+        );
+        split += usize::from(ways == 2);
+    }
+    assert!(
+        split >= 4,
+        "the forward and backward products of the layer and the head split: {split}"
+    );
 }

@@ -15,6 +15,7 @@ use crate::train::{initialize, Data, DataError, InitError, Optimizer};
 use crate::{ExecError, RankResult, StepReport, TrainOptions, TrainReport};
 use autopar_comm::collective::{connect, Endpoint, MeshError};
 use autopar_comm::launch::LaunchEnv;
+use autopar_cost_models::host_threads_per_rank;
 use autopar_ir::interp::Precision;
 use autopar_ir::Graph;
 use autopar_lower::{
@@ -88,6 +89,9 @@ pub struct RunOptions {
     pub save: Option<SavePolicy>,
     /// Start from this checkpoint: its weights, optimizer state and step.
     pub resume: Option<Arc<Restored>>,
+    /// Threads each rank splits its large products over; `None`: its share
+    /// of this host's cores ([`host_threads_per_rank`] of the ranks here).
+    pub threads_per_rank: Option<usize>,
 }
 
 /// Why a session could not run.
@@ -213,6 +217,13 @@ impl Session {
         train.trace = opts.trace;
         train.overlap_comm = opts.overlap;
         train.timeout = opts.timeout;
+        let here = match launch.world_size > 1 {
+            true => launch.local_world_size,
+            false => strategy.world(),
+        };
+        train.threads_per_rank = opts
+            .threads_per_rank
+            .unwrap_or_else(|| host_threads_per_rank(here));
         if let Some(r) = &opts.resume {
             train.first_step = r.index.step;
             train.restore = Some(Arc::clone(r));
@@ -268,6 +279,11 @@ impl Session {
     /// The precision of the programs' host values.
     pub fn precision(&self) -> Precision {
         self.opts.precision
+    }
+
+    /// Threads each rank splits its large products over.
+    pub fn threads_per_rank(&self) -> usize {
+        self.opts.threads_per_rank
     }
 
     /// The data every step reads.

@@ -8,7 +8,14 @@ use crate::{DType, Data, Value};
 /// The float types kernels are generic over (`f32` storage also carries
 /// `f16`/`bf16`). Adds what `num_traits::Float` lacks.
 pub(crate) trait Real:
-    num_traits::Float + std::iter::Sum + std::ops::AddAssign + std::ops::MulAssign + Default + 'static
+    num_traits::Float
+    + std::iter::Sum
+    + std::ops::AddAssign
+    + std::ops::MulAssign
+    + Default
+    + Send
+    + Sync
+    + 'static
 {
     /// Type name for messages.
     const NAME: &'static str;

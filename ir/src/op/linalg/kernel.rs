@@ -2,7 +2,7 @@
 
 use super::super::broadcast::source_index;
 use super::super::context::{finish, EvalCtx};
-use super::super::gemm::{gemm, Mat};
+use super::super::gemm::{gemm_threaded, Mat};
 use super::super::geometry::prod;
 use super::super::numeric::{float_kernel, Real};
 use super::super::OpError;
@@ -14,7 +14,7 @@ fn matmul_float<T: Real>(op: &str, a: &[T], b: &[T], g: &Batched) -> Result<Vec<
     for (i, (&ao, &bo)) in g.a_offsets.iter().zip(&g.b_offsets).enumerate() {
         let am = Mat::row_major(a, ao, g.k, false);
         let bm = Mat::row_major(b, bo, g.n, false);
-        gemm(
+        gemm_threaded(
             op,
             g.m,
             g.k,
@@ -67,7 +67,7 @@ fn gemm_float<T: Real>(cx: &EvalCtx, alpha: f64, beta: f64, ta: bool, tb: bool) 
     let mut out = bias_init(c, m, n, T::lit(beta));
     let am = Mat::row_major(cx.floats::<T>(0)?, 0, a.shape[1], ta);
     let bm = Mat::row_major(cx.floats::<T>(1)?, 0, b.shape[1], tb);
-    gemm(cx.op, m, k, n, T::lit(alpha), am, bm, T::one(), &mut out, 0)?;
+    gemm_threaded(cx.op, m, k, n, T::lit(alpha), am, bm, T::one(), &mut out, 0)?;
     Ok(out)
 }
 
@@ -95,7 +95,7 @@ fn linear_float<T: Real>(cx: &EvalCtx) -> Result<Vec<T>, OpError> {
     let mut out = bias_init(bias, rows, n, T::one());
     let xm = Mat::row_major(cx.floats::<T>(0)?, 0, k, false);
     let wm = Mat::row_major(cx.floats::<T>(1)?, 0, n, false);
-    gemm(cx.op, rows, k, n, T::one(), xm, wm, T::one(), &mut out, 0)?;
+    gemm_threaded(cx.op, rows, k, n, T::one(), xm, wm, T::one(), &mut out, 0)?;
     Ok(out)
 }
 
