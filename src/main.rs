@@ -11,9 +11,10 @@ use std::process::ExitCode;
 
 /// Planning and simulating allocate many small, short-lived buffers
 /// (instructions, names, steps); mimalloc serves them faster than the
-/// system allocator.
+/// system allocator, and keeps what a training step frees for the next
+/// (`autopar_cpu::allocator`).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: autopar_cpu::allocator::MiMalloc = autopar_cpu::allocator::MiMalloc;
 
 #[derive(Parser)]
 #[command(
@@ -502,6 +503,7 @@ enum RunPrecisionArg {
 }
 
 fn main() -> ExitCode {
+    autopar_cpu::allocator::keep_freed_memory();
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {

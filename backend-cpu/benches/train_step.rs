@@ -20,7 +20,8 @@
 //! autopar's speed relative to it: one thread against one, the fastest
 //! two-thread layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
 //! torch (default `python3`); without torch the comparison says it was
-//! skipped. The bench allocates with mimalloc, as the `autopar` binary does.
+//! skipped. The bench allocates as the `autopar` binary does (mimalloc,
+//! keeping freed memory: `autopar_cpu::allocator`).
 
 use autopar_cpu::train;
 use autopar_exec::train::{initialize, Data, Optimizer, TokenSource, DEFAULT_ADAMW_LR};
@@ -36,7 +37,7 @@ use std::process::Command;
 
 /// What the `autopar` binary allocates with, so the bench times what it runs.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: autopar_cpu::allocator::MiMalloc = autopar_cpu::allocator::MiMalloc;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -210,6 +211,7 @@ fn time(m: &Model, layout: &Layout) -> Result<Row> {
 }
 
 fn main() -> Result<()> {
+    autopar_cpu::allocator::keep_freed_memory();
     println!("f32, AdamW; the median step after {WARMUP} warm-up steps; one thread per rank unless the layout says");
     for m in models()? {
         println!();

@@ -9,6 +9,7 @@
 //! collectives are `autopar-comm`'s, so the CPU and CUDA backends run the
 //! same plan the same way.
 
+pub mod allocator;
 mod backend;
 pub mod profile;
 mod runner;

@@ -412,7 +412,19 @@ fn multi_query_attention_splits_its_query_heads() {
         .map(|o| (o.node.clone(), o.strategy.clone()))
         .collect();
     assert_eq!(names[&attention], "query heads");
-    let w = Workload::build_planned(&c.graph, &workload_options(c.seq, 2, false), &names).unwrap();
+    sends_what_is_priced_and_steps_as_one_rank(&c, &names, sharding, "falcon query heads");
+}
+
+/// `c` at tp 2 under `sharding` (`names`: node → strategy): rank 0's
+/// lowered tensor-parallel bytes are the cost model's, and the step is one
+/// rank's.
+fn sends_what_is_priced_and_steps_as_one_rank(
+    c: &Case,
+    names: &BTreeMap<String, String>,
+    sharding: Vec<OpSharding>,
+    what: &str,
+) {
+    let w = Workload::build_planned(&c.graph, &workload_options(c.seq, 2, false), names).unwrap();
     let s = strategy(&c.graph, 2, false, sharding);
     let t = for_strategy(&c.graph, &s, c.seq, Objective::Lm).unwrap();
     let programs = lower(&t, &s).unwrap();
@@ -420,13 +432,9 @@ fn multi_query_attention_splits_its_query_heads() {
     let priced = priced_bytes(&w, 2);
     assert!(
         (sent - priced).abs() <= 1e-9 * priced,
-        "sent {sent}, priced {priced}"
+        "{what}: sent {sent}, priced {priced}"
     );
-    assert_same_step(
-        &single(&c),
-        &run(&c.graph, &s, c.seq, c.vocab),
-        "falcon query heads",
-    );
+    assert_same_step(&single(c), &run(&c.graph, &s, c.seq, c.vocab), what);
 }
 
 /// Falcon's grouped-query layout fuses each key/value group's queries,
@@ -469,15 +477,5 @@ fn grouped_query_falcon_splits_its_fused_projection_by_groups() {
         .find(|n| matches!(n.op, autopar_ir::Op::Attention { .. }))
         .unwrap();
     assert_eq!(names[&attention.name], "heads");
-    let w = Workload::build_planned(g, &workload_options(c.seq, 2, false), &names).unwrap();
-    let s = strategy(g, 2, false, sharding);
-    let t = for_strategy(g, &s, c.seq, Objective::Lm).unwrap();
-    let programs = lower(&t, &s).unwrap();
-    let sent: f64 = lowered_bytes(&t, &programs[0], 2).values().sum();
-    let priced = priced_bytes(&w, 2);
-    assert!(
-        (sent - priced).abs() <= 1e-9 * priced,
-        "sent {sent}, priced {priced}"
-    );
-    assert_same_step(&single(&c), &run(g, &s, c.seq, c.vocab), "falcon groups");
+    sends_what_is_priced_and_steps_as_one_rank(&c, &names, sharding, "falcon groups");
 }
