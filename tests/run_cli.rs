@@ -640,8 +640,7 @@ fn a_frozen_process_is_named_within_the_timeout() {
 /// One rank on this host splits its large products over all its cores by
 /// default, `--threads` sets the count, and the bits do not depend on it;
 /// the predicted step is the plan's programs simulated with the same split
-/// (`simulate --threads`), and a product split over more threads is
-/// predicted faster.
+/// (`simulate --threads`), whose price depends on the count.
 #[test]
 fn a_rank_splits_its_products_over_its_share_of_the_host() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -705,7 +704,10 @@ fn a_rank_splits_its_products_over_its_share_of_the_host() {
     };
     assert_close(predicted(&one), simulated("1"));
     assert_close(predicted(&three), simulated("3"));
-    assert!(predicted(&three) < predicted(&one), "{three} vs {one}");
+    // Whether three threads are faster depends on the host (on two cores
+    // they take turns, and the profile prices that); that the split is
+    // priced at all does not.
+    assert_ne!(predicted(&three), predicted(&one), "{three} vs {one}");
     assert_error(
         &["run", plan, "--ranks", "1", "--threads", "0"],
         2,
