@@ -240,7 +240,7 @@ impl<'a> Pricing<'a> {
         let g = &t.graph;
         for i in g.node_indices() {
             let n = g.node(i);
-            if !matches!(n.op, Op::MatMul | Op::Linear | Op::Gemm { .. }) {
+            if !autopar_ir::op::splits_over_threads(&n.op) {
                 continue;
             }
             let Some([m, cols, k]) = autopar_cost_models::measured::gemm_shape(g, i) else {

@@ -358,11 +358,10 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
     let mut split = 0;
     for i in t.graph.node_indices() {
         let n = t.graph.node(i);
-        let ways = match (&n.op, gemm_shape(&t.graph, i)) {
-            (
-                autopar_ir::Op::Linear | autopar_ir::Op::MatMul | autopar_ir::Op::Gemm { .. },
-                Some([m, c, k]),
-            ) => autopar_ir::op::split_ways(m as usize, c as usize, k as usize, 2),
+        let ways = match gemm_shape(&t.graph, i) {
+            Some([m, c, k]) if autopar_ir::op::splits_over_threads(&n.op) => {
+                autopar_ir::op::split_ways(m as usize, c as usize, k as usize, 2)
+            }
             _ => 1,
         };
         let want = one.node(&n.name) * if ways == 2 { 1.25 / 2.0 } else { 1.0 };

@@ -25,6 +25,14 @@ pub fn product_threads() -> usize {
     PRODUCT_THREADS.with(Cell::get)
 }
 
+/// Whether `op`'s kernel splits its product over this thread's
+/// [`product_threads`] ([`split_ways`]): the plain products, whose kernels
+/// call [`gemm_threaded`]. Attention, convolutions and experts run their
+/// products on the rank's own thread. The simulator prices by this.
+pub fn splits_over_threads(op: &super::Op) -> bool {
+    matches!(op, super::Op::MatMul | super::Op::Linear | super::Op::Gemm { .. })
+}
+
 /// Multiply-adds a thread must be handed before a product is split for it:
 /// about 50 µs of one core's work, well above waking a pool thread.
 pub const MIN_MACS_PER_WAY: usize = 1 << 21;
