@@ -66,6 +66,28 @@ pub fn moves(from: Layout, to: Layout) -> Option<Vec<(super::CommKind, usize)>> 
     })
 }
 
+/// The comm ops that bring a tensor laid out as `from` to a reader that
+/// reads it as `to`; `shares`: the reader divides its work over the ranks
+/// while reading the tensor whole, so its gradient is a share on each rank
+/// (column-parallel's input). Those shares are summed backward: a gather
+/// becomes one [`GatherForCompute`](super::CommKind::GatherForCompute)
+/// (backward: reduce-scatter, sequence parallelism's gather), and a whole
+/// tensor is read through a `Copy` (backward: all-reduce). The gradient
+/// layouts the planner's program prices ([`input_grad`] moved back into
+/// [`output_grad`]) are these conjugates; lowering emits these ops and the
+/// cost model prices them.
+pub fn read_moves(from: Layout, to: Layout, shares: bool) -> Option<Vec<(super::CommKind, usize)>> {
+    use super::CommKind::{AllGather, Copy, GatherForCompute};
+    let mut steps = moves(from, to)?;
+    if shares && to == Layout::Replicate {
+        match steps.last_mut() {
+            Some((kind @ AllGather, _)) => *kind = GatherForCompute,
+            _ => steps.push((Copy, 0)),
+        }
+    }
+    Some(steps)
+}
+
 /// One way to run an op.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Strategy {
@@ -383,6 +405,37 @@ mod tests {
         assert_eq!(names(&all), ["replicate", "expert", "ffn", "dim1"]);
         assert_eq!(find(&all, "ffn").inputs[4], Some(Shard(1)));
         assert_eq!(find(&all, "dim1").inputs[1], Some(Shard(1)));
+    }
+
+    /// A reader whose gradient is a share sums those shares backward: a
+    /// sequence gather's conjugate becomes a reduce-scatter (the gradient
+    /// layouts the planner's program prices: a share moved back into the
+    /// slice), and a whole tensor is read through a copy (all-reduce).
+    #[test]
+    fn reads_by_divided_work_sum_their_gradient_shares() {
+        use crate::CommKind::{AllGather, AllReduce, Copy, GatherForCompute, ReduceScatter, Slice};
+        assert_eq!(
+            read_moves(Shard(1), Replicate, true),
+            Some(vec![(GatherForCompute, 1)])
+        );
+        assert_eq!(read_moves(Shard(1), Replicate, false), Some(vec![(AllGather, 1)]));
+        assert_eq!(read_moves(Replicate, Replicate, true), Some(vec![(Copy, 0)]));
+        assert_eq!(
+            read_moves(Partial, Replicate, true),
+            Some(vec![(AllReduce, 0), (Copy, 0)])
+        );
+        assert_eq!(read_moves(Replicate, Shard(2), true), Some(vec![(Slice, 2)]));
+        assert_eq!(read_moves(Replicate, Partial, true), None);
+        let back: Vec<_> = read_moves(Shard(1), Replicate, true)
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.conjugate())
+            .collect();
+        assert_eq!(back, [ReduceScatter]);
+        assert_eq!(
+            moves(input_grad(Replicate, true), output_grad(Shard(1))),
+            Some(vec![(ReduceScatter, 1)])
+        );
     }
 
     #[test]

@@ -348,12 +348,12 @@ impl Rewriter<'_> {
     fn replicated(&mut self, x: TensorId, at: &str) -> Result<TensorId, TpError> {
         match self.layout(x) {
             Some(Layout::Split { axis, blocks: WHOLE }) => {
-                self.moved(x, Rule::Shard(axis), Rule::Replicate, at)
+                self.moved(x, Rule::Shard(axis), Rule::Replicate, false, at)
             }
             Some(Layout::Split { .. }) => {
                 Err(self.err(at, "gathering a block-split tensor is not supported"))
             }
-            Some(Layout::Partial) => self.moved(x, Rule::Partial, Rule::Replicate, at),
+            Some(Layout::Partial) => self.moved(x, Rule::Partial, Rule::Replicate, false, at),
             Some(Layout::Replicated) | None => Ok(x),
         }
     }

@@ -218,9 +218,8 @@ impl Rewriter<'_> {
                 Some(source) => self.crossed(idx, source, t)?,
                 None => t,
             };
-            let x = self.arrange(t, s.reads(slot).0, blocks, &n.name)?;
             let shares = s.grad_partial.get(slot).copied().unwrap_or(false);
-            pieces.push(Some(if shares { self.copied_in(x)? } else { x }));
+            pieces.push(Some(self.arrange(t, s.reads(slot).0, shares, blocks, &n.name)?));
         }
         let weights_only = ins.iter().flatten().all(|&t| self.layout(t).is_none());
         let layout = self.planned_layout(idx, s, blocks, weights_only)?;
@@ -346,16 +345,26 @@ impl Rewriter<'_> {
         let dims = self.source_dims(source);
         let at = self.src.node(idx).name.clone();
         match layers::crosses_sequence_split(b.streams[source.index()], &dims, self.parts, self.sp) {
-            true => self.arrange(t, Rule::Shard(1), WHOLE, &at),
-            false => self.arrange(t, Rule::Replicate, WHOLE, &at),
+            true => self.arrange(t, Rule::Shard(1), false, WHOLE, &at),
+            false => self.arrange(t, Rule::Replicate, false, WHOLE, &at),
         }
     }
 
-    /// `t` in the layout `want` reads it in, with `blocks` blocks when split.
-    fn arrange(&mut self, t: TensorId, want: Rule, blocks: usize, at: &str) -> Result<TensorId, TpError> {
+    /// `t` in the layout `want` reads it in, with `blocks` blocks when split;
+    /// `shares`: the reader's gradient for it is a share on each rank
+    /// ([`autopar_ir::op::sharding::read_moves`]).
+    fn arrange(
+        &mut self,
+        t: TensorId,
+        want: Rule,
+        shares: bool,
+        blocks: usize,
+        at: &str,
+    ) -> Result<TensorId, TpError> {
         let name = self.g.tensor(t).name.clone();
         let have = match self.layout(t) {
             // Weights and constants are stored, or sliced as each reader reads them.
+            None if want == Rule::Replicate && shares => return self.copied_in(t),
             None if want == Rule::Replicate => return Ok(t),
             None => match want {
                 Rule::Shard(d) => return self.slice_weight(t, d, blocks, at),
@@ -379,17 +388,25 @@ impl Rewriter<'_> {
         };
         if let (Rule::Shard(d), true) = (want, blocks > WHOLE) {
             // Cut into blocks: whole first, then each block's slice.
-            let whole = self.moved(t, have, Rule::Replicate, at)?;
+            let whole = self.moved(t, have, Rule::Replicate, false, at)?;
             return self.block_slice(whole, d, blocks);
         }
-        self.moved(t, have, want, at)
+        self.moved(t, have, want, shares, at)
     }
 
-    /// `t`, laid out as `from`, moved into `to` by the comm ops the
-    /// sharding rules name for it ([`sharding::moves`], what the cost model
-    /// prices): sums reduced with any bias still to add.
-    pub(super) fn moved(&mut self, t: TensorId, from: Rule, to: Rule, at: &str) -> Result<TensorId, TpError> {
-        let Some(steps) = autopar_ir::op::sharding::moves(from, to) else {
+    /// `t`, laid out as `from`, moved into `to` for a reader whose gradient
+    /// is a share when `shares`, by the comm ops the sharding rules name for
+    /// it ([`sharding::read_moves`], what the cost model prices): sums
+    /// reduced with any bias still to add.
+    pub(super) fn moved(
+        &mut self,
+        t: TensorId,
+        from: Rule,
+        to: Rule,
+        shares: bool,
+        at: &str,
+    ) -> Result<TensorId, TpError> {
+        let Some(steps) = autopar_ir::op::sharding::read_moves(from, to, shares) else {
             let name = self.g.tensor(t).name.clone();
             return Err(self.err(
                 at,
@@ -401,14 +418,15 @@ impl Rewriter<'_> {
             let split = Layout::Split { axis, blocks: WHOLE };
             x = match kind {
                 CommKind::Slice => self.comm(x, kind, axis, split)?,
-                CommKind::AllGather => self.comm(x, kind, axis, Layout::Replicated)?,
+                CommKind::AllGather | CommKind::GatherForCompute => {
+                    self.comm(x, kind, axis, Layout::Replicated)?
+                }
                 CommKind::AllReduce => self.settle(x, kind, axis, Layout::Replicated)?,
                 CommKind::ReduceScatter => self.settle(x, kind, axis, split)?,
-                CommKind::Copy
-                | CommKind::GatherForCompute
-                | CommKind::AllToAll
-                | CommKind::Dispatch
-                | CommKind::Combine => return Err(self.err(at, format!("{kind:?} is not a layout move"))),
+                CommKind::Copy => self.copied_in(x)?,
+                CommKind::AllToAll | CommKind::Dispatch | CommKind::Combine => {
+                    return Err(self.err(at, format!("{kind:?} is not a layout move")))
+                }
             };
         }
         Ok(x)

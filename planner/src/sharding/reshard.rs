@@ -4,10 +4,11 @@
 //! roofline over `Op::cost`).
 
 use super::Layout;
-use autopar_cost_models::comm::{self, Algorithm, Collective, Span};
+use autopar_cost_models::comm::{self, Algorithm, Span};
 use autopar_cost_models::compute::Rates;
 use autopar_cost_models::workload::{Kernel, OpWork};
 use autopar_cost_models::{Calibration, Cluster};
+use autopar_ir::op::sharding as rules;
 use autopar_ir::{DType, Op, TensorType};
 
 /// The price of a layout change lowering cannot run: far above any step,
@@ -49,24 +50,24 @@ impl<'a> Pricer<'a> {
     }
 
     /// Seconds to turn a tensor of `bytes` (whole logical size) laid out as
-    /// `from` into `to`: gathers, reductions and all-to-all; taking a block
-    /// of a replicated tensor is free. Turning a whole tensor or a block into
-    /// a pending sum is not something lowering runs (its gradient would need
+    /// `from` into `to` by the comm ops lowering runs for the move
+    /// ([`rules::moves`]): gathers and reductions; taking a block of a
+    /// replicated tensor is free. Turning a whole tensor or a block into a
+    /// pending sum is not something lowering runs (its gradient would need
     /// a reduction the layouts do not show), so it costs [`UNRUNNABLE_S`].
     pub fn reshard(&self, from: Layout, to: Layout, bytes: f64) -> Result<f64, String> {
-        use Collective::*;
-        use Layout::*;
-        let (collective, bytes) = match (from, to) {
-            _ if from == to || bytes == 0.0 || self.tp < 2 => return Ok(0.0),
-            (Replicate | Shard(_), Partial) => return Ok(UNRUNNABLE_S),
-            (Replicate, _) | (Partial, Partial) => return Ok(0.0),
-            (Shard(_), Replicate) => (AllGather, bytes),
-            (Partial, Replicate) => (AllReduce, bytes),
-            (Partial, Shard(_)) => (ReduceScatter, bytes),
-            // Each rank sends its whole block, split among the others.
-            (Shard(_), Shard(_)) => (AllToAll, bytes / self.tp as f64),
+        if from == to || bytes == 0.0 || self.tp < 2 {
+            return Ok(0.0);
+        }
+        let Some(steps) = rules::moves(from, to) else {
+            return Ok(UNRUNNABLE_S);
         };
-        comm::time(&self.cluster, self.span, collective, Algorithm::Ring, bytes).map_err(|e| e.to_string())
+        let mut seconds = 0.0;
+        for collective in steps.into_iter().filter_map(|(kind, _)| comm::of_comm(kind)) {
+            seconds += comm::time(&self.cluster, self.span, collective, Algorithm::Ring, bytes)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(seconds)
     }
 
     /// Seconds one rank spends on an op (forward, plus backward when
@@ -170,7 +171,7 @@ mod tests {
     use Layout::*;
 
     #[test]
-    fn collectives_follow_the_layouts() {
+    fn collectives_are_the_moves_lowering_runs() {
         let cal = Calibration::default();
         let cluster = Cluster::preset("dgx-h100").unwrap().with_gpus(8).unwrap();
         let p = Pricer::new(&cluster, &cal, 4).unwrap();
@@ -191,7 +192,8 @@ mod tests {
             (ar - t(Partial, Shard(0)) - t(Shard(0), Replicate)).abs() < 1e-12,
             "{ar}"
         );
-        assert!(t(Shard(0), Shard(1)) < t(Shard(0), Replicate));
+        // A block moves to another dim as lowering moves it: gathered, then sliced.
+        assert_eq!(t(Shard(0), Shard(1)), t(Shard(0), Replicate));
         let one = Pricer::new(&cluster, &cal, 1).unwrap();
         assert_eq!(one.reshard(Partial, Replicate, mb).unwrap(), 0.0);
     }

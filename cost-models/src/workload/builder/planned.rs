@@ -32,7 +32,7 @@ pub(in crate::workload) struct Planned {
     /// Per tensor: carries a gradient back.
     grads: Vec<bool>,
     /// Moves already priced: (tensor, layout it was moved into).
-    moved: HashSet<(TensorId, Rule)>,
+    moved: HashSet<(TensorId, Rule, bool)>,
     /// Copies already priced: (tensor, layout it was copied in as).
     copied: HashSet<(TensorId, Rule)>,
     /// Weight slices already priced: (weight, layout, reader's part), as a
@@ -167,12 +167,9 @@ impl Builder<'_> {
             weights_only = false;
             let here = self.crossing(idx, t)?;
             let at = self.reader_unit(t, unit);
-            self.move_into(t, here, want, at)?;
+            self.move_into(t, here, want, shares, at)?;
             if self.regathered(t, here, want) {
                 kept_split.push(slot);
-            }
-            if shares && want == Rule::Replicate {
-                self.copy_in(t, want, at);
             }
         }
         let out = s.outputs.first().copied().unwrap_or(Rule::Replicate);
@@ -253,31 +250,33 @@ impl Builder<'_> {
             Place::Pre | Place::Layer | Place::Post => self.unit_of(p),
             Place::Second | Place::Repeat => None,
         };
-        self.move_into(t, have, boundary, home)?;
+        self.move_into(t, have, boundary, false, home)?;
         Ok(boundary)
     }
 
-    /// Prices moving activation `t` from `from` into `to` in `unit` (once
-    /// per tensor and layout), with a row-parallel bias added after a
+    /// Prices moving activation `t` from `from` into `to` in `unit` for a
+    /// reader whose gradient is a share when `shares` (once per tensor,
+    /// layout and kind of reader), with a row-parallel bias added after a
     /// reduction.
     fn move_into(
         &mut self,
         t: TensorId,
         from: Rule,
         to: Rule,
+        shares: bool,
         unit: Option<usize>,
     ) -> Result<(), WorkloadError> {
         use Collective::{AllGather, AllReduce};
-        if from == to {
+        if from == to && !(shares && to == Rule::Replicate) {
             return Ok(());
         }
         let planned = self.planned.as_mut().expect("planned");
-        if !planned.moved.insert((t, to)) {
+        if !planned.moved.insert((t, to, shares)) {
             return Ok(());
         }
         let grad = planned.grads[t.index()];
         let bias = planned.pending_bias.get(&t).copied();
-        let Some(steps) = sharding::moves(from, to) else {
+        let Some(steps) = sharding::read_moves(from, to, shares) else {
             return Err(WorkloadError::Plan {
                 node: self.graph.tensor(t).name.clone(),
                 message: format!("moving it from {from:?} into {to:?} is not something lowering runs"),
@@ -383,7 +382,7 @@ impl Builder<'_> {
         let have = self.planned.as_ref().expect("planned").rules[t.index()];
         if let Some(have @ (Rule::Shard(_) | Rule::Partial)) = have {
             // Prepared by a planned op into a split: moved like an activation.
-            return self.move_into(t, have, want, unit);
+            return self.move_into(t, have, want, shares, unit);
         }
         match want {
             Rule::Shard(_) if self.stored_sliced(t) => {}
