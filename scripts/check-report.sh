@@ -12,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT:-target/report-check}"
 mkdir -p "$out"
+out="$(cd "$out" && pwd)" # absolute: Chromium opens the pages by file:// URL
 if ! command -v chromium > /dev/null; then
     echo "== installing Debian's chromium"
     apt-get update -qq
@@ -51,7 +52,7 @@ for name in 3072 cpu; do
     bytes=$(stat -c %s "$page")
     check "$name: page under 2 MB" $((bytes >= 2097152)) "$bytes bytes"
 
-    chrome --enable-logging=stderr --v=0 --dump-dom "file://$PWD/$page" \
+    chrome --enable-logging=stderr --v=0 --dump-dom "file://$page" \
         > "$out/dom-$name.html" 2> "$out/chromium-$name.log"
     console=$(grep -cE 'CONSOLE|Uncaught|net::ERR' "$out/chromium-$name.log" || true)
     check "$name: no console messages or failed loads" "$console" \
@@ -68,7 +69,7 @@ for name in 3072 cpu; do
     check "$name: loaded in under 2 s" "$([ "$ms" -lt 2000 ]; echo $?)" "$ms ms from navigation to load"
 
     start=$(date +%s%N)
-    chrome --window-size=1280,4000 --screenshot="$out/report-$name.png" "file://$PWD/$page" \
+    chrome --window-size=1280,4000 --screenshot="$out/report-$name.png" "file://$page" \
         2> /dev/null > /dev/null
     took=$((($(date +%s%N) - start) / 1000000))
     shot=$(stat -c %s "$out/report-$name.png" 2> /dev/null || echo 0)
