@@ -271,10 +271,10 @@ struct RunArgs {
     /// or to rule it out).
     #[arg(long)]
     no_overlap: bool,
-    /// Threads each rank splits its large matrix products over, on the CPU
-    /// backend (default: the rank's share of this host's cores, so one rank
-    /// on two cores uses both). The products give the same bits on any
-    /// count; the predicted step prices the same split.
+    /// Threads each rank splits its large matrix products and its attention
+    /// over, on the CPU backend (default: the rank's share of this host's
+    /// cores, so one rank on two cores uses both). They give the same bits
+    /// on any count; the predicted step prices the same split.
     #[arg(long, value_name = "N")]
     threads: Option<usize>,
     /// Save checkpoints in DIR: `DIR/step-<S>/` holds one safetensors file

@@ -61,9 +61,10 @@ pub struct TrainOptions {
     pub restore: Option<Arc<checkpoint::Restored>>,
     /// Where and when ranks save checkpoints.
     pub saver: Option<Arc<checkpoint::Saver>>,
-    /// Threads each rank splits its large products over
-    /// (`autopar_ir::op::split_ways`); 1 runs every kernel on the rank's
-    /// own thread.
+    /// Threads each rank splits its large products
+    /// (`autopar_ir::op::split_ways`) and its attention
+    /// (`autopar_ir::op::attention_ways`) over; 1 runs every kernel on the
+    /// rank's own thread.
     pub threads_per_rank: usize,
 }
 

@@ -239,15 +239,9 @@ impl<'a> Pricing<'a> {
         self.core_share = share / slowdown.max(1.0);
         let g = &t.graph;
         for i in g.node_indices() {
-            let n = g.node(i);
-            if !autopar_ir::op::splits_over_threads(&n.op) {
-                continue;
-            }
-            let Some([m, cols, k]) = autopar_cost_models::measured::gemm_shape(g, i) else {
-                continue;
-            };
-            let ways = autopar_ir::op::split_ways(m as usize, cols as usize, k as usize, threads);
+            let ways = kernel_ways(g, i, threads);
             if ways > 1 {
+                let n = g.node(i);
                 let factor = cal.thread_slowdown(ranks * ways) / (ways as f64 * slowdown.max(1.0));
                 self.threaded.insert(n.name.clone(), factor);
             }
@@ -418,4 +412,25 @@ pub fn compute_dtype(g: &Graph) -> DType {
         .map(|(_, t)| t)
         .find(|t| t.role == Role::Parameter && t.ty.dtype.is_float())
         .map_or(DType::F32, |t| t.ty.dtype)
+}
+
+/// Ways node `i`'s kernel splits over `threads` threads, by the rules the
+/// kernels run: a product's rows ([`autopar_ir::op::split_ways`]),
+/// attention's (batch, key/value head) groups
+/// ([`autopar_ir::op::attention_ways`]); 1 for every other kernel.
+fn kernel_ways(g: &Graph, i: NodeIndex, threads: usize) -> usize {
+    let n = g.node(i);
+    let heads = || -> Option<usize> {
+        let (inputs, _) = node_types(g, i).ok()?;
+        let dims = |slot: usize| inputs.get(slot)?.as_ref()?.shape.as_fixed();
+        Some(autopar_ir::op::attention_ways(&dims(0)?, &dims(1)?, threads))
+    };
+    match &n.op {
+        op if autopar_ir::op::splits_over_threads(op) => autopar_cost_models::measured::gemm_shape(g, i)
+            .map_or(1, |[m, cols, k]| {
+                autopar_ir::op::split_ways(m as usize, cols as usize, k as usize, threads)
+            }),
+        Op::Attention { .. } | Op::AttentionGrad { mask_grad: false, .. } => heads().unwrap_or(1),
+        _ => 1,
+    }
 }

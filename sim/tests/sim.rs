@@ -326,9 +326,10 @@ fn a_tensor_parallel_copy_shares_its_input_s_memory() {
 }
 
 /// On the CPU backend a rank splits each large product over its threads
-/// by `split_ways`, the rule the kernel runs: the simulator prices such a
-/// product at `1 / ways` of its time, slowed as the calibration measured
-/// for that many threads at once, and every other node as before.
+/// by `split_ways`, and attention by `attention_ways`, the rules the
+/// kernels run: the simulator prices such a node at `1 / ways` of its
+/// time, slowed as the calibration measured for that many threads at once,
+/// and every other node as before.
 #[test]
 fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
     use autopar_cost_models::calibration::ThreadSlowdown;
@@ -355,12 +356,21 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
             .sharing_cores(&t, 1, 2, threads)
     };
     let (one, two) = (priced(1), priced(2));
-    let mut split = 0;
+    let (mut split, mut attention) = (0, 0);
     for i in t.graph.node_indices() {
         let n = t.graph.node(i);
-        let ways = match gemm_shape(&t.graph, i) {
-            Some([m, c, k]) if autopar_ir::op::splits_over_threads(&n.op) => {
+        let dims = |slot: usize| {
+            let x = n.inputs[slot].unwrap();
+            t.graph.tensor(x).ty.shape.resolve(&t.graph.bindings).unwrap()
+        };
+        let ways = match (&n.op, gemm_shape(&t.graph, i)) {
+            (op, Some([m, c, k])) if autopar_ir::op::splits_over_threads(op) => {
                 autopar_ir::op::split_ways(m as usize, c as usize, k as usize, 2)
+            }
+            (autopar_ir::Op::Attention { .. } | autopar_ir::Op::AttentionGrad { .. }, _) => {
+                let ways = autopar_ir::op::attention_ways(&dims(0), &dims(1), 2);
+                attention += usize::from(ways == 2);
+                ways
             }
             _ => 1,
         };
@@ -373,7 +383,7 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
         split += usize::from(ways == 2);
     }
     assert!(
-        split >= 4,
-        "the forward and backward products of the layer and the head split: {split}"
+        split >= 6 && attention == 2,
+        "the forward and backward products of the layer and the head, and attention and its adjoint, split: {split}"
     );
 }

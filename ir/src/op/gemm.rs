@@ -27,8 +27,9 @@ pub fn product_threads() -> usize {
 
 /// Whether `op`'s kernel splits its product over this thread's
 /// [`product_threads`] ([`split_ways`]): the plain products, whose kernels
-/// call [`gemm_threaded`]. Attention, convolutions and experts run their
-/// products on the rank's own thread. The simulator prices by this.
+/// call [`gemm_threaded`]. Attention splits by heads instead
+/// ([`attention_ways`]); convolutions and experts run their products on
+/// the rank's own thread. The simulator prices by these.
 pub fn splits_over_threads(op: &super::Op) -> bool {
     matches!(op, super::Op::MatMul | super::Op::Linear | super::Op::Gemm { .. })
 }
@@ -63,6 +64,54 @@ fn way_rows(m: usize, n: usize, k: usize, threads: usize) -> usize {
     // Ways start on a whole micro-kernel tile of the undivided product, so
     // each way's tiles, and its one partial tile, are the product's own.
     m.div_ceil(ways).next_multiple_of(ROW_TILE)
+}
+
+/// How many ways attention (or its adjoint) over queries `q` `[b, hq, sq,
+/// d]` and keys `k` `[b, hk, sk, d]` runs over `threads` threads: its
+/// (batch, key/value head) groups in contiguous runs, as many as have
+/// [`MIN_MACS_PER_WAY`] multiply-adds of the score product each, at most
+/// `threads` and the groups. Each group is computed as on one thread, so
+/// the bits do not depend on the ways.
+pub fn attention_ways(q: &[usize], k: &[usize], threads: usize) -> usize {
+    let ([b, hq, sq, d], [_, hk, sk, _]) = (q, k) else {
+        return 1;
+    };
+    let macs = [b, hq, sq, sk, d]
+        .into_iter()
+        .fold(1usize, |m, &x| m.saturating_mul(x));
+    threads.min(b * hk).min(macs / MIN_MACS_PER_WAY).max(1)
+}
+
+/// Runs `f` over `groups` groups in `ways` contiguous runs on rayon's pool
+/// (on this thread when `ways` is 1): each run gets its range of groups
+/// and its part of each of `outputs`, which hold `per_group[i]` elements
+/// per group.
+pub(crate) fn in_group_runs<T: Send>(
+    groups: usize,
+    ways: usize,
+    outputs: Vec<&mut [T]>,
+    per_group: &[usize],
+    f: impl Fn(std::ops::Range<usize>, Vec<&mut [T]>) -> Result<(), OpError> + Sync,
+) -> Result<(), OpError> {
+    if ways <= 1 || groups <= 1 || per_group.contains(&0) {
+        return f(0..groups, outputs);
+    }
+    let per_run = groups.div_ceil(ways);
+    let mut runs: Vec<Vec<&mut [T]>> = (0..groups.div_ceil(per_run)).map(|_| Vec::new()).collect();
+    for (out, &n) in outputs.into_iter().zip(per_group) {
+        for (run, part) in runs.iter_mut().zip(out.chunks_mut((per_run * n).max(1))) {
+            run.push(part);
+        }
+    }
+    let mut results: Vec<Result<(), OpError>> = runs.iter().map(|_| Ok(())).collect();
+    let f = &f;
+    rayon::scope(|s| {
+        for ((i, parts), result) in runs.into_iter().enumerate().zip(results.iter_mut()) {
+            let range = i * per_run..((i + 1) * per_run).min(groups);
+            s.spawn(move |_| *result = f(range, parts));
+        }
+    });
+    results.into_iter().collect()
 }
 
 /// A strided matrix view: element `(i, j)` is `data[off + i·rs + j·cs]`.

@@ -51,7 +51,7 @@ use crate::{DType, Value};
 use context::{EvalCtx, InferCtx};
 pub use conv::{pool_divisors, ConvSizes, PoolKind, Window};
 use define::define_ops;
-pub use gemm::{product_threads, set_product_threads, split_ways, splits_over_threads};
+pub use gemm::{attention_ways, product_threads, set_product_threads, split_ways, splits_over_threads};
 use serde::{Deserialize, Serialize};
 
 /// Element-wise functions of one input.

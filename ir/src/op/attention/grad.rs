@@ -10,11 +10,11 @@
 use super::super::adjoint::check_grad_like;
 use super::super::attention::infer_attention;
 use super::super::context::{invalid, EvalCtx, InferCtx};
-use super::super::gemm::{gemm, Mat};
+use super::super::gemm::{attention_ways, gemm, in_group_runs, product_threads, Mat};
 use super::super::geometry::dim;
-use super::super::numeric::Real;
+use super::super::numeric::{vectorized, Real};
 use super::super::{OpError, TensorType};
-use super::kernel::{head_bias, masked_softmax, query_positions, MaskView};
+use super::kernel::{head_bias, key_limits, probabilities, query_positions, MaskView, ROW_BLOCK};
 
 /// FLOPs per score: the softmax recomputed and `dS` from `dP`.
 const SCORE_FLOPS: f64 = 8.0;
@@ -43,19 +43,45 @@ pub(super) fn infer(cx: &InferCtx, causal: bool, mask_grad: bool) -> Result<Vec<
     Ok(types)
 }
 
-/// Adds the score gradients `ds[sq, sk]` of one (batch, head) to the
-/// gradient of the mask element each score read.
-fn add_mask_grad<T: Real>(mask: &MaskView, dmask: &mut [T], ds: &[T], (bi, hi): (usize, usize), sk: usize) {
+/// Adds the score gradients `ds` of one (batch, head)'s block of query
+/// rows from `i0` (`kn` to a row) to the gradient of the mask element each
+/// score read.
+fn add_mask_grad<T: Real>(
+    mask: &MaskView,
+    dmask: &mut [T],
+    ds: &[T],
+    (bi, hi, i0): (usize, usize, usize),
+    kn: usize,
+) {
     let st = &mask.strides;
     let base = bi as isize * st[0] + hi as isize * st[1];
-    for (i, row) in ds.chunks(sk.max(1)).enumerate() {
+    for (i, row) in ds.chunks(kn).enumerate() {
         for (j, &g) in row.iter().enumerate().take(mask.len) {
-            dmask[(base + i as isize * st[2] + j as isize * st[3]) as usize] += g;
+            dmask[(base + (i0 + i) as isize * st[2] + j as isize * st[3]) as usize] += g;
         }
     }
 }
 
-/// Reference kernel: `[dq, dk, dv, dmask?]`.
+/// What every group of the adjoint reads: the forward's inputs and
+/// geometry, `dout`, and which keys each query row sees.
+struct Inputs<'a, T> {
+    op: &'a str,
+    q: &'a [T],
+    k: &'a [T],
+    v: &'a [T],
+    dout: &'a [T],
+    /// `[b, hq, sq, d]`, key/value heads, keys and value width.
+    dims: ([usize; 4], usize, usize, usize),
+    scale: T,
+    mask: Option<MaskView<'a>>,
+    limits: Vec<usize>,
+}
+
+/// Reference kernel: `[dq, dk, dv, dmask?]`, per (batch, query head) and
+/// block of query rows as the forward pass runs ([`ROW_BLOCK`]), over the
+/// keys the rows may see; the (batch, key/value head) groups split over
+/// this thread's [`product_threads`] ([`attention_ways`]) unless the mask's
+/// gradient, which every group adds to, is wanted.
 pub(super) fn kernel<T: Real>(
     cx: &EvalCtx,
     scale: Option<f64>,
@@ -69,66 +95,117 @@ pub(super) fn kernel<T: Real>(
     };
     let (hk, sk) = (cx.input(1)?.shape[1], cx.input(1)?.shape[2]);
     let dv = cx.input(2)?.shape[3];
-    let group = (hq / hk.max(1)).max(1);
-    let scale = T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt()));
     let mask = cx.opt(4).map(|m| MaskView::new(m, b, hq, sq));
     let positions = query_positions(cx, 5, sq)?;
+    let limits = key_limits(
+        (sq, sk),
+        causal,
+        positions.as_deref(),
+        mask.as_ref().map(|m| m.len),
+    );
     let (mut dq, mut dk, mut dvs) = (
         vec![T::zero(); q.len()],
         vec![T::zero(); k.len()],
         vec![T::zero(); v.len()],
     );
-    let mut p = vec![T::zero(); sq * sk];
-    let mut ds = vec![T::zero(); sq * sk];
     let mut dmask = match (&mask, mask_grad) {
         (Some(m), true) => Some(vec![T::zero(); m.value.data.len()]),
         _ => None,
     };
-    let row = sk.max(1);
-    for bi in 0..b {
-        for hi in 0..hq {
-            let (qo, oo) = ((bi * hq + hi) * sq * d, (bi * hq + hi) * sq * dv);
-            let kh = bi * hk + hi / group;
-            let (ko, vo) = (kh * sk * d, kh * sk * dv);
-            let (qm, km) = (Mat::row_major(q, qo, d, false), Mat::row_major(k, ko, d, false));
-            let om = Mat::row_major(dout, oo, dv, false);
-            gemm(
-                cx.op,
-                sq,
-                d,
-                sk,
-                scale,
-                qm,
-                Mat::row_major(k, ko, d, true),
-                T::zero(),
-                &mut p,
-                0,
-            )?;
-            let (bias, masked) =
-                head_bias::<T>(mask.as_ref(), bi, hi, (sq, sk), causal, positions.as_deref());
-            for (i, r) in p.chunks_mut(row).enumerate() {
-                masked_softmax(r, &bias[i * sk..(i + 1) * sk], masked[i]);
-            }
-            let pt = Mat::row_major(&p[..], 0, sk, true);
-            gemm(cx.op, sk, sq, dv, T::one(), pt, om, T::one(), &mut dvs, vo)?;
-            let vt = Mat::row_major(v, vo, dv, true);
-            gemm(cx.op, sq, dv, sk, T::one(), om, vt, T::zero(), &mut ds, 0)?;
-            for (pr, dr) in p.chunks(row).zip(ds.chunks_mut(row)) {
-                let dot: T = pr.iter().zip(dr.iter()).map(|(&a, &g)| a * g).sum();
-                for (g, &a) in dr.iter_mut().zip(pr) {
-                    *g = a * (*g - dot);
-                }
-            }
-            if let (Some(m), Some(dm)) = (&mask, &mut dmask) {
-                add_mask_grad(m, dm, &ds, (bi, hi), sk);
-            }
-            let dsm = Mat::row_major(&ds[..], 0, sk, false);
-            gemm(cx.op, sq, sk, d, scale, dsm, km, T::zero(), &mut dq, qo)?;
-            let dst = Mat::row_major(&ds[..], 0, sk, true);
-            gemm(cx.op, sk, sq, d, scale, dst, qm, T::one(), &mut dk, ko)?;
+    let x = Inputs {
+        op: cx.op,
+        q,
+        k,
+        v,
+        dout,
+        dims: ([b, hq, sq, d], hk, sk, dv),
+        scale: T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt())),
+        mask,
+        limits,
+    };
+    let group = (hq / hk.max(1)).max(1);
+    let outputs = vec![&mut dq[..], &mut dk[..], &mut dvs[..]];
+    match &mut dmask {
+        Some(dm) => group_run(&x, 0..b * hk, outputs, Some(dm))?,
+        None => {
+            let ways = attention_ways(&cx.input(0)?.shape, &cx.input(1)?.shape, product_threads());
+            let per_group = [group * sq * d, sk * d, sk * dv];
+            in_group_runs(b * hk, ways, outputs, &per_group, |run, outs| {
+                group_run(&x, run, outs, None)
+            })?;
         }
     }
     Ok([dq, dk, dvs].into_iter().chain(dmask).collect())
+}
+
+/// The adjoint of the (batch, key/value head) groups `run`, into their
+/// parts of `[dq, dk, dv]` (and of the whole mask gradient when given).
+fn group_run<T: Real>(
+    x: &Inputs<T>,
+    run: std::ops::Range<usize>,
+    mut outs: Vec<&mut [T]>,
+    mut dmask: Option<&mut [T]>,
+) -> Result<(), OpError> {
+    let ([_, hq, sq, d], hk, sk, dv) = x.dims;
+    let group = (hq / hk.max(1)).max(1);
+    let (op, scale) = (x.op, x.scale);
+    let block = ROW_BLOCK.min(sq) * sk;
+    let (mut p, mut ds) = (vec![T::zero(); block], vec![T::zero(); block]);
+    let [dq, dk, dvs] = &mut outs[..] else {
+        return Err(invalid(
+            op,
+            "internal error: attention's adjoint needs three outputs",
+        ));
+    };
+    for (n, g) in run.enumerate() {
+        let (bi, kh) = (g / hk, g % hk);
+        let (ko, vo) = (g * sk * d, g * sk * dv);
+        let (dko, dvo) = (n * sk * d, n * sk * dv);
+        for j in 0..group {
+            let (hi, head) = (kh * group + j, g * group + j);
+            let bias = x.mask.as_ref().map(|m| head_bias::<T>(m, bi, hi, sk, &x.limits));
+            for i0 in (0..sq).step_by(ROW_BLOCK) {
+                let rows = ROW_BLOCK.min(sq - i0);
+                let lim = &x.limits[i0..i0 + rows];
+                let kn = lim.iter().copied().max().unwrap_or(0);
+                if kn == 0 {
+                    continue;
+                }
+                let (qo, oo) = ((head * sq + i0) * d, (head * sq + i0) * dv);
+                let dqo = ((n * group + j) * sq + i0) * d;
+                let (p, ds) = (&mut p[..rows * kn], &mut ds[..rows * kn]);
+                let qm = Mat::row_major(x.q, qo, d, false);
+                let om = Mat::row_major(x.dout, oo, dv, false);
+                let kt = Mat::row_major(x.k, ko, d, true);
+                gemm(op, rows, d, kn, scale, qm, kt, T::zero(), p, 0)?;
+                probabilities(p, kn, lim, bias.as_deref().map(|b| &b[i0 * sk..]), sk);
+                let pt = Mat::row_major(&p[..], 0, kn, true);
+                gemm(op, kn, rows, dv, T::one(), pt, om, T::one(), dvs, dvo)?;
+                let vt = Mat::row_major(x.v, vo, dv, true);
+                gemm(op, rows, dv, kn, T::one(), om, vt, T::zero(), ds, 0)?;
+                vectorized(|| {
+                    for (pr, dr) in p.chunks(kn).zip(ds.chunks_mut(kn)) {
+                        let dot = pr
+                            .iter()
+                            .zip(dr.iter())
+                            .fold(T::zero(), |acc, (&a, &g)| acc + a * g);
+                        for (g, &a) in dr.iter_mut().zip(pr) {
+                            *g = a * (*g - dot);
+                        }
+                    }
+                });
+                if let (Some(m), Some(dm)) = (&x.mask, dmask.as_deref_mut()) {
+                    add_mask_grad(m, dm, ds, (bi, hi, i0), kn);
+                }
+                let dsm = Mat::row_major(&ds[..], 0, kn, false);
+                let km = Mat::row_major(x.k, ko, d, false);
+                gemm(op, rows, kn, d, scale, dsm, km, T::zero(), dq, dqo)?;
+                let dst = Mat::row_major(&ds[..], 0, kn, true);
+                gemm(op, kn, rows, d, scale, dst, qm, T::one(), dk, dko)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// FLOPs: `QKᵀ` recomputed, then `dV`, `dP`, `dQ` and `dK`, two FLOPs per

@@ -2,8 +2,8 @@
 
 use super::super::broadcast::broadcast_strides;
 use super::super::context::{finish, invalid, EvalCtx};
-use super::super::gemm::{gemm, Mat};
-use super::super::numeric::{float_kernel, Real};
+use super::super::gemm::{attention_ways, gemm, in_group_runs, product_threads, Mat};
+use super::super::numeric::{float_kernel, vectorized, Real};
 use super::super::OpError;
 use super::Rotary;
 use crate::{Data, Value};
@@ -43,50 +43,96 @@ pub(super) fn query_positions(cx: &EvalCtx, at: usize, sq: usize) -> Result<Opti
     Ok(Some(ids.to_vec()))
 }
 
-/// The additive mask of one (batch, head) pair as a `[sq, sk]` row-major
-/// buffer (`-inf` for masked), and whether each query row is fully masked.
-/// `causal` hides the keys after each query's position (`positions[i]`, or
-/// `i` without them).
-pub(super) fn head_bias<T: Real>(
-    mask: Option<&MaskView>,
-    b: usize,
-    h: usize,
+/// Query rows an attention kernel handles at once: a causal head's block
+/// of rows reads only the keys its last row may see, so the products skip
+/// most of the hidden upper triangle (a fifth to a half of the work).
+pub(super) const ROW_BLOCK: usize = 64;
+
+/// How many leading keys each of `sq` query rows may see among `sk`:
+/// `causal` hides the keys after the query's position (`positions[i]`, or
+/// `i` without them), and a mask covering `mask_len` keys hides the rest.
+/// Keys past a row's limit get probability zero and no gradient.
+pub(super) fn key_limits(
     (sq, sk): (usize, usize),
     causal: bool,
     positions: Option<&[i64]>,
-) -> (Vec<T>, Vec<bool>) {
-    let mut bias = vec![T::zero(); sq * sk];
-    if let Some(m) = mask {
-        let st = &m.strides;
-        let base = b as isize * st[0] + h as isize * st[1];
-        for i in 0..sq {
-            for j in 0..sk {
-                let at = || (base + i as isize * st[2] + j as isize * st[3]) as usize;
-                bias[i * sk + j] = match &m.value.data {
-                    _ if j >= m.len => T::neg_infinity(),
-                    Data::Bool(d) if d[at()] => T::zero(),
-                    Data::Bool(_) => T::neg_infinity(),
-                    _ => T::slice(m.value).map_or(T::zero(), |d| d[at()]),
-                };
-            }
-        }
-    }
-    if causal {
-        for i in 0..sq {
-            let at = positions.map_or(i as i64, |p| p[i]);
-            let first_hidden = usize::try_from(at.saturating_add(1)).unwrap_or(0).min(sk);
-            for j in first_hidden..sk {
-                bias[i * sk + j] = T::neg_infinity();
-            }
-        }
-    }
-    let masked = bias
-        .chunks(sk.max(1))
-        .map(|row| sk > 0 && row.iter().all(|&x| x == T::neg_infinity()))
-        .collect();
-    (bias, masked)
+    mask_len: Option<usize>,
+) -> Vec<usize> {
+    (0..sq)
+        .map(|i| {
+            let seen = match causal {
+                true => {
+                    let at = positions.map_or(i as i64, |p| p[i]);
+                    usize::try_from(at.saturating_add(1)).unwrap_or(0).min(sk)
+                }
+                false => sk,
+            };
+            seen.min(mask_len.unwrap_or(sk))
+        })
+        .collect()
 }
 
+/// The additive mask of one (batch, head) pair over the keys each row may
+/// see (`limits`), as a `[sq, sk]` row-major buffer: zero where kept,
+/// `-inf` where hidden (entries past a row's limit are not read).
+pub(super) fn head_bias<T: Real>(m: &MaskView, b: usize, h: usize, sk: usize, limits: &[usize]) -> Vec<T> {
+    let mut bias = vec![T::zero(); limits.len() * sk];
+    let st = &m.strides;
+    let base = b as isize * st[0] + h as isize * st[1];
+    for (i, &limit) in limits.iter().enumerate() {
+        for j in 0..limit {
+            let at = (base + i as isize * st[2] + j as isize * st[3]) as usize;
+            bias[i * sk + j] = match &m.value.data {
+                Data::Bool(d) if d[at] => T::zero(),
+                Data::Bool(_) => T::neg_infinity(),
+                _ => T::slice(m.value).map_or(T::zero(), |d| d[at]),
+            };
+        }
+    }
+    bias
+}
+
+/// Turns a block of scores (`kn` to a row; row `i` sees `limits[i]` keys,
+/// plus `bias[i·sk..]` where there is a mask) into probabilities in place:
+/// zero past each row's limit, and a row that sees no key all zeros.
+pub(super) fn probabilities<T: Real>(
+    s: &mut [T],
+    kn: usize,
+    limits: &[usize],
+    bias: Option<&[T]>,
+    sk: usize,
+) {
+    vectorized(|| {
+        for (i, row) in s.chunks_mut(kn).enumerate() {
+            let (live, dead) = row.split_at_mut(limits[i]);
+            dead.fill(T::zero());
+            if let Some(b) = bias {
+                for (x, &b) in live.iter_mut().zip(&b[i * sk..]) {
+                    *x += b;
+                }
+            }
+            let max = live
+                .iter()
+                .fold(T::neg_infinity(), |m, &x| if x > m { x } else { m });
+            if max == T::neg_infinity() {
+                live.fill(T::zero());
+                continue;
+            }
+            for x in live.iter_mut() {
+                *x = (*x - max).exp_v();
+            }
+            let sum = live.iter().fold(T::zero(), |acc, &x| acc + x);
+            for x in live.iter_mut() {
+                *x = *x / sum;
+            }
+        }
+    })
+}
+
+/// The forward pass, per (batch, query head) and block of query rows:
+/// `P = softmax(scale·Q·Kᵀ + mask)` over the keys the rows may see, then
+/// `O = P·V`; the (batch, key/value head) groups split over this thread's
+/// [`product_threads`] ([`attention_ways`]).
 fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> Result<Vec<T>, OpError> {
     let (qv, kv) = (cx.input(0)?, cx.input(1)?);
     let (q, k, v) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?, cx.floats::<T>(2)?);
@@ -99,60 +145,45 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
     let scale = T::lit(scale.unwrap_or(1.0 / (d as f64).sqrt()));
     let mask = cx.opt(3).map(|m| MaskView::new(m, b, hq, sq));
     let positions = query_positions(cx, 4, sq)?;
+    let limits = key_limits(
+        (sq, sk),
+        causal,
+        positions.as_deref(),
+        mask.as_ref().map(|m| m.len),
+    );
     let mut out = vec![T::zero(); b * hq * sq * dv];
-    let mut scores = vec![T::zero(); sq * sk];
-    for bi in 0..b {
-        for hi in 0..hq {
-            let kh = bi * hk + hi / group.max(1);
-            let qm = Mat::row_major(q, (bi * hq + hi) * sq * d, d, false);
-            let km = Mat::row_major(k, kh * sk * d, d, true);
-            gemm(cx.op, sq, d, sk, scale, qm, km, T::zero(), &mut scores, 0)?;
-            let (bias, masked) =
-                head_bias::<T>(mask.as_ref(), bi, hi, (sq, sk), causal, positions.as_deref());
-            for (i, row) in scores.chunks_mut(sk.max(1)).enumerate() {
-                masked_softmax(row, &bias[i * sk..(i + 1) * sk], masked[i]);
+    let ways = attention_ways(&qv.shape, &kv.shape, product_threads());
+    let per_group = [group * sq * dv];
+    in_group_runs(b * hk, ways, vec![&mut out[..]], &per_group, |run, mut outs| {
+        let out = &mut *outs[0];
+        let mut scores = vec![T::zero(); ROW_BLOCK.min(sq) * sk];
+        for (n, g) in run.clone().enumerate() {
+            let (bi, kh) = (g / hk, g % hk);
+            for j in 0..group {
+                let (hi, head) = (kh * group + j, g * group + j);
+                let bias = mask.as_ref().map(|m| head_bias::<T>(m, bi, hi, sk, &limits));
+                for i0 in (0..sq).step_by(ROW_BLOCK) {
+                    let rows = ROW_BLOCK.min(sq - i0);
+                    let lim = &limits[i0..i0 + rows];
+                    let kn = lim.iter().copied().max().unwrap_or(0);
+                    if kn == 0 {
+                        continue;
+                    }
+                    let p = &mut scores[..rows * kn];
+                    let qm = Mat::row_major(q, (head * sq + i0) * d, d, false);
+                    let km = Mat::row_major(k, g * sk * d, d, true);
+                    gemm(cx.op, rows, d, kn, scale, qm, km, T::zero(), p, 0)?;
+                    probabilities(p, kn, lim, bias.as_deref().map(|b| &b[i0 * sk..]), sk);
+                    let pm = Mat::row_major(&p[..], 0, kn, false);
+                    let vm = Mat::row_major(v, g * sk * dv, dv, false);
+                    let at = ((n * group + j) * sq + i0) * dv;
+                    gemm(cx.op, rows, kn, dv, T::one(), pm, vm, T::zero(), out, at)?;
+                }
             }
-            let pm = Mat::row_major(&scores[..], 0, sk, false);
-            let vm = Mat::row_major(v, kh * sk * dv, dv, false);
-            gemm(
-                cx.op,
-                sq,
-                sk,
-                dv,
-                T::one(),
-                pm,
-                vm,
-                T::zero(),
-                &mut out,
-                (bi * hq + hi) * sq * dv,
-            )?;
         }
-    }
+        Ok(())
+    })?;
     Ok(out)
-}
-
-/// Softmax of `row + bias` in place; a fully masked row becomes zeros.
-pub(super) fn masked_softmax<T: Real>(row: &mut [T], bias: &[T], masked: bool) {
-    if masked {
-        row.fill(T::zero());
-        return;
-    }
-    for (x, &b) in row.iter_mut().zip(bias) {
-        *x += b;
-    }
-    let max = row
-        .iter()
-        .fold(T::neg_infinity(), |m, &x| if x > m { x } else { m });
-    let max = if max == T::neg_infinity() { T::zero() } else { max };
-    let mut sum = T::zero();
-    for x in row.iter_mut() {
-        *x = (*x - max).exp();
-        sum += *x;
-    }
-    let sum = if sum == T::zero() { T::one() } else { sum };
-    for x in row.iter_mut() {
-        *x = *x / sum;
-    }
 }
 
 /// Reference kernel for `Attention`.

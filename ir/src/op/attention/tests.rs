@@ -174,3 +174,140 @@ fn rotary_halves_and_interleaved() {
         "3-D input needs num_heads",
     );
 }
+
+/// Deterministic values in [-1, 1) of `shape`, in f64.
+fn noise(shape: &[usize], seed: usize) -> Value {
+    let n: usize = shape.iter().product();
+    let data = (0..n)
+        .map(|i| (((i + 1) * (7919 + seed * 104_729)) % 2003) as f64 / 1001.5 - 1.0)
+        .collect();
+    Value::f64(shape.to_vec(), data).unwrap()
+}
+
+/// Attention by its definition, in f64: every key scored (hidden ones
+/// `-inf`), a softmax per query row, the weighted values.
+fn by_definition(q: &Value, k: &Value, v: &Value, causal: bool) -> Vec<f64> {
+    let (qd, kd, vd) = (q.to_f64_vec(), k.to_f64_vec(), v.to_f64_vec());
+    let [b, hq, sq, d] = q.shape[..] else { panic!() };
+    let (hk, sk, dv) = (k.shape[1], k.shape[2], v.shape[3]);
+    let mut out = vec![0.0; b * hq * sq * dv];
+    for bi in 0..b {
+        for h in 0..hq {
+            let kh = bi * hk + h / (hq / hk);
+            for i in 0..sq {
+                let qi = &qd[((bi * hq + h) * sq + i) * d..][..d];
+                let scores: Vec<f64> = (0..sk)
+                    .map(|j| match causal && j > i {
+                        true => f64::NEG_INFINITY,
+                        false => {
+                            let kj = &kd[(kh * sk + j) * d..][..d];
+                            qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt()
+                        }
+                    })
+                    .collect();
+                let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                for (j, w) in e.iter().enumerate() {
+                    for c in 0..dv {
+                        out[((bi * hq + h) * sq + i) * dv + c] += w / sum * vd[(kh * sk + j) * dv + c];
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Query rows in several blocks (causal ones reading only the keys their
+/// block sees), grouped heads, more keys than queries: the definition's
+/// values.
+#[test]
+fn blocks_of_query_rows_compute_attention() {
+    for (causal, sq, sk) in [
+        (true, 150, 150),
+        (false, 150, 150),
+        (false, 70, 170),
+        (true, 130, 200),
+    ] {
+        let (q, k, v) = (
+            noise(&[2, 4, sq, 8], 1),
+            noise(&[2, 2, sk, 8], 2),
+            noise(&[2, 2, sk, 3], 3),
+        );
+        let got = eval1(&attn(causal), &[&q, &k, &v]).1;
+        assert_close(&got, &by_definition(&q, &k, &v, causal), 1e-12);
+    }
+}
+
+/// Over several blocks of query rows, the adjoint is the derivative of
+/// `Σ out · dout`: central differences along a direction in q, k and v.
+#[test]
+fn the_adjoint_over_blocks_of_rows_is_the_derivative() {
+    let (q, k, v, dout) = (
+        noise(&[1, 2, 140, 4], 1),
+        noise(&[1, 1, 140, 4], 2),
+        noise(&[1, 1, 140, 3], 3),
+        noise(&[1, 2, 140, 3], 4),
+    );
+    let grad = Op::AttentionGrad {
+        scale: None,
+        causal: true,
+        mask_grad: false,
+    };
+    let grads = eval(&grad, &[&q, &k, &v, &dout]).unwrap();
+    let loss = |x: &[&Value]| -> f64 {
+        let out = eval1(&attn(true), x).1;
+        out.iter().zip(dout.to_f64_vec()).map(|(o, g)| o * g).sum()
+    };
+    let inputs = [&q, &k, &v];
+    for (slot, g) in grads.iter().enumerate() {
+        let u = noise(&inputs[slot].shape, 10 + slot).to_f64_vec();
+        let moved = |eps: f64| {
+            let base = inputs[slot].to_f64_vec();
+            let data = base.iter().zip(&u).map(|(x, d)| x + eps * d).collect();
+            Value::f64(inputs[slot].shape.clone(), data).unwrap()
+        };
+        let (up, down) = (moved(1e-5), moved(-1e-5));
+        let mut at = inputs;
+        at[slot] = &up;
+        let f_up = loss(&at);
+        at[slot] = &down;
+        let numeric = (f_up - loss(&at)) / 2e-5;
+        let analytic: f64 = g.to_f64_vec().iter().zip(&u).map(|(a, b)| a * b).sum();
+        assert!(
+            (numeric - analytic).abs() <= 1e-7 * analytic.abs().max(1.0),
+            "input {slot}: {numeric} vs {analytic}"
+        );
+    }
+}
+
+/// Attention and its adjoint split over a rank's threads by (batch,
+/// key/value head) groups give one thread's bits.
+#[test]
+fn attention_over_threads_gives_one_threads_bits() {
+    let f32s_of = |v: Value| {
+        let d: Vec<f32> = v.to_f64_vec().iter().map(|&x| x as f32).collect();
+        f32s(&v.shape, &d)
+    };
+    let (q, k, v, dout) = (
+        f32s_of(noise(&[2, 4, 256, 32], 1)),
+        f32s_of(noise(&[2, 2, 256, 32], 2)),
+        f32s_of(noise(&[2, 2, 256, 16], 3)),
+        f32s_of(noise(&[2, 4, 256, 16], 4)),
+    );
+    assert_eq!(crate::op::attention_ways(&q.shape, &k.shape, 3), 3);
+    let grad = Op::AttentionGrad {
+        scale: None,
+        causal: true,
+        mask_grad: false,
+    };
+    let run = |threads: usize| {
+        crate::op::set_product_threads(threads);
+        let out = eval(&attn(true), &[&q, &k, &v]).unwrap();
+        let grads = eval(&grad, &[&q, &k, &v, &dout]).unwrap();
+        crate::op::set_product_threads(1);
+        out.into_iter().chain(grads).map(|x| x.data).collect::<Vec<_>>()
+    };
+    assert!(run(1) == run(3));
+}
