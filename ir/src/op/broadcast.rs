@@ -105,7 +105,22 @@ fn repeats(input: &[usize], out: &[usize]) -> bool {
     core.len() <= out.len() && core == &out[out.len() - core.len()..] && input.iter().product::<usize>() > 0
 }
 
-/// Applies `f` element-wise over two inputs broadcast to `out`.
+/// How many consecutive output elements each element of `input` fills
+/// when it is `out` with its trailing dims (at least one) set to 1: a row
+/// statistic broadcast back over its row (`x − max`, `x / sum`). `None`
+/// otherwise.
+fn spreads(input: &[usize], out: &[usize]) -> Option<usize> {
+    let lead = out.len().checked_sub(input.len())?;
+    let ones = input.iter().rev().take_while(|&&d| d == 1).count();
+    let kept = input.len() - ones;
+    let inner: usize = out[lead + kept..].iter().product();
+    let fits = lead == 0 && ones > 0 && input[..kept] == out[..kept] && inner > 1;
+    fits.then_some(inner)
+}
+
+/// Applies `f` element-wise over two inputs broadcast to `out` (inlined,
+/// so a caller's vectorized code runs its loops).
+#[inline(always)]
 pub(crate) fn zip_broadcast<A: Copy, B: Copy, C>(
     a: (&[A], &[usize]),
     b: (&[B], &[usize]),
@@ -121,6 +136,22 @@ pub(crate) fn zip_broadcast<A: Copy, B: Copy, C>(
         ((a, ash), (b, bsh)) if repeats(ash, out) && same(bsh) => {
             a.iter().cycle().zip(b).map(|(&x, &y)| f(x, y)).collect()
         }
+        ((a, ash), (b, bsh)) if same(ash) && spreads(bsh, out).is_some() => {
+            let inner = spreads(bsh, out).unwrap_or(1);
+            let mut c = Vec::with_capacity(a.len());
+            for (row, &y) in a.chunks(inner).zip(b) {
+                c.extend(row.iter().map(|&x| f(x, y)));
+            }
+            c
+        }
+        ((a, ash), (b, bsh)) if spreads(ash, out).is_some() && same(bsh) => {
+            let inner = spreads(ash, out).unwrap_or(1);
+            let mut c = Vec::with_capacity(b.len());
+            for (&x, row) in a.iter().zip(b.chunks(inner)) {
+                c.extend(row.iter().map(|&y| f(x, y)));
+            }
+            c
+        }
         ((a, ash), (b, bsh)) => {
             let ia = source_index(ash, out);
             let ib = source_index(bsh, out);
@@ -135,6 +166,20 @@ mod tests {
 
     fn sym(s: &str) -> Dim {
         Dim::Sym(s.into())
+    }
+
+    #[test]
+    fn a_row_statistic_spreads_over_its_row() {
+        assert_eq!(spreads(&[4, 1], &[4, 6]), Some(6));
+        assert_eq!(spreads(&[2, 3, 1, 1], &[2, 3, 4, 5]), Some(20));
+        assert_eq!(spreads(&[4, 6], &[4, 6]), None);
+        assert_eq!(spreads(&[1, 6], &[4, 6]), None);
+        assert_eq!(spreads(&[4, 1], &[2, 4, 6]), None);
+        let (a, b) = ([1, 2, 3, 4, 5, 6], [10, 20]);
+        let out = zip_broadcast((&a, &[2, 3]), (&b, &[2, 1]), &[2, 3], |x, y| x * 100 + y);
+        assert_eq!(out, [110, 210, 310, 420, 520, 620]);
+        let out = zip_broadcast((&b, &[2, 1]), (&a, &[2, 3]), &[2, 3], |x, y| x * 100 + y);
+        assert_eq!(out, [1001, 1002, 1003, 2004, 2005, 2006]);
     }
 
     #[test]

@@ -1,9 +1,9 @@
 //! Reference kernels of the element-wise ops: float math in the storage
 //! precision, integers wrapped to their logical type.
 
-use super::super::broadcast::source_index;
+use super::super::broadcast::{source_index, zip_broadcast};
 use super::super::context::{finish, invalid, unsupported, EvalCtx};
-use super::super::numeric::{float_kernel, int_cmp, map_v, zip_data, Real};
+use super::super::numeric::{float_kernel, int_cmp, map_v, vectorized, zip_data, Real};
 use super::super::{Activation, BinaryOp, OpError, UnaryOp};
 use super::{binary2, cast_with, unary_int};
 use crate::{DType, Data, RoundMode, Value};
@@ -39,12 +39,47 @@ fn unary_float<T: Real>(func: UnaryOp, x: T) -> T {
     }
 }
 
+/// `func` over `d`: the ops that vectorize dispatched once, to a loop in
+/// code built for AVX2 where the CPU has it ([`map_v`]); the rest (libm
+/// calls) element by element. The same bits either way.
+fn float_unary<T: Real>(func: UnaryOp, d: &[T]) -> Vec<T> {
+    macro_rules! by_func {
+        ($($f:ident),*) => {
+            match func {
+                $(UnaryOp::$f => map_v(d, |x| unary_float(UnaryOp::$f, x)),)*
+                other => d.iter().map(|&x| unary_float(other, x)).collect(),
+            }
+        };
+    }
+    by_func!(Neg, Abs, Sqrt, Reciprocal, Exp, Sigmoid, Relu, Floor, Ceil, Identity)
+}
+
+/// `func` over two float inputs broadcast to `out`: the arithmetic that
+/// vectorizes dispatched once, to loops in code built for AVX2 where the
+/// CPU has it ([`vectorized`]). The same bits either way.
+pub(super) fn float_binary<T: Real>(
+    func: BinaryOp,
+    a: (&[T], &[usize]),
+    b: (&[T], &[usize]),
+    out: &[usize],
+) -> Vec<T> {
+    macro_rules! by_func {
+        ($($f:ident),*) => {
+            match func {
+                $(BinaryOp::$f => vectorized(|| zip_broadcast(a, b, out, |x, y| float_arith(BinaryOp::$f, x, y))),)*
+                other => zip_broadcast(a, b, out, |x, y| float_arith(other, x, y)),
+            }
+        };
+    }
+    by_func!(Add, Sub, Mul, Div, Max, Min)
+}
+
 /// Reference kernel for `Unary`.
 pub(super) fn eval_unary(cx: &EvalCtx, func: UnaryOp) -> Result<Vec<Value>, OpError> {
     let x = cx.input(0)?;
     let data = match &x.data {
-        Data::F32(d) => Data::F32(d.iter().map(|&v| unary_float(func, v)).collect()),
-        Data::F64(d) => Data::F64(d.iter().map(|&v| unary_float(func, v)).collect()),
+        Data::F32(d) => Data::F32(float_unary(func, d)),
+        Data::F64(d) => Data::F64(float_unary(func, d)),
         Data::I64(d) => Data::I64(d.iter().map(|&v| unary_int(func, x.dtype, v)).collect()),
         Data::Bool(d) => Data::Bool(d.iter().map(|&v| v ^ (func == UnaryOp::Not)).collect()),
         Data::Str(_) => return Err(unsupported(cx.op, "string input")),

@@ -18,7 +18,7 @@ pub(crate) mod backward;
 mod kernel;
 pub(super) mod shard;
 pub(super) use kernel::activate;
-use kernel::{eval_activation, eval_binary, eval_cast, eval_clip, eval_unary, eval_where, float_arith};
+use kernel::{eval_activation, eval_binary, eval_cast, eval_clip, eval_unary, eval_where, float_binary};
 
 /// FLOPs per element charged for GELU (erf or tanh polynomial and products).
 const GELU_FLOPS: f64 = 8.0;
@@ -233,12 +233,8 @@ fn binary2(op: &str, func: BinaryOp, a: &Value, b: &Value) -> Result<Value, OpEr
                 let r = zip_broadcast((x, sa), (y, sb), out, |x, y| int_arith(op, func, a.dtype, x, y));
                 Data::I64(r.into_iter().collect::<Result<_, _>>()?)
             }
-            (Data::F32(x), Data::F32(y)) => Data::F32(zip_broadcast((x, sa), (y, sb), out, |x, y| {
-                float_arith(func, x, y)
-            })),
-            (Data::F64(x), Data::F64(y)) => Data::F64(zip_broadcast((x, sa), (y, sb), out, |x, y| {
-                float_arith(func, x, y)
-            })),
+            (Data::F32(x), Data::F32(y)) => Data::F32(float_binary(func, (x, sa), (y, sb), out)),
+            (Data::F64(x), Data::F64(y)) => Data::F64(float_binary(func, (x, sa), (y, sb), out)),
             (Data::Bool(x), Data::Bool(y)) => Data::Bool(zip_broadcast((x, sa), (y, sb), out, |x, y| {
                 bool_logic(func, x, y)
             })),

@@ -6,7 +6,7 @@ use super::super::geometry::{strides, Rows};
 use super::super::moe::top_indices;
 use super::super::numeric::{float_kernel, int_cmp, Real};
 use super::super::{OpError, ReduceKind};
-use super::{float_reduce, int_reduce, reduce_axes};
+use super::{float_reduce, float_results, float_step, int_reduce, reduce_axes};
 use crate::{DType, Data, Value};
 use std::cmp::Ordering;
 
@@ -41,6 +41,18 @@ pub(super) fn eval_reduce(
     };
     let out_shape = cx.out_shape(0)?;
     let outn: usize = out_shape.iter().product();
+    let kept_dims = (0..x.shape.len()).filter(|i| !axes.contains(i)).count();
+    if (0..kept_dims).all(|i| !axes.contains(&i)) && outn > 0 && x.numel() > 0 {
+        // Each output reduces one contiguous run, in order.
+        let data = match &x.data {
+            Data::F32(d) => Some(Data::F32(float_reduce_runs(kind, d, outn))),
+            Data::F64(d) => Some(Data::F64(float_reduce_runs(kind, d, outn))),
+            _ => None,
+        };
+        if let Some(data) = data {
+            return Ok(vec![finish(x.dtype, out_shape, data)]);
+        }
+    }
     // Map every input element to its output slot: reduced dims get stride 0.
     let kept: Vec<usize> = (0..x.shape.len())
         .map(|i| if axes.contains(&i) { 1 } else { x.shape[i] })
@@ -70,6 +82,25 @@ pub(super) fn eval_reduce(
         }
     };
     Ok(vec![finish(x.dtype, out_shape, data)])
+}
+
+/// [`float_reduce`] of `x` in `outn` equal contiguous runs (the reduced
+/// axes are the trailing ones): the same f64 steps in the same order as
+/// the general fold, so the same bits, without an index per element.
+fn float_reduce_runs<T: Real>(kind: ReduceKind, x: &[T], outn: usize) -> Vec<T> {
+    let count = x.len() / outn;
+    let (init, step) = float_step(kind);
+    let folded = x
+        .chunks(count)
+        .map(|run| {
+            run.iter()
+                .fold(init, |a, &v| step(a, v.to_f64().unwrap_or(f64::NAN)))
+        })
+        .collect();
+    float_results(kind, folded, count as f64)
+        .into_iter()
+        .map(T::lit)
+        .collect()
 }
 
 /// Index of the maximum of each row; ties go to the first (or last) index.

@@ -68,29 +68,27 @@ pub(super) fn infer_reduce(
     })
 }
 
-fn float_reduce(kind: ReduceKind, x: &[f64], map: &[usize], outn: usize, count: f64) -> Vec<f64> {
+/// A float reduction's start and step, in f64 (a NaN wins max and min).
+fn float_step(kind: ReduceKind) -> (f64, fn(f64, f64) -> f64) {
     match kind {
-        ReduceKind::Sum => fold(x, map, outn, 0.0, |a, v| a + v),
-        ReduceKind::Mean => fold(x, map, outn, 0.0, |a, v| a + v)
-            .into_iter()
-            .map(|s| s / count)
-            .collect(),
-        ReduceKind::Prod => fold(x, map, outn, 1.0, |a, v| a * v),
-        ReduceKind::Max => fold(x, map, outn, f64::NEG_INFINITY, |a, v| {
-            if v > a || v.is_nan() {
-                v
-            } else {
-                a
-            }
-        }),
-        ReduceKind::Min => fold(x, map, outn, f64::INFINITY, |a, v| {
-            if v < a || v.is_nan() {
-                v
-            } else {
-                a
-            }
-        }),
+        ReduceKind::Sum | ReduceKind::Mean => (0.0, |a, v| a + v),
+        ReduceKind::Prod => (1.0, |a, v| a * v),
+        ReduceKind::Max => (f64::NEG_INFINITY, |a, v| if v > a || v.is_nan() { v } else { a }),
+        ReduceKind::Min => (f64::INFINITY, |a, v| if v < a || v.is_nan() { v } else { a }),
     }
+}
+
+/// Folded values made the reduction's results: a mean divides by `count`.
+fn float_results(kind: ReduceKind, folded: Vec<f64>, count: f64) -> Vec<f64> {
+    match kind {
+        ReduceKind::Mean => folded.into_iter().map(|s| s / count).collect(),
+        _ => folded,
+    }
+}
+
+fn float_reduce(kind: ReduceKind, x: &[f64], map: &[usize], outn: usize, count: f64) -> Vec<f64> {
+    let (init, step) = float_step(kind);
+    float_results(kind, fold(x, map, outn, init, step), count)
 }
 
 fn int_reduce(kind: ReduceKind, dtype: DType, x: &[i64], map: &[usize], outn: usize, count: i64) -> Vec<i64> {
