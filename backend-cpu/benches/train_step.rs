@@ -69,8 +69,10 @@ struct Model {
     name: String,
     graph: Graph,
     seq: usize,
-    /// Rows per micro-batch (the ONNX model's fixed batch).
-    micro_batch: usize,
+    /// Rows per micro-batch at most: an ONNX model's fixed batch; a zoo
+    /// model runs a rank's rows in one micro-batch, as `autopar plan` and
+    /// `run --plan auto` choose on this host (and as PyTorch runs them).
+    max_micro_batch: usize,
     /// Rows per step, the same for every rank count.
     global_batch: usize,
     /// Whether to time a two-stage pipeline too.
@@ -87,6 +89,8 @@ struct Row {
     /// Threads in all: ranks × each rank's product threads.
     threads: usize,
     layout: String,
+    /// Each rank's micro-batches a step, and their rows.
+    micro: String,
     step_s: f64,
     tokens_per_s: f64,
 }
@@ -125,7 +129,7 @@ fn models() -> Result<Vec<Model>> {
             name: "gpt2-tiny.ts.onnx".into(),
             graph: tiny,
             seq,
-            micro_batch: batch,
+            max_micro_batch: batch,
             global_batch: 2 * batch,
             pipeline: false,
             torch_spec: GPT2_TINY_SPEC,
@@ -135,7 +139,7 @@ fn models() -> Result<Vec<Model>> {
             name: ZOO_MODEL.into(),
             graph: zoo,
             seq: zoo_seq,
-            micro_batch: 1,
+            max_micro_batch: usize::MAX,
             global_batch: 2,
             pipeline: true,
             torch_spec: ZOO_MODEL,
@@ -158,9 +162,13 @@ struct Layout {
 /// `m.global_batch` rows per step.
 fn layouts(m: &Model) -> Vec<Layout> {
     let layers = m.graph.blocks.len();
-    let per_step = m.global_batch / m.micro_batch;
-    let one = Strategy::new(1, 1, layers, m.micro_batch, per_step);
-    let dp2 = Strategy::new(2, 1, layers, m.micro_batch, per_step / 2);
+    // Each rank's rows in micro-batches as large as the model allows.
+    let on = |dp: usize, pp: usize| {
+        let rows = m.global_batch / dp;
+        let micro = rows.min(m.max_micro_batch);
+        Strategy::new(dp, pp, layers, micro, rows / micro)
+    };
+    let (one, dp2) = (on(1, 1), on(2, 1));
     let layout = |name, strategy, overlap, threads_per_rank| Layout {
         name,
         strategy,
@@ -174,12 +182,7 @@ fn layouts(m: &Model) -> Vec<Layout> {
         layout("dp=2 inline", dp2, false, 1),
     ];
     if m.pipeline {
-        out.push(layout(
-            "pp=2 1f1b",
-            Strategy::new(1, 2, layers, m.micro_batch, per_step),
-            true,
-            1,
-        ));
+        out.push(layout("pp=2 1f1b", on(1, 2), true, 1));
     }
     out
 }
@@ -205,6 +208,7 @@ fn time(m: &Model, layout: &Layout) -> Result<Row> {
         ranks: programs.len(),
         threads: programs.len() * layout.threads_per_rank,
         layout: layout.name.to_string(),
+        micro: format!("{} × {}", s.micro_batches, s.micro_batch),
         step_s,
         tokens_per_s: (s.global_batch() * m.seq) as f64 / step_s,
     })
@@ -216,22 +220,21 @@ fn main() -> Result<()> {
     for m in models()? {
         println!();
         println!(
-            "{}  ({} layers, {} parameters, global batch {} × seq {}, micro-batch {}, {} steps timed)",
+            "{}  ({} layers, {} parameters, global batch {} × seq {}, {} steps timed)",
             m.name,
             m.graph.blocks.len(),
             m.graph.float_parameter_elements(&m.graph.bindings),
             m.global_batch,
             m.seq,
-            m.micro_batch,
             m.measured
         );
-        println!("  ranks  threads  layout        step_s   tokens/s");
+        println!("  ranks  threads  layout       micro-batches  step_s   tokens/s");
         let mut rows = Vec::new();
         for layout in layouts(&m) {
             let row = time(&m, &layout).map_err(|e| format!("{}: {e}", m.name))?;
             println!(
-                "  {:>5}  {:>7}  {:<11}  {:>8.4}  {:>9.0}",
-                row.ranks, row.threads, row.layout, row.step_s, row.tokens_per_s
+                "  {:>5}  {:>7}  {:<11}  {:>13}  {:>6.4}  {:>9.0}",
+                row.ranks, row.threads, row.layout, row.micro, row.step_s, row.tokens_per_s
             );
             rows.push(row);
         }
