@@ -161,9 +161,10 @@ fn cubes(dtype: DType, dims: &[usize]) -> Vec<(DType, [usize; 3])> {
 /// What the profiler measures, revised whenever that changes (a kernel
 /// priced apart, a figure added, the CLI's allocator, which moves the
 /// interpreter's overheads, or a kernel made faster: 4, the vectorized
-/// exponentials and activations; 5, freed memory kept by the allocator),
+/// exponentials and activations; 5, freed memory kept by the allocator;
+/// 6, attention by blocks of rows and element-wise ops dispatched once),
 /// so that cached host profiles are measured again.
-pub const REVISION: u32 = 5;
+pub const REVISION: u32 = 6;
 
 /// Measures this host through the CPU backend's kernels and returns a
 /// calibration with every measured field set (efficiency fractions keep
