@@ -118,6 +118,27 @@ fn spreads(input: &[usize], out: &[usize]) -> Option<usize> {
     fits.then_some(inner)
 }
 
+/// `data` (of shape `input`) broadcast to `out`: a row statistic spread
+/// over its rows or a tensor repeated whole is copied run by run, anything
+/// else through an index per element.
+pub(crate) fn broadcast_to<T: Clone>(data: &[T], input: &[usize], out: &[usize]) -> Vec<T> {
+    let n: usize = out.iter().product();
+    if let Some(inner) = spreads(input, out) {
+        let mut c = Vec::with_capacity(n);
+        for v in data {
+            c.extend(std::iter::repeat_n(v.clone(), inner));
+        }
+        return c;
+    }
+    if repeats(input, out) {
+        return data.iter().cycle().take(n).cloned().collect();
+    }
+    source_index(input, out)
+        .iter()
+        .map(|&i| data[i].clone())
+        .collect()
+}
+
 /// Applies `f` element-wise over two inputs broadcast to `out` (inlined,
 /// so a caller's vectorized code runs its loops).
 #[inline(always)]
@@ -166,6 +187,24 @@ mod tests {
 
     fn sym(s: &str) -> Dim {
         Dim::Sym(s.into())
+    }
+
+    #[test]
+    fn broadcasts_copy_what_the_index_gather_copies() {
+        let data: Vec<usize> = (0..24).collect();
+        for (input, out) in [
+            (&[4, 1][..], &[4, 6][..]),
+            (&[2, 3, 1], &[2, 3, 4]),
+            (&[3, 1], &[2, 3, 5]),
+            (&[1, 6], &[4, 6]),
+            (&[6], &[2, 3, 6]),
+            (&[2, 1, 3], &[2, 4, 3]),
+            (&[1], &[5]),
+        ] {
+            let n = input.iter().product();
+            let want: Vec<usize> = source_index(input, out).iter().map(|&i| data[i]).collect();
+            assert_eq!(broadcast_to(&data[..n], input, out), want, "{input:?} → {out:?}");
+        }
     }
 
     #[test]

@@ -16,6 +16,9 @@ pub(crate) fn sigmoid<T: Real>(x: T) -> T {
     T::one() / (T::one() + (-x).exp_v())
 }
 
+/// One float element of `func` (inlined, so a loop over a known `func`
+/// keeps only its arm).
+#[inline(always)]
 fn unary_float<T: Real>(func: UnaryOp, x: T) -> T {
     match func {
         UnaryOp::Neg => -x,
@@ -87,6 +90,8 @@ pub(super) fn eval_unary(cx: &EvalCtx, func: UnaryOp) -> Result<Vec<Value>, OpEr
     Ok(vec![finish(x.dtype, x.shape.clone(), data)])
 }
 
+/// One float element of `func` (inlined, as [`unary_float`]).
+#[inline(always)]
 pub(super) fn float_arith<T: Real>(func: BinaryOp, x: T, y: T) -> T {
     match func {
         BinaryOp::Add => x + y,

@@ -1,6 +1,6 @@
 //! Reference kernels of views, transposes and expands.
 
-use super::super::broadcast::{source_index, strided_index};
+use super::super::broadcast::{broadcast_to, strided_index};
 use super::super::context::EvalCtx;
 use super::super::geometry::{strides, take};
 use super::super::numeric::map_data;
@@ -116,11 +116,11 @@ fn transpose_tiles<T: Clone>(matrix: &[T], m: usize, n: usize, out: &mut Vec<T>)
 pub(super) fn eval_expand(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
     let x = cx.input(0)?;
     let out_shape = cx.out_shape(0)?;
-    let idx = source_index(&x.shape, &out_shape);
+    let data = map_data!(&x.data, d => broadcast_to(d, &x.shape, &out_shape));
     Ok(vec![Value {
         dtype: x.dtype,
         shape: out_shape,
-        data: map_data!(&x.data, d => take(d, &idx)),
+        data,
     }])
 }
 
