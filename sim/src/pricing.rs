@@ -420,17 +420,23 @@ pub fn compute_dtype(g: &Graph) -> DType {
 /// ([`autopar_ir::op::attention_ways`]); 1 for every other kernel.
 fn kernel_ways(g: &Graph, i: NodeIndex, threads: usize) -> usize {
     let n = g.node(i);
-    let heads = || -> Option<usize> {
+    let heads = |mask_grad: bool| -> Option<usize> {
         let (inputs, _) = node_types(g, i).ok()?;
         let dims = |slot: usize| inputs.get(slot)?.as_ref()?.shape.as_fixed();
-        Some(autopar_ir::op::attention_ways(&dims(0)?, &dims(1)?, threads))
+        Some(autopar_ir::op::attention_ways(
+            &dims(0)?,
+            &dims(1)?,
+            mask_grad,
+            threads,
+        ))
     };
     match &n.op {
         op if autopar_ir::op::splits_over_threads(op) => autopar_cost_models::measured::gemm_shape(g, i)
             .map_or(1, |[m, cols, k]| {
                 autopar_ir::op::split_ways(m as usize, cols as usize, k as usize, threads)
             }),
-        Op::Attention { .. } | Op::AttentionGrad { mask_grad: false, .. } => heads().unwrap_or(1),
+        Op::Attention { .. } => heads(false).unwrap_or(1),
+        Op::AttentionGrad { mask_grad, .. } => heads(*mask_grad).unwrap_or(1),
         _ => 1,
     }
 }

@@ -368,7 +368,8 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
                 autopar_ir::op::split_ways(m as usize, c as usize, k as usize, 2)
             }
             (autopar_ir::Op::Attention { .. } | autopar_ir::Op::AttentionGrad { .. }, _) => {
-                let ways = autopar_ir::op::attention_ways(&dims(0), &dims(1), 2);
+                let mask_grad = matches!(n.op, autopar_ir::Op::AttentionGrad { mask_grad: true, .. });
+                let ways = autopar_ir::op::attention_ways(&dims(0), &dims(1), mask_grad, 2);
                 attention += usize::from(ways == 2);
                 ways
             }

@@ -71,9 +71,10 @@ fn way_rows(m: usize, n: usize, k: usize, threads: usize) -> usize {
 /// (batch, key/value head) groups in contiguous runs, as many as have
 /// [`MIN_MACS_PER_WAY`] multiply-adds of the score product each, at most
 /// `threads` and the groups. Each group is computed as on one thread, so
-/// the bits do not depend on the ways.
-pub fn attention_ways(q: &[usize], k: &[usize], threads: usize) -> usize {
-    let ([b, hq, sq, d], [_, hk, sk, _]) = (q, k) else {
+/// the bits do not depend on the ways. An adjoint that wants the mask's
+/// gradient (`mask_grad`), which every group adds to, runs on one thread.
+pub fn attention_ways(q: &[usize], k: &[usize], mask_grad: bool, threads: usize) -> usize {
+    let ([b, hq, sq, d], [_, hk, sk, _], false) = (q, k, mask_grad) else {
         return 1;
     };
     let macs = [b, hq, sq, sk, d]

@@ -267,21 +267,18 @@ impl Builder<'_> {
         unit: Option<usize>,
     ) -> Result<(), WorkloadError> {
         use Collective::{AllGather, AllReduce};
-        if from == to && !(shares && to == Rule::Replicate) {
-            return Ok(());
-        }
-        let planned = self.planned.as_mut().expect("planned");
-        if !planned.moved.insert((t, to, shares)) {
-            return Ok(());
-        }
-        let grad = planned.grads[t.index()];
-        let bias = planned.pending_bias.get(&t).copied();
         let Some(steps) = sharding::read_moves(from, to, shares) else {
             return Err(WorkloadError::Plan {
                 node: self.graph.tensor(t).name.clone(),
                 message: format!("moving it from {from:?} into {to:?} is not something lowering runs"),
             });
         };
+        let planned = self.planned.as_mut().expect("planned");
+        if steps.is_empty() || !planned.moved.insert((t, to, shares)) {
+            return Ok(());
+        }
+        let grad = planned.grads[t.index()];
+        let bias = planned.pending_bias.get(&t).copied();
         let Some(u) = unit else { return Ok(()) };
         let bytes = self.full_bytes(t) / self.context_share(t);
         let regathered = self.regathered(t, from, to);

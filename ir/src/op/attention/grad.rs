@@ -14,7 +14,9 @@ use super::super::gemm::{attention_ways, gemm, in_group_runs, product_threads, M
 use super::super::geometry::dim;
 use super::super::numeric::{vectorized, Real};
 use super::super::{OpError, TensorType};
-use super::kernel::{head_bias, key_limits, probabilities, query_positions, MaskView, ROW_BLOCK};
+use super::kernel::{
+    block_probabilities, blocks, head_bias, key_limits, query_positions, Block, MaskView, ROW_BLOCK,
+};
 
 /// FLOPs per score: the softmax recomputed and `dS` from `dP`.
 const SCORE_FLOPS: f64 = 8.0;
@@ -80,8 +82,7 @@ struct Inputs<'a, T> {
 /// Reference kernel: `[dq, dk, dv, dmask?]`, per (batch, query head) and
 /// block of query rows as the forward pass runs ([`ROW_BLOCK`]), over the
 /// keys the rows may see; the (batch, key/value head) groups split over
-/// this thread's [`product_threads`] ([`attention_ways`]) unless the mask's
-/// gradient, which every group adds to, is wanted.
+/// this thread's [`product_threads`] ([`attention_ways`]).
 pub(super) fn kernel<T: Real>(
     cx: &EvalCtx,
     scale: Option<f64>,
@@ -125,10 +126,12 @@ pub(super) fn kernel<T: Real>(
     };
     let group = (hq / hk.max(1)).max(1);
     let outputs = vec![&mut dq[..], &mut dk[..], &mut dvs[..]];
+    let (qs, ks) = (&cx.input(0)?.shape, &cx.input(1)?.shape);
+    let ways = attention_ways(qs, ks, dmask.is_some(), product_threads());
     match &mut dmask {
+        // One way (`attention_ways`): every group adds to the mask's gradient.
         Some(dm) => group_run(&x, 0..b * hk, outputs, Some(dm))?,
         None => {
-            let ways = attention_ways(&cx.input(0)?.shape, &cx.input(1)?.shape, product_threads());
             let per_group = [group * sq * d, sk * d, sk * dv];
             in_group_runs(b * hk, ways, outputs, &per_group, |run, outs| {
                 group_run(&x, run, outs, None)
@@ -164,21 +167,15 @@ fn group_run<T: Real>(
         for j in 0..group {
             let (hi, head) = (kh * group + j, g * group + j);
             let bias = x.mask.as_ref().map(|m| head_bias::<T>(m, bi, hi, sk, &x.limits));
-            for i0 in (0..sq).step_by(ROW_BLOCK) {
-                let rows = ROW_BLOCK.min(sq - i0);
-                let lim = &x.limits[i0..i0 + rows];
-                let kn = lim.iter().copied().max().unwrap_or(0);
-                if kn == 0 {
-                    continue;
-                }
+            for block in blocks(&x.limits) {
+                let Block { i0, rows, kn, .. } = block;
                 let (qo, oo) = ((head * sq + i0) * d, (head * sq + i0) * dv);
                 let dqo = ((n * group + j) * sq + i0) * d;
                 let (p, ds) = (&mut p[..rows * kn], &mut ds[..rows * kn]);
                 let qm = Mat::row_major(x.q, qo, d, false);
                 let om = Mat::row_major(x.dout, oo, dv, false);
                 let kt = Mat::row_major(x.k, ko, d, true);
-                gemm(op, rows, d, kn, scale, qm, kt, T::zero(), p, 0)?;
-                probabilities(p, kn, lim, bias.as_deref().map(|b| &b[i0 * sk..]), sk);
+                block_probabilities(op, &block, (qm, kt), d, scale, bias.as_deref(), sk, p)?;
                 let pt = Mat::row_major(&p[..], 0, kn, true);
                 gemm(op, kn, rows, dv, T::one(), pt, om, T::one(), dvs, dvo)?;
                 let vt = Mat::row_major(x.v, vo, dv, true);

@@ -92,16 +92,53 @@ pub(super) fn head_bias<T: Real>(m: &MaskView, b: usize, h: usize, sk: usize, li
     bias
 }
 
+/// A block of up to [`ROW_BLOCK`] query rows from `i0`, the keys each
+/// may see (`limits`) and the most of them (`kn`, a row of its scores).
+pub(super) struct Block<'a> {
+    pub(super) i0: usize,
+    pub(super) rows: usize,
+    pub(super) kn: usize,
+    pub(super) limits: &'a [usize],
+}
+
+/// The blocks of query rows, in order, that see at least one key (the
+/// rows of the others have no output and no gradient).
+pub(super) fn blocks(limits: &[usize]) -> impl Iterator<Item = Block<'_>> {
+    limits.chunks(ROW_BLOCK).enumerate().filter_map(|(n, lim)| {
+        let kn = lim.iter().copied().max().unwrap_or(0);
+        (kn > 0).then_some(Block {
+            i0: n * ROW_BLOCK,
+            rows: lim.len(),
+            kn,
+            limits: lim,
+        })
+    })
+}
+
+/// The probabilities of `block` into `p` (`rows × kn`): `scale·Q·Kᵀ` of
+/// its query rows `q` against the keys `kt` (transposed) they may see,
+/// plus the head's mask `bias` (`[sq, sk]`), soft-maxed.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn block_probabilities<T: Real>(
+    op: &str,
+    block: &Block,
+    (q, kt): (Mat<T>, Mat<T>),
+    d: usize,
+    scale: T,
+    bias: Option<&[T]>,
+    sk: usize,
+    p: &mut [T],
+) -> Result<(), OpError> {
+    let Block { i0, rows, kn, limits } = *block;
+    gemm(op, rows, d, kn, scale, q, kt, T::zero(), p, 0)?;
+    probabilities(p, kn, limits, bias.map(|b| &b[i0 * sk..]), sk);
+    Ok(())
+}
+
 /// Turns a block of scores (`kn` to a row; row `i` sees `limits[i]` keys,
 /// plus `bias[i·sk..]` where there is a mask) into probabilities in place:
 /// zero past each row's limit, and a row that sees no key all zeros.
-pub(super) fn probabilities<T: Real>(
-    s: &mut [T],
-    kn: usize,
-    limits: &[usize],
-    bias: Option<&[T]>,
-    sk: usize,
-) {
+fn probabilities<T: Real>(s: &mut [T], kn: usize, limits: &[usize], bias: Option<&[T]>, sk: usize) {
     vectorized(|| {
         for (i, row) in s.chunks_mut(kn).enumerate() {
             let (live, dead) = row.split_at_mut(limits[i]);
@@ -152,7 +189,7 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
         mask.as_ref().map(|m| m.len),
     );
     let mut out = vec![T::zero(); b * hq * sq * dv];
-    let ways = attention_ways(&qv.shape, &kv.shape, product_threads());
+    let ways = attention_ways(&qv.shape, &kv.shape, false, product_threads());
     let per_group = [group * sq * dv];
     in_group_runs(b * hk, ways, vec![&mut out[..]], &per_group, |run, mut outs| {
         let out = &mut *outs[0];
@@ -162,18 +199,12 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
             for j in 0..group {
                 let (hi, head) = (kh * group + j, g * group + j);
                 let bias = mask.as_ref().map(|m| head_bias::<T>(m, bi, hi, sk, &limits));
-                for i0 in (0..sq).step_by(ROW_BLOCK) {
-                    let rows = ROW_BLOCK.min(sq - i0);
-                    let lim = &limits[i0..i0 + rows];
-                    let kn = lim.iter().copied().max().unwrap_or(0);
-                    if kn == 0 {
-                        continue;
-                    }
+                for block in blocks(&limits) {
+                    let Block { i0, rows, kn, .. } = block;
                     let p = &mut scores[..rows * kn];
                     let qm = Mat::row_major(q, (head * sq + i0) * d, d, false);
-                    let km = Mat::row_major(k, g * sk * d, d, true);
-                    gemm(cx.op, rows, d, kn, scale, qm, km, T::zero(), p, 0)?;
-                    probabilities(p, kn, lim, bias.as_deref().map(|b| &b[i0 * sk..]), sk);
+                    let kt = Mat::row_major(k, g * sk * d, d, true);
+                    block_probabilities(cx.op, &block, (qm, kt), d, scale, bias.as_deref(), sk, p)?;
                     let pm = Mat::row_major(&p[..], 0, kn, false);
                     let vm = Mat::row_major(v, g * sk * dv, dv, false);
                     let at = ((n * group + j) * sq + i0) * dv;

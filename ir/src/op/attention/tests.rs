@@ -296,7 +296,7 @@ fn attention_over_threads_gives_one_threads_bits() {
         f32s_of(noise(&[2, 2, 256, 16], 3)),
         f32s_of(noise(&[2, 4, 256, 16], 4)),
     );
-    assert_eq!(crate::op::attention_ways(&q.shape, &k.shape, 3), 3);
+    assert_eq!(crate::op::attention_ways(&q.shape, &k.shape, false, 3), 3);
     let grad = Op::AttentionGrad {
         scale: None,
         causal: true,
