@@ -171,7 +171,13 @@ pub fn gemm_shape(graph: &Graph, idx: NodeIndex) -> Option<[f64; 3]> {
     match &node.op {
         Op::Linear => Some([rows, n, *a.last()?]),
         Op::MatMul => {
-            let m = if out.len() >= 2 { out[out.len() - 2] } else { 1.0 };
+            // The rows of each product the kernel runs.
+            let shape = |slot: usize| -> Option<Vec<usize>> {
+                resolved(graph, node.inputs.get(slot).copied().flatten()?)
+                    .shape
+                    .as_fixed()
+            };
+            let m = autopar_ir::op::matmul_rows(&shape(0)?, &shape(1)?) as f64;
             Some([m, n, *a.last()?])
         }
         Op::Gemm { trans_a, .. } => Some([rows, n, if *trans_a { a[0] } else { *a.last()? }]),
@@ -330,6 +336,11 @@ mod tests {
         let (g, idx) = single(Op::Linear, &[&[2, 5, 3], &[3, 7]], &[2, 5, 7]);
         assert_eq!(gemm_shape(&g, idx), Some([10.0, 7.0, 3.0]));
         let (g, idx) = single(Op::MatMul, &[&[2, 5, 3], &[2, 3, 7]], &[2, 5, 7]);
+        assert_eq!(gemm_shape(&g, idx), Some([5.0, 7.0, 3.0]));
+        // A batch against one shared matrix, in whole tiles of rows: one product.
+        let (g, idx) = single(Op::MatMul, &[&[2, 32, 3], &[3, 7]], &[2, 32, 7]);
+        assert_eq!(gemm_shape(&g, idx), Some([64.0, 7.0, 3.0]));
+        let (g, idx) = single(Op::MatMul, &[&[2, 5, 3], &[3, 7]], &[2, 5, 7]);
         assert_eq!(gemm_shape(&g, idx), Some([5.0, 7.0, 3.0]));
         let (g, idx) = single(mul(), &[&[4, 3], &[4, 3]], &[4, 3]);
         assert_eq!(gemm_shape(&g, idx), None);

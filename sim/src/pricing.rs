@@ -57,8 +57,10 @@ pub struct Pricing<'a> {
     pub per_node: bool,
     /// Share of a processor each rank's computation gets (1: its own).
     core_share: f64,
-    /// Per product node split over a rank's threads: its time's factor.
+    /// Per node split over a rank's threads: its time's factor.
     threaded: HashMap<String, f64>,
+    /// Ranks sharing the host's cores ([`Pricing::sharing_cores`]).
+    ranks: usize,
 }
 
 /// Why a plan cannot be priced.
@@ -221,32 +223,39 @@ impl<'a> Pricing<'a> {
             per_node,
             core_share: 1.0,
             threaded: HashMap::new(),
+            ranks: 1,
         })
     }
 
     /// The same prices for `ranks` ranks run as threads on `cores`
-    /// processors (the CPU backend), each splitting its large products
-    /// over `threads` threads: a rank gets `cores / ranks` of one when
-    /// there are more ranks than cores, and computes as much slower than
-    /// alone as the calibration measured for the threads running at once
-    /// (`autopar profile`); a product split `w` ways
-    /// ([`autopar_ir::op::split_ways`], the rule the kernel runs) takes
-    /// `1 / w` of its time, slowed for `ranks · w` threads instead.
+    /// processors (the CPU backend), each splitting its kernels over
+    /// `threads` threads: a rank gets `cores / ranks` of one when there are
+    /// more ranks than cores, and computes as much slower than alone as the
+    /// calibration measured for the threads running at once (`autopar
+    /// profile`); a kernel split `w` ways (by the rules the kernels run:
+    /// [`kernel_ways`]) takes `1 / w` of its time, slowed for `ranks · w`
+    /// threads instead.
     pub fn sharing_cores(mut self, t: &TrainingGraph, ranks: usize, cores: usize, threads: usize) -> Self {
-        let cal = self.calibration;
-        let slowdown = cal.thread_slowdown(ranks);
+        let slowdown = self.calibration.thread_slowdown(ranks);
         let share = (cores.max(1) as f64 / ranks.max(1) as f64).min(1.0);
         self.core_share = share / slowdown.max(1.0);
+        self.ranks = ranks.max(1);
         let g = &t.graph;
         for i in g.node_indices() {
             let ways = kernel_ways(g, i, threads);
             if ways > 1 {
-                let n = g.node(i);
-                let factor = cal.thread_slowdown(ranks * ways) / (ways as f64 * slowdown.max(1.0));
-                self.threaded.insert(n.name.clone(), factor);
+                let factor = self.split_factor(ways);
+                self.threaded.insert(g.node(i).name.clone(), factor);
             }
         }
         self
+    }
+
+    /// The factor on a kernel's time when it splits `ways` ways over a
+    /// rank's threads ([`Pricing::sharing_cores`]).
+    fn split_factor(&self, ways: usize) -> f64 {
+        let cal = self.calibration;
+        cal.thread_slowdown(self.ranks * ways) / (ways as f64 * cal.thread_slowdown(self.ranks).max(1.0))
     }
 
     /// Seconds of node `name` for one micro-batch.
@@ -417,9 +426,17 @@ pub fn compute_dtype(g: &Graph) -> DType {
 /// Ways node `i`'s kernel splits over `threads` threads, by the rules the
 /// kernels run: a product's rows ([`autopar_ir::op::split_ways`]),
 /// attention's (batch, key/value head) groups
-/// ([`autopar_ir::op::attention_ways`]); 1 for every other kernel.
-fn kernel_ways(g: &Graph, i: NodeIndex, threads: usize) -> usize {
+/// ([`autopar_ir::op::attention_ways`]), a row-wise kernel's rows
+/// ([`autopar_ir::op::row_split`]); 1 for every other kernel.
+pub fn kernel_ways(g: &Graph, i: NodeIndex, threads: usize) -> usize {
     let n = g.node(i);
+    let rows = || -> Option<usize> {
+        let (inputs, outputs) = node_types(g, i).ok()?;
+        let float = autopar_ir::op::one_float_type(inputs.iter().flatten().map(|t| t.dtype));
+        let out = outputs.first()?.shape.as_fixed()?;
+        let (rows, elements) = autopar_ir::op::row_split(&n.op, &out, float)?;
+        Some(autopar_ir::op::row_ways(rows, elements, threads))
+    };
     let heads = |mask_grad: bool| -> Option<usize> {
         let (inputs, _) = node_types(g, i).ok()?;
         let dims = |slot: usize| inputs.get(slot)?.as_ref()?.shape.as_fixed();
@@ -437,6 +454,6 @@ fn kernel_ways(g: &Graph, i: NodeIndex, threads: usize) -> usize {
             }),
         Op::Attention { .. } => heads(false).unwrap_or(1),
         Op::AttentionGrad { mask_grad, .. } => heads(*mask_grad).unwrap_or(1),
-        _ => 1,
+        _ => rows().unwrap_or(1),
     }
 }

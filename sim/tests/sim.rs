@@ -326,12 +326,12 @@ fn a_tensor_parallel_copy_shares_its_input_s_memory() {
 }
 
 /// On the CPU backend a rank splits each large product over its threads
-/// by `split_ways`, and attention by `attention_ways`, the rules the
-/// kernels run: the simulator prices such a node at `1 / ways` of its
+/// by `split_ways`, attention by `attention_ways` and the row-wise kernels
+/// by `row_split`, the rules the kernels run: the simulator prices such a node at `1 / ways` of its
 /// time, slowed as the calibration measured for that many threads at once,
 /// and every other node as before.
 #[test]
-fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
+fn kernels_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
     use autopar_cost_models::calibration::ThreadSlowdown;
     use autopar_cost_models::measured::gemm_shape;
     let g = autopar_import::zoo::build("gpt:layers=1,hidden=256,heads=4,vocab=2048,seq=64").unwrap();
@@ -356,7 +356,7 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
             .sharing_cores(&t, 1, 2, threads)
     };
     let (one, two) = (priced(1), priced(2));
-    let (mut split, mut attention) = (0, 0);
+    let (mut split, mut attention, mut rows) = (0, 0, 0);
     for i in t.graph.node_indices() {
         let n = t.graph.node(i);
         let dims = |slot: usize| {
@@ -373,7 +373,21 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
                 attention += usize::from(ways == 2);
                 ways
             }
-            _ => 1,
+            (op, _) => {
+                let dtypes = n.inputs.iter().flatten().map(|&x| t.graph.tensor(x).ty.dtype);
+                let float = autopar_ir::op::one_float_type(dtypes);
+                let out = t
+                    .graph
+                    .tensor(n.outputs[0])
+                    .ty
+                    .shape
+                    .resolve(&t.graph.bindings)
+                    .unwrap();
+                let ways = autopar_ir::op::row_split(op, &out, float)
+                    .map_or(1, |(r, e)| autopar_ir::op::row_ways(r, e, 2));
+                rows += usize::from(ways == 2);
+                ways
+            }
         };
         let want = one.node(&n.name) * if ways == 2 { 1.25 / 2.0 } else { 1.0 };
         assert!(
@@ -384,7 +398,8 @@ fn products_split_over_a_ranks_threads_are_priced_as_the_kernel_splits_them() {
         split += usize::from(ways == 2);
     }
     assert!(
-        split >= 6 && attention == 2,
-        "the forward and backward products of the layer and the head, and attention and its adjoint, split: {split}"
+        split >= 6 && attention == 2 && rows >= 3,
+        "the forward and backward products of the layer and the head, attention and its adjoint, \
+         and the MLP's activation and its adjoint and the loss's softmax and its adjoint split: {split}, {rows}"
     );
 }

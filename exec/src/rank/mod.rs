@@ -191,7 +191,7 @@ impl<'a, B: Backend> RankRun<'a, B> {
     }
 
     pub fn run(&mut self, tx: &mpsc::Sender<StepDone>) -> Result<RankOutcome, ExecError> {
-        autopar_ir::op::set_product_threads(self.opts.threads_per_rank);
+        autopar_ir::op::set_kernel_threads(self.opts.threads_per_rank);
         self.hold_weights()?;
         self.comm = Some(if self.opts.overlap_comm {
             CommStream::new(self.ep.clone())

@@ -131,7 +131,12 @@ pub(crate) fn broadcast_to<T: Clone>(data: &[T], input: &[usize], out: &[usize])
         return c;
     }
     if repeats(input, out) {
-        return data.iter().cycle().take(n).cloned().collect();
+        let mut c = Vec::with_capacity(n);
+        while c.len() < n {
+            let run = (n - c.len()).min(data.len());
+            c.extend_from_slice(&data[..run]);
+        }
+        return c;
     }
     source_index(input, out)
         .iter()

@@ -194,6 +194,9 @@ pub(crate) struct EvalCtx<'a> {
     pub op: &'a str,
     pub inputs: &'a [Option<&'a Value>],
     pub out: &'a [TensorType],
+    /// Ways a row-wise kernel splits its rows over this thread's kernel
+    /// threads (`threads::row_split`'s rule; 1 for the others).
+    pub row_ways: usize,
 }
 
 impl<'a> EvalCtx<'a> {

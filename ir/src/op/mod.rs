@@ -46,13 +46,18 @@ pub mod sharding;
 mod slicing;
 #[cfg(test)]
 mod testing;
+mod threads;
 
 use crate::{DType, Value};
 use context::{EvalCtx, InferCtx};
 pub use conv::{pool_divisors, ConvSizes, PoolKind, Window};
 use define::define_ops;
-pub use gemm::{attention_ways, product_threads, set_product_threads, split_ways, splits_over_threads};
+pub use linalg::matmul_rows;
 use serde::{Deserialize, Serialize};
+pub use threads::{
+    attention_ways, kernel_threads, on_kernel_threads, one_float_type, row_split, row_ways,
+    set_kernel_threads, split_ways, splits_over_threads,
+};
 
 /// Element-wise functions of one input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]

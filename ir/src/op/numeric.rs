@@ -3,6 +3,7 @@
 //! (`float_kernel!`, `map_data!`, `zip_data!`), and the integer semantics
 //! of the narrow and unsigned dtypes.
 
+use super::threads::rows_in_runs;
 use crate::{DType, Data, Value};
 
 /// The float types kernels are generic over (`f32` storage also carries
@@ -154,10 +155,24 @@ unsafe fn run_avx2<R>(f: impl FnOnce() -> R) -> R {
     f()
 }
 
-/// `f` over `xs` ([`vectorized`]).
+/// `f` over `xs` ([`vectorized`]), in `ways` runs over the rank's
+/// threads ([`rows_in_runs`]): each element is computed as on one thread.
 #[inline(always)]
-pub(crate) fn map_v<T: Copy, F: Fn(T) -> T>(xs: &[T], f: F) -> Vec<T> {
-    vectorized(|| map_in_place(xs, f))
+pub(crate) fn map_v<T: Copy + Default + Send + Sync, F: Fn(T) -> T + Sync>(
+    xs: &[T],
+    ways: usize,
+    f: F,
+) -> Vec<T> {
+    if ways <= 1 {
+        return vectorized(|| map_in_place(xs, f));
+    }
+    rows_in_runs(xs.len(), 1, ways, |rows, out| {
+        vectorized(|| {
+            for (o, &x) in out.iter_mut().zip(&xs[rows]) {
+                *o = f(x);
+            }
+        })
+    })
 }
 
 /// The loop of [`map_v`], over a copy written in place: a plain loop
@@ -166,26 +181,46 @@ pub(crate) fn map_v<T: Copy, F: Fn(T) -> T>(xs: &[T], f: F) -> Vec<T> {
 #[inline(always)]
 fn map_in_place<T: Copy, F: Fn(T) -> T>(xs: &[T], f: F) -> Vec<T> {
     let mut out = xs.to_vec();
-    for o in out.iter_mut() {
-        *o = f(*o);
-    }
+    in_place(&mut out, &f);
     out
 }
 
-/// `f` over `xs` and `ys`, of one length, element by element ([`vectorized`]).
 #[inline(always)]
-pub(crate) fn zip_map_v<T: Copy, F: Fn(T, T) -> T>(xs: &[T], ys: &[T], f: F) -> Vec<T> {
-    vectorized(|| zip_map_in_place(xs, ys, f))
+fn in_place<T: Copy, F: Fn(T) -> T>(out: &mut [T], f: &F) {
+    for o in out.iter_mut() {
+        *o = f(*o);
+    }
+}
+
+/// `f` over `xs` and `ys`, of one length, element by element
+/// ([`vectorized`]), in `ways` runs as [`map_v`].
+#[inline(always)]
+pub(crate) fn zip_map_v<T: Copy + Default + Send + Sync, F: Fn(T, T) -> T + Sync>(
+    xs: &[T],
+    ys: &[T],
+    ways: usize,
+    f: F,
+) -> Vec<T> {
+    if ways <= 1 {
+        let mut out = xs.to_vec();
+        vectorized(|| zip_in_place(&mut out, ys, &f));
+        return out;
+    }
+    rows_in_runs(xs.len(), 1, ways, |rows, out| {
+        vectorized(|| {
+            for ((o, &x), &y) in out.iter_mut().zip(&xs[rows.clone()]).zip(&ys[rows]) {
+                *o = f(x, y);
+            }
+        })
+    })
 }
 
 /// The loop of [`zip_map_v`], as [`map_in_place`]'s.
 #[inline(always)]
-fn zip_map_in_place<T: Copy, F: Fn(T, T) -> T>(xs: &[T], ys: &[T], f: F) -> Vec<T> {
-    let mut out = xs.to_vec();
+fn zip_in_place<T: Copy, F: Fn(T, T) -> T>(out: &mut [T], ys: &[T], f: &F) {
     for (o, &y) in out.iter_mut().zip(ys) {
         *o = f(*o, y);
     }
-    out
 }
 
 /// Dispatches on a value's float storage class: binds `$T` to `f32` or `f64`
@@ -308,7 +343,8 @@ mod tests {
         }
     }
 
-    /// The loops built for AVX2 give the bits the plain loops give.
+    /// The loops built for AVX2 give the bits the plain loops give, on
+    /// one thread and in runs over three.
     #[test]
     fn vectorized_maps_give_the_plain_bits() {
         let xs: Vec<f32> = (0..1003)
@@ -320,7 +356,9 @@ mod tests {
         let plain: Vec<f32> = xs.iter().map(|&x| f(x)).collect();
         let plain2: Vec<f32> = xs.iter().zip(&ys).map(|(&x, &y)| g(x, y)).collect();
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&map_v(&xs, f)), bits(&plain));
-        assert_eq!(bits(&zip_map_v(&xs, &ys, g)), bits(&plain2));
+        for ways in [1, 3] {
+            assert_eq!(bits(&map_v(&xs, ways, f)), bits(&plain));
+            assert_eq!(bits(&zip_map_v(&xs, &ys, ways, g)), bits(&plain2));
+        }
     }
 }

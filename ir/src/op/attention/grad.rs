@@ -10,9 +10,10 @@
 use super::super::adjoint::check_grad_like;
 use super::super::attention::infer_attention;
 use super::super::context::{invalid, EvalCtx, InferCtx};
-use super::super::gemm::{attention_ways, gemm, in_group_runs, product_threads, Mat};
+use super::super::gemm::{gemm, Mat};
 use super::super::geometry::dim;
 use super::super::numeric::{vectorized, Real};
+use super::super::threads::{attention_ways, in_group_runs, kernel_threads};
 use super::super::{OpError, TensorType};
 use super::kernel::{
     block_probabilities, blocks, head_bias, key_limits, query_positions, Block, MaskView, ROW_BLOCK,
@@ -82,7 +83,7 @@ struct Inputs<'a, T> {
 /// Reference kernel: `[dq, dk, dv, dmask?]`, per (batch, query head) and
 /// block of query rows as the forward pass runs ([`ROW_BLOCK`]), over the
 /// keys the rows may see; the (batch, key/value head) groups split over
-/// this thread's [`product_threads`] ([`attention_ways`]).
+/// this thread's [`kernel_threads`] ([`attention_ways`]).
 pub(super) fn kernel<T: Real>(
     cx: &EvalCtx,
     scale: Option<f64>,
@@ -127,7 +128,7 @@ pub(super) fn kernel<T: Real>(
     let group = (hq / hk.max(1)).max(1);
     let outputs = vec![&mut dq[..], &mut dk[..], &mut dvs[..]];
     let (qs, ks) = (&cx.input(0)?.shape, &cx.input(1)?.shape);
-    let ways = attention_ways(qs, ks, dmask.is_some(), product_threads());
+    let ways = attention_ways(qs, ks, dmask.is_some(), kernel_threads());
     match &mut dmask {
         // One way (`attention_ways`): every group adds to the mask's gradient.
         Some(dm) => group_run(&x, 0..b * hk, outputs, Some(dm))?,

@@ -2,8 +2,9 @@
 
 use super::super::broadcast::broadcast_strides;
 use super::super::context::{finish, invalid, EvalCtx};
-use super::super::gemm::{attention_ways, gemm, in_group_runs, product_threads, Mat};
+use super::super::gemm::{gemm, Mat};
 use super::super::numeric::{float_kernel, vectorized, Real};
+use super::super::threads::{attention_ways, in_group_runs, kernel_threads};
 use super::super::OpError;
 use super::Rotary;
 use crate::{Data, Value};
@@ -169,7 +170,7 @@ fn probabilities<T: Real>(s: &mut [T], kn: usize, limits: &[usize], bias: Option
 /// The forward pass, per (batch, query head) and block of query rows:
 /// `P = softmax(scale·Q·Kᵀ + mask)` over the keys the rows may see, then
 /// `O = P·V`; the (batch, key/value head) groups split over this thread's
-/// [`product_threads`] ([`attention_ways`]).
+/// [`kernel_threads`] ([`attention_ways`]).
 fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> Result<Vec<T>, OpError> {
     let (qv, kv) = (cx.input(0)?, cx.input(1)?);
     let (q, k, v) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?, cx.floats::<T>(2)?);
@@ -189,7 +190,7 @@ fn attention_kernel<T: Real>(cx: &EvalCtx, scale: Option<f64>, causal: bool) -> 
         mask.as_ref().map(|m| m.len),
     );
     let mut out = vec![T::zero(); b * hq * sq * dv];
-    let ways = attention_ways(&qv.shape, &kv.shape, false, product_threads());
+    let ways = attention_ways(&qv.shape, &kv.shape, false, kernel_threads());
     let per_group = [group * sq * dv];
     in_group_runs(b * hk, ways, vec![&mut out[..]], &per_group, |run, mut outs| {
         let out = &mut *outs[0];

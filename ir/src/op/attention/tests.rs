@@ -303,10 +303,10 @@ fn attention_over_threads_gives_one_threads_bits() {
         mask_grad: false,
     };
     let run = |threads: usize| {
-        crate::op::set_product_threads(threads);
+        crate::op::set_kernel_threads(threads);
         let out = eval(&attn(true), &[&q, &k, &v]).unwrap();
         let grads = eval(&grad, &[&q, &k, &v, &dout]).unwrap();
-        crate::op::set_product_threads(1);
+        crate::op::set_kernel_threads(1);
         out.into_iter().chain(grads).map(|x| x.data).collect::<Vec<_>>()
     };
     assert!(run(1) == run(3));

@@ -58,10 +58,12 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, act: Activation) -> Result<Vec<Vec<T
     // The function chosen once outside the loop, so each loop is small
     // enough to inline and vectorize.
     let grads = match act {
-        Activation::Silu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Silu, v)),
-        Activation::Relu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Relu, v)),
-        Activation::Gelu => zip_map_v(x, dout, |v, d| d * derivative(Activation::Gelu, v)),
-        Activation::GeluTanh => zip_map_v(x, dout, |v, d| d * derivative(Activation::GeluTanh, v)),
+        Activation::Silu => zip_map_v(x, dout, cx.row_ways, |v, d| d * derivative(Activation::Silu, v)),
+        Activation::Relu => zip_map_v(x, dout, cx.row_ways, |v, d| d * derivative(Activation::Relu, v)),
+        Activation::Gelu => zip_map_v(x, dout, cx.row_ways, |v, d| d * derivative(Activation::Gelu, v)),
+        Activation::GeluTanh => zip_map_v(x, dout, cx.row_ways, |v, d| {
+            d * derivative(Activation::GeluTanh, v)
+        }),
     };
     Ok(vec![grads])
 }

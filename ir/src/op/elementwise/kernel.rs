@@ -42,15 +42,16 @@ fn unary_float<T: Real>(func: UnaryOp, x: T) -> T {
     }
 }
 
-/// `func` over `d`: the ops that vectorize dispatched once, to a loop in
-/// code built for AVX2 where the CPU has it ([`map_v`]); the rest (libm
-/// calls) element by element. The same bits either way.
-fn float_unary<T: Real>(func: UnaryOp, d: &[T]) -> Vec<T> {
+/// `func` over `d` in `ways` runs over the rank's threads ([`map_v`]): the
+/// ops that vectorize dispatched once, to a loop in code built for AVX2
+/// where the CPU has it; the rest (libm calls) element by element. The
+/// same bits either way.
+fn float_unary<T: Real>(func: UnaryOp, d: &[T], ways: usize) -> Vec<T> {
     macro_rules! by_func {
         ($($f:ident),*) => {
             match func {
-                $(UnaryOp::$f => map_v(d, |x| unary_float(UnaryOp::$f, x)),)*
-                other => d.iter().map(|&x| unary_float(other, x)).collect(),
+                $(UnaryOp::$f => map_v(d, ways, |x| unary_float(UnaryOp::$f, x)),)*
+                other => map_v(d, ways, |x| unary_float(other, x)),
             }
         };
     }
@@ -59,7 +60,8 @@ fn float_unary<T: Real>(func: UnaryOp, d: &[T]) -> Vec<T> {
 
 /// `func` over two float inputs broadcast to `out`: the arithmetic that
 /// vectorizes dispatched once, to loops in code built for AVX2 where the
-/// CPU has it ([`vectorized`]). The same bits either way.
+/// CPU has it ([`vectorized`]). The same bits either way. It runs on the
+/// rank's own thread: memory, not arithmetic, bounds it.
 pub(super) fn float_binary<T: Real>(
     func: BinaryOp,
     a: (&[T], &[usize]),
@@ -81,8 +83,8 @@ pub(super) fn float_binary<T: Real>(
 pub(super) fn eval_unary(cx: &EvalCtx, func: UnaryOp) -> Result<Vec<Value>, OpError> {
     let x = cx.input(0)?;
     let data = match &x.data {
-        Data::F32(d) => Data::F32(float_unary(func, d)),
-        Data::F64(d) => Data::F64(float_unary(func, d)),
+        Data::F32(d) => Data::F32(float_unary(func, d, cx.row_ways)),
+        Data::F64(d) => Data::F64(float_unary(func, d, cx.row_ways)),
         Data::I64(d) => Data::I64(d.iter().map(|&v| unary_int(func, x.dtype, v)).collect()),
         Data::Bool(d) => Data::Bool(d.iter().map(|&v| v ^ (func == UnaryOp::Not)).collect()),
         Data::Str(_) => return Err(unsupported(cx.op, "string input")),
@@ -208,14 +210,15 @@ pub(crate) fn activate<T: Real>(act: Activation, x: T) -> T {
     }
 }
 
-/// [`activate`] over `xs`, the function chosen once outside the loop so
-/// each loop is small enough to inline and vectorize ([`map_v`]).
-fn activate_all<T: Real>(act: Activation, xs: &[T]) -> Vec<T> {
+/// [`activate`] over `xs` in `ways` runs, the function chosen once outside
+/// the loop so each loop is small enough to inline and vectorize
+/// ([`map_v`]).
+fn activate_all<T: Real>(act: Activation, xs: &[T], ways: usize) -> Vec<T> {
     match act {
-        Activation::Silu => map_v(xs, |x| activate(Activation::Silu, x)),
-        Activation::Relu => map_v(xs, |x| activate(Activation::Relu, x)),
-        Activation::Gelu => map_v(xs, |x| activate(Activation::Gelu, x)),
-        Activation::GeluTanh => map_v(xs, |x| activate(Activation::GeluTanh, x)),
+        Activation::Silu => map_v(xs, ways, |x| activate(Activation::Silu, x)),
+        Activation::Relu => map_v(xs, ways, |x| activate(Activation::Relu, x)),
+        Activation::Gelu => map_v(xs, ways, |x| activate(Activation::Gelu, x)),
+        Activation::GeluTanh => map_v(xs, ways, |x| activate(Activation::GeluTanh, x)),
     }
 }
 
@@ -228,6 +231,6 @@ pub(crate) fn gelu_tanh_arg<T: Real>(x: T) -> T {
 /// Reference kernel for `Silu` and `Gelu`.
 pub(super) fn eval_activation(cx: &EvalCtx, act: Activation) -> Result<Vec<Value>, OpError> {
     let x = cx.input(0)?;
-    let data = float_kernel!(cx.op, x, T => activate_all(act, cx.floats::<T>(0)?));
+    let data = float_kernel!(cx.op, x, T => activate_all(act, cx.floats::<T>(0)?, cx.row_ways));
     Ok(vec![finish(x.dtype, x.shape.clone(), data)])
 }

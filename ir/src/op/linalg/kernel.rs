@@ -1,16 +1,24 @@
 //! Reference kernels of the products, through the bounds-checked GEMM.
 
-use super::super::broadcast::source_index;
+use super::super::broadcast::broadcast_to;
 use super::super::context::{finish, EvalCtx};
 use super::super::gemm::{gemm_threaded, Mat};
 use super::super::geometry::prod;
 use super::super::numeric::{float_kernel, Real};
 use super::super::OpError;
-use super::{batched, matmul_int, Batched};
+use super::{batched, joins_batches, matmul_int, Batched};
 use crate::{Data, Value};
 
 fn matmul_float<T: Real>(op: &str, a: &[T], b: &[T], g: &Batched) -> Result<Vec<T>, OpError> {
     let mut c = vec![T::zero(); g.a_offsets.len() * g.m * g.n];
+    if joins_batches(g) {
+        // One product of every matrix's rows ([`super::matmul_rows`]).
+        let am = Mat::row_major(a, 0, g.k, false);
+        let bm = Mat::row_major(b, g.b_offsets[0], g.n, false);
+        let rows = g.m * g.a_offsets.len();
+        gemm_threaded(op, rows, g.k, g.n, T::one(), am, bm, T::zero(), &mut c, 0)?;
+        return Ok(c);
+    }
     for (i, (&ao, &bo)) in g.a_offsets.iter().zip(&g.b_offsets).enumerate() {
         let am = Mat::row_major(a, ao, g.k, false);
         let bm = Mat::row_major(b, bo, g.n, false);
@@ -41,13 +49,18 @@ pub(super) fn eval_matmul(cx: &EvalCtx) -> Result<Vec<Value>, OpError> {
     Ok(vec![finish(cx.out_dtype(0), cx.out_shape(0)?, data)])
 }
 
-/// `C` broadcast to `[rows, cols]` and scaled, as the accumulator of a product.
+/// `C` broadcast to `[rows, cols]` and scaled, as the accumulator of a
+/// product: a bias row is copied row by row ([`broadcast_to`]), and a
+/// scale of 1 (exact) is not applied.
 fn bias_init<T: Real>(c: Option<(&[T], &[usize])>, rows: usize, cols: usize, beta: T) -> Vec<T> {
     match c {
-        Some((data, shape)) if beta != T::zero() => source_index(shape, &[rows, cols])
-            .into_iter()
-            .map(|i| data[i] * beta)
-            .collect(),
+        Some((data, shape)) if beta != T::zero() => {
+            let mut out = broadcast_to(data, shape, &[rows, cols]);
+            if beta != T::one() {
+                out.iter_mut().for_each(|x| *x *= beta);
+            }
+            out
+        }
         _ => vec![T::zero(); rows * cols],
     }
 }

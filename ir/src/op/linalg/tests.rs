@@ -139,3 +139,32 @@ fn product_costs() {
     assert_eq!((c.forward_flops, c.backward_flops), (48.0, 96.0));
     assert_eq!((c.bytes_read, c.bytes_written), (72.0, 32.0));
 }
+
+/// A batch times one shared matrix runs as one product when each matrix's
+/// rows are whole tiles, and gives each matrix's own product's bits, on
+/// one thread and split over three.
+#[test]
+fn batches_joined_into_one_product_keep_each_matrix_bits() {
+    let (batch, m, k, n) = (3usize, 64usize, 300usize, 90usize);
+    let data = |len: usize, seed: usize| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i * 7919 + seed) % 1013) as f32 / 97.0 - 5.0)
+            .collect()
+    };
+    let (a, b) = (data(batch * m * k, 1), data(k * n, 2));
+    assert_eq!(matmul_rows(&[batch, m, k], &[k, n]), batch * m, "joined");
+    assert_eq!(matmul_rows(&[batch, 60, k], &[k, n]), 60, "rows not whole tiles");
+    assert_eq!(matmul_rows(&[batch, m, k], &[batch, k, n]), m, "a matrix each");
+    let bv = f32s(&[k, n], &b);
+    for threads in [1, 3] {
+        super::super::set_kernel_threads(threads);
+        let joined = eval(&Op::MatMul, &[&f32s(&[batch, m, k], &a), &bv]).unwrap();
+        for i in 0..batch {
+            let one = f32s(&[m, k], &a[i * m * k..(i + 1) * m * k]);
+            let own = eval(&Op::MatMul, &[&one, &bv]).unwrap()[0].to_f64_vec();
+            let part = &joined[0].to_f64_vec()[i * m * n..(i + 1) * m * n];
+            assert!(own == part, "matrix {i} on {threads} threads");
+        }
+    }
+    super::super::set_kernel_threads(1);
+}

@@ -4,6 +4,7 @@ use super::super::broadcast::{broadcast_to, strided_index};
 use super::super::context::EvalCtx;
 use super::super::geometry::{strides, take};
 use super::super::numeric::map_data;
+use super::super::threads::in_group_runs;
 use super::super::OpError;
 use super::reshaped;
 use crate::Value;
@@ -22,7 +23,7 @@ pub(super) fn eval_transpose(cx: &EvalCtx, perm: Option<&[usize]>) -> Result<Vec
     Ok(vec![Value {
         dtype: x.dtype,
         shape: out_shape,
-        data: map_data!(&x.data, d => permute(d, &x.shape, &p)),
+        data: map_data!(&x.data, d => permute(d, &x.shape, &p, cx.row_ways)),
     }])
 }
 
@@ -31,8 +32,9 @@ pub(super) fn eval_transpose(cx: &EvalCtx, perm: Option<&[usize]>) -> Result<Vec
 /// permutation that keeps the last axis copies whole rows (heads split
 /// from or merged into the hidden axis), one that swaps the last two
 /// transposes cache-sized tiles (a weight read transposed); any other
-/// gathers through an index.
-fn permute<T: Clone>(data: &[T], shape: &[usize], p: &[usize]) -> Vec<T> {
+/// gathers through an index. The tiled transpose runs its output rows in
+/// `ways` runs over the rank's threads (`threads::row_split`).
+fn permute<T: Clone + Send + Sync>(data: &[T], shape: &[usize], p: &[usize], ways: usize) -> Vec<T> {
     let rank = shape.len();
     let st = strides(shape);
     let out_shape: Vec<usize> = p.iter().map(|&a| shape[a]).collect();
@@ -48,10 +50,32 @@ fn permute<T: Clone>(data: &[T], shape: &[usize], p: &[usize]) -> Vec<T> {
     }
     if rank >= 2 && p[rank - 2] == rank - 1 && p[rank - 1] == rank - 2 && leading_fixed(rank - 2) {
         let (m, n) = (shape[rank - 2], shape[rank - 1]);
-        let mut out = Vec::with_capacity(data.len());
-        for matrix in data.chunks(m * n) {
-            transpose_tiles(matrix, m, n, &mut out);
+        // Every element is written below; the copy only sizes the buffer.
+        let mut out = data.to_vec();
+        if m * n == 0 {
+            return out;
         }
+        let rows = data.len() / m;
+        let _ = in_group_runs(rows, ways, vec![&mut out[..]], &[m], |r, mut dst| {
+            // Output row `R` is column `R % n` of matrix `R / n`.
+            let mut at = 0;
+            let mut row = r.start;
+            while row < r.end {
+                let (b, j) = (row / n, row % n);
+                let js = j..n.min(j + r.end - row);
+                let len = js.len();
+                transpose_tiles(
+                    &data[b * m * n..(b + 1) * m * n],
+                    m,
+                    n,
+                    js,
+                    &mut dst[0][at..at + len * m],
+                );
+                at += len * m;
+                row += len;
+            }
+            Ok(())
+        });
         return out;
     }
     let idx = strided_index(
@@ -89,21 +113,19 @@ fn for_each_offset(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize))
     }
 }
 
-/// Appends the `n × m` transpose of the row-major `m × n` `matrix` to
-/// `out`, a tile at a time so both sides stay in cache.
-fn transpose_tiles<T: Clone>(matrix: &[T], m: usize, n: usize, out: &mut Vec<T>) {
+/// Rows `js` of the `n × m` transpose of the row-major `m × n` `matrix`
+/// into `dst`, a tile at a time so both sides stay in cache.
+fn transpose_tiles<T: Clone>(matrix: &[T], m: usize, n: usize, js: std::ops::Range<usize>, dst: &mut [T]) {
     const TILE: usize = 8;
-    let start = out.len();
-    out.extend_from_slice(matrix);
-    let dst = &mut out[start..];
     for i0 in (0..m).step_by(TILE) {
         let rows = (m - i0).min(TILE);
         let block = &matrix[i0 * n..(i0 + rows) * n];
-        for j0 in (0..n).step_by(TILE) {
-            let cols = (n - j0).min(TILE);
+        for j0 in js.clone().step_by(TILE) {
+            let cols = (js.end - j0).min(TILE);
+            let first = j0 - js.start;
             // One tile: `rows` source rows read along, `cols` destination
             // rows written along, both within a few cache lines.
-            for (c, d) in dst[j0 * m..(j0 + cols) * m].chunks_exact_mut(m).enumerate() {
+            for (c, d) in dst[first * m..(first + cols) * m].chunks_exact_mut(m).enumerate() {
                 for (r, slot) in d[i0..i0 + rows].iter_mut().enumerate() {
                     *slot = block[r * n + j0 + c].clone();
                 }
@@ -165,7 +187,13 @@ mod tests {
                     &p.iter().map(|&a| st[a] as isize).collect::<Vec<_>>(),
                     0,
                 );
-                assert_eq!(permute(&data, shape, &p), take(&data, &idx), "{shape:?} {p:?}");
+                for ways in [1, 3] {
+                    assert_eq!(
+                        permute(&data, shape, &p, ways),
+                        take(&data, &idx),
+                        "{shape:?} {p:?} in {ways} runs"
+                    );
+                }
             }
         }
     }

@@ -14,6 +14,7 @@ use super::super::context::{norm_axis, EvalCtx, InferCtx};
 use super::super::geometry::{numel, prod};
 use super::super::norm::infer_norm;
 use super::super::numeric::Real;
+use super::super::threads::in_group_runs;
 use super::super::{OpError, TensorType};
 use super::kernel::row_stats;
 
@@ -60,31 +61,47 @@ pub(super) fn kernel<T: Real>(
         .map(|j| scale_data[j])
         .collect();
     let count = T::lit(n as f64);
+    let rows = x.len() / n;
     let mut dx = vec![T::zero(); x.len()];
     let mut product = vec![T::zero(); x.len()];
-    let mut xhat = vec![T::zero(); n];
-    let mut gh = vec![T::zero(); n];
-    let rows = x
-        .chunks(n)
-        .zip(dout.chunks(n))
-        .zip(dx.chunks_mut(n).zip(product.chunks_mut(n)));
-    for ((row, drow), (dxr, pr)) in rows {
-        let (mean, inv) = row_stats(row, centre, epsilon);
-        for j in 0..row.len() {
-            xhat[j] = (row[j] - mean) * inv;
-            gh[j] = drow[j] * scale[j];
-            pr[j] = drow[j] * xhat[j];
-        }
-        let proj = gh.iter().zip(&xhat).map(|(&g, &h)| g * h).sum::<T>() / count;
-        let mean_gh = if centre {
-            gh.iter().copied().sum::<T>() / count
-        } else {
-            T::zero()
-        };
-        for j in 0..row.len() {
-            dxr[j] = inv * ((gh[j] - xhat[j] * proj) - mean_gh);
-        }
-    }
+    // Runs of rows over the rank's threads, each with its own scratch rows.
+    in_group_runs(
+        rows,
+        cx.row_ways,
+        vec![&mut dx[..], &mut product[..]],
+        &[n, n],
+        |r, mut outs| {
+            let [dx, product] = &mut outs[..] else {
+                unreachable!("two outputs")
+            };
+            let part = r.start * n..r.end * n;
+            let (x, dout) = (&x[part.clone()], &dout[part]);
+            let mut xhat = vec![T::zero(); n];
+            let mut gh = vec![T::zero(); n];
+            let rows = x
+                .chunks(n)
+                .zip(dout.chunks(n))
+                .zip(dx.chunks_mut(n).zip(product.chunks_mut(n)));
+            for ((row, drow), (dxr, pr)) in rows {
+                let (mean, inv) = row_stats(row, centre, epsilon);
+                for j in 0..row.len() {
+                    xhat[j] = (row[j] - mean) * inv;
+                    gh[j] = drow[j] * scale[j];
+                    pr[j] = drow[j] * xhat[j];
+                }
+                let proj = gh.iter().zip(&xhat).map(|(&g, &h)| g * h).sum::<T>() / count;
+                let mean_gh = if centre {
+                    gh.iter().copied().sum::<T>() / count
+                } else {
+                    T::zero()
+                };
+                for j in 0..row.len() {
+                    dxr[j] = inv * ((gh[j] - xhat[j] * proj) - mean_gh);
+                }
+            }
+            Ok(())
+        },
+    )?;
     Ok(vec![dx, product])
 }
 

@@ -1,24 +1,29 @@
-//! Reference kernels of softmax and the normalisations, row by row.
+//! Reference kernels of softmax and the normalisations, row by row, in
+//! runs of rows over the rank's threads (`threads::row_split`).
 
 use super::super::broadcast::source_index;
 use super::super::context::{finish, norm_axis, EvalCtx};
 use super::super::geometry::{prod, Rows};
 use super::super::numeric::{float_kernel, vectorized, Real};
+use super::super::threads::rows_in_runs;
 use super::super::OpError;
 use crate::Value;
 
-/// Softmax (or log-softmax) of `x` along rows, written into a new buffer.
-fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool) -> Vec<T> {
+/// Softmax (or log-softmax) of `x` along rows, written into a new buffer;
+/// along the last axis in `ways` runs of rows over the rank's threads.
+fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool, ways: usize) -> Vec<T> {
     if rows.inner == 1 {
         // The last axis: whole rows in place, no index per element.
-        let mut out = x.to_vec();
-        vectorized(|| {
-            let mut exps = Vec::new();
-            for row in out.chunks_mut(rows.n.max(1)) {
-                softmax_row(row, log, &mut exps);
-            }
+        let n = rows.n.max(1);
+        return rows_in_runs(x.len() / n, n, ways, |r, out| {
+            out.copy_from_slice(&x[r.start * n..r.end * n]);
+            vectorized(|| {
+                let mut exps = Vec::new();
+                for row in out.chunks_mut(n) {
+                    softmax_row(row, log, &mut exps);
+                }
+            });
         });
-        return out;
     }
     let mut out = vec![T::zero(); x.len()];
     let mut idx = Vec::with_capacity(rows.n);
@@ -89,7 +94,7 @@ fn softmax_row<T: Real>(row: &mut [T], log: bool, exps: &mut Vec<T>) {
 pub(super) fn eval_softmax(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<Value>, OpError> {
     let x = cx.input(0)?;
     let rows = Rows::along(&x.shape, norm_axis(cx.op, axis, x.shape.len())?);
-    let data = float_kernel!(cx.op, x, T => softmax_rows(cx.floats::<T>(0)?, &rows, log));
+    let data = float_kernel!(cx.op, x, T => softmax_rows(cx.floats::<T>(0)?, &rows, log, cx.row_ways));
     Ok(vec![finish(x.dtype, x.shape.clone(), data)])
 }
 
@@ -127,17 +132,19 @@ fn norm_kernel<T: Real>(cx: &EvalCtx, axis: usize, epsilon: f64, centre: bool) -
     };
     let scale = param(1)?.unwrap_or_default();
     let bias = if centre { param(2)? } else { None };
-    let mut out = vec![T::zero(); x.len()];
-    for (row, y) in x.chunks(n.max(1)).zip(out.chunks_mut(n.max(1))) {
-        let (mean, inv) = row_stats(row, centre, epsilon);
-        for (j, (o, &v)) in y.iter_mut().zip(row).enumerate() {
-            *o = (v - mean) * inv * scale[j];
-            if let Some(b) = &bias {
-                *o += b[j];
+    let n = n.max(1);
+    Ok(rows_in_runs(x.len() / n, n, cx.row_ways, |r, out| {
+        let rows = x[r.start * n..r.end * n].chunks(n);
+        for (row, y) in rows.zip(out.chunks_mut(n)) {
+            let (mean, inv) = row_stats(row, centre, epsilon);
+            for (j, (o, &v)) in y.iter_mut().zip(row).enumerate() {
+                *o = (v - mean) * inv * scale[j];
+                if let Some(b) = &bias {
+                    *o += b[j];
+                }
             }
         }
-    }
-    Ok(out)
+    }))
 }
 
 /// Reference kernel for `LayerNorm` (`centre = true`) and `RmsNorm`.

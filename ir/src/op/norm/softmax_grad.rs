@@ -9,7 +9,8 @@ use super::super::adjoint::check_grad_like;
 use super::super::context::{norm_axis, EvalCtx, InferCtx};
 use super::super::geometry::{numel, Rows};
 use super::super::norm::infer_softmax;
-use super::super::numeric::Real;
+use super::super::numeric::{vectorized, Real};
+use super::super::threads::rows_in_runs;
 use super::super::{OpError, TensorType};
 
 /// FLOPs per element: the row sum, and the product and difference (plus
@@ -36,25 +37,17 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
     let y_val = cx.input(0)?;
     let (y, dout) = (cx.floats::<T>(0)?, cx.floats::<T>(1)?);
     let rows = Rows::along(&y_val.shape, norm_axis(cx.op, axis, y_val.shape.len())?);
-    let mut dx = vec![T::zero(); y.len()];
     if rows.inner == 1 {
-        // The last axis: contiguous rows, the same sums in the same order.
+        // The last axis: contiguous rows, the same sums in the same order,
+        // in runs of rows over the rank's threads.
         let n = rows.n.max(1);
-        for ((dx, y), dout) in dx.chunks_mut(n).zip(y.chunks(n)).zip(dout.chunks(n)) {
-            if log {
-                let total = dout.iter().copied().sum::<T>();
-                for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
-                    *d = g - y.exp_v() * total;
-                }
-            } else {
-                let total = dout.iter().zip(y).map(|(&g, &y)| g * y).sum::<T>();
-                for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
-                    *d = y * (g - total);
-                }
-            }
-        }
+        let dx = rows_in_runs(y.len() / n, n, cx.row_ways, |r, dx| {
+            let part = r.start * n..r.end * n;
+            vectorized(|| last_axis_rows(dx, &y[part.clone()], &dout[part], n, log));
+        });
         return Ok(vec![dx]);
     }
+    let mut dx = vec![T::zero(); y.len()];
     let mut idx = Vec::with_capacity(rows.n);
     for base in rows.starts() {
         idx.clear();
@@ -72,6 +65,24 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
         }
     }
     Ok(vec![dx])
+}
+
+/// `dx` of contiguous rows of `n` elements.
+#[inline(always)]
+fn last_axis_rows<T: Real>(dx: &mut [T], y: &[T], dout: &[T], n: usize, log: bool) {
+    for ((dx, y), dout) in dx.chunks_mut(n).zip(y.chunks(n)).zip(dout.chunks(n)) {
+        if log {
+            let total = dout.iter().copied().sum::<T>();
+            for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+                *d = g - y.exp_v() * total;
+            }
+        } else {
+            let total = dout.iter().zip(y).map(|(&g, &y)| g * y).sum::<T>();
+            for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+                *d = y * (g - total);
+            }
+        }
+    }
 }
 
 /// FLOPs of `SoftmaxGrad` over `y`.

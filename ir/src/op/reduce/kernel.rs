@@ -53,6 +53,19 @@ pub(super) fn eval_reduce(
             return Ok(vec![finish(x.dtype, out_shape, data)]);
         }
     }
+    let leading = axes.len();
+    if (0..leading).all(|i| axes.contains(&i)) && outn > 0 && x.numel() > 0 {
+        // The leading dims reduced (a bias's gradient): whole rows folded
+        // into one row of accumulators, in order.
+        let data = match &x.data {
+            Data::F32(d) => Some(Data::F32(float_reduce_rows(kind, d, outn))),
+            Data::F64(d) => Some(Data::F64(float_reduce_rows(kind, d, outn))),
+            _ => None,
+        };
+        if let Some(data) = data {
+            return Ok(vec![finish(x.dtype, out_shape, data)]);
+        }
+    }
     // Map every input element to its output slot: reduced dims get stride 0.
     let kept: Vec<usize> = (0..x.shape.len())
         .map(|i| if axes.contains(&i) { 1 } else { x.shape[i] })
@@ -98,6 +111,24 @@ fn float_reduce_runs<T: Real>(kind: ReduceKind, x: &[T], outn: usize) -> Vec<T> 
         })
         .collect();
     float_results(kind, folded, count as f64)
+        .into_iter()
+        .map(T::lit)
+        .collect()
+}
+
+/// [`float_reduce`] of `x` over its leading dims into `outn` outputs:
+/// each row of `outn` elements is folded into the accumulators in turn,
+/// the same f64 steps in the same order as the general fold, so the same
+/// bits, without an index per element or an f64 copy of `x`.
+fn float_reduce_rows<T: Real>(kind: ReduceKind, x: &[T], outn: usize) -> Vec<T> {
+    let (init, step) = float_step(kind);
+    let mut acc = vec![init; outn];
+    for row in x.chunks(outn) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a = step(*a, v.to_f64().unwrap_or(f64::NAN));
+        }
+    }
+    float_results(kind, acc, (x.len() / outn) as f64)
         .into_iter()
         .map(T::lit)
         .collect()

@@ -148,3 +148,43 @@ fn cumsum_variants() {
         vec![1.0, 3.0, 3.0, 7.0]
     );
 }
+
+/// The fast paths (trailing dims reduced by runs, leading dims by rows)
+/// give the bits of the general fold: f64 steps over the elements in
+/// memory order, rounded once.
+#[test]
+fn reductions_by_runs_and_rows_fold_in_memory_order() {
+    let shape = [3usize, 4, 5];
+    let data: Vec<f32> = (0..60).map(|i| ((i * 7919) % 113) as f32 / 7.3 - 6.1).collect();
+    let x = f32s(&shape, &data);
+    for axes in [vec![0], vec![0, 1], vec![2], vec![1, 2], vec![1]] {
+        for kind in [
+            ReduceKind::Sum,
+            ReduceKind::Mean,
+            ReduceKind::Max,
+            ReduceKind::Prod,
+        ] {
+            let axes64: Vec<i64> = axes.iter().map(|&a| a as i64).collect();
+            let got = eval(&reduce(kind, Some(axes64), false), &[&x]).unwrap();
+            let Data::F32(got) = &got[0].data else {
+                panic!("f32 out")
+            };
+            // The general fold, written out.
+            let kept: Vec<usize> = (0..3).filter(|a| !axes.contains(a)).collect();
+            let outn: usize = kept.iter().map(|&a| shape[a]).product();
+            let (init, step) = float_step(kind);
+            let mut acc = vec![init; outn];
+            for (i, &v) in data.iter().enumerate() {
+                let index = [i / 20, (i / 5) % 4, i % 5];
+                let o = kept.iter().fold(0, |o, &a| o * shape[a] + index[a]);
+                acc[o] = step(acc[o], v as f64);
+            }
+            let want: Vec<u32> = float_results(kind, acc, (60 / outn) as f64)
+                .iter()
+                .map(|&v| (v as f32).to_bits())
+                .collect();
+            let got: Vec<u32> = got.iter().map(|v| v.to_bits()).collect();
+            assert_eq!(got, want, "{kind:?} over {axes:?}");
+        }
+    }
+}
