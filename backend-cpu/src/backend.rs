@@ -55,8 +55,12 @@ impl Backend for CpuBackend {
         Ok(outs.into_iter().map(Arc::new).collect())
     }
 
+    /// The same buffer, shared: every in-place update here goes through
+    /// `Arc::make_mut`, which copies a shared buffer first, so the copy is
+    /// made only if one of them is updated while the other lives (a
+    /// gradient's first micro-batch is moved into its accumulator free).
     fn duplicate(&mut self, x: &Arc<Value>) -> Result<Arc<Value>, BackendError> {
-        Ok(Arc::new((**x).clone()))
+        Ok(Arc::clone(x))
     }
 
     fn accumulate(&mut self, acc: &mut Arc<Value>, g: &Arc<Value>) -> Result<(), BackendError> {

@@ -1,9 +1,7 @@
 //! Data movement along axes: `Concat`, `Split`, `Slice`, `Trilu`.
 
-use super::broadcast::strided_index;
 use super::context::{invalid, norm_axes, norm_axis, tensor, unsupported, EvalCtx, InferCtx};
 use super::define::{misrouted, not_in_family};
-use super::geometry::{strides, take};
 use super::numeric::map_data;
 use super::{Op, OpError, TensorType};
 use crate::{Dim, Value};
@@ -123,13 +121,26 @@ pub(super) fn infer_split(
 fn narrow(x: &Value, axis: usize, start: usize, len: usize) -> Value {
     let mut shape = x.shape.clone();
     shape[axis] = len;
-    let st: Vec<isize> = strides(&x.shape).into_iter().map(|s| s as isize).collect();
-    let idx = strided_index(&shape, &st, start as isize * st[axis]);
+    // Each index of the leading dims holds one contiguous run of `len`
+    // rows of the trailing dims: copied run by run.
+    let inner: usize = x.shape[axis + 1..].iter().product();
+    let (block, first, run) = (x.shape[axis] * inner, start * inner, len * inner);
     Value {
         dtype: x.dtype,
         shape,
-        data: map_data!(&x.data, d => take(d, &idx)),
+        data: map_data!(&x.data, d => copy_runs(d, block, first..first + run)),
     }
+}
+
+/// The elements `within` of each `block` elements of `data`, in order.
+fn copy_runs<T: Clone>(data: &[T], block: usize, within: std::ops::Range<usize>) -> Vec<T> {
+    let mut out = Vec::with_capacity(within.len() * (data.len() / block.max(1)));
+    if !within.is_empty() {
+        for b in data.chunks(block) {
+            out.extend_from_slice(&b[within.clone()]);
+        }
+    }
+    out
 }
 
 /// One sliced axis: first index, step and resulting length.
