@@ -223,6 +223,100 @@ fn zip_in_place<T: Copy, F: Fn(T, T) -> T>(out: &mut [T], ys: &[T], f: &F) {
     }
 }
 
+/// Lanes of [`lane_sum`] and [`lane_max`].
+const LANES: usize = 8;
+
+/// `Σ xs` as eight interleaved partial sums (element `i` into partial
+/// `i mod 8`, the partials then added pairwise in a fixed tree), so the
+/// adds need not wait on each other and vectorize. One order for a row
+/// however it is stored or split, unlike a sum left to right, whose adds
+/// each wait for the last (a softmax row of 8,192 took 8,192 of them).
+#[inline(always)]
+pub(crate) fn lane_sum<T: Real>(xs: impl IntoIterator<Item = T>) -> T {
+    let mut lanes = [T::zero(); LANES];
+    for (i, x) in xs.into_iter().enumerate() {
+        lanes[i % LANES] += x;
+    }
+    fold_lanes(lanes, |a, b| a + b)
+}
+
+/// [`lane_sum`] of a contiguous row, in whole chunks of lanes.
+#[inline(always)]
+pub(crate) fn lane_sum_slice<T: Real>(xs: &[T]) -> T {
+    lane_sum_by(xs, |x| x)
+}
+
+/// [`lane_sum`] of `f` over a contiguous row, in whole chunks of lanes.
+#[inline(always)]
+pub(crate) fn lane_sum_by<T: Real>(xs: &[T], f: impl Fn(T) -> T) -> T {
+    let mut lanes = [T::zero(); LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += f(x);
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(rest) {
+        *l += f(x);
+    }
+    fold_lanes(lanes, |a, b| a + b)
+}
+
+/// [`lane_sum`] of `a[i]·b[i]` over two contiguous rows of one length.
+#[inline(always)]
+pub(crate) fn lane_dot<T: Real>(a: &[T], b: &[T]) -> T {
+    let mut lanes = [T::zero(); LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for ((l, &x), &y) in lanes.iter_mut().zip(x).zip(y) {
+            *l += x * y;
+        }
+    }
+    for ((l, &x), &y) in lanes.iter_mut().zip(ra).zip(rb) {
+        *l += x * y;
+    }
+    fold_lanes(lanes, |a, b| a + b)
+}
+
+/// The largest of `xs` that compares greater than −∞ (NaNs are skipped,
+/// as a fold keeping `v` where `v > m` skips them), in eight lanes as
+/// [`lane_sum_slice`].
+#[inline(always)]
+pub(crate) fn lane_max_slice<T: Real>(xs: &[T]) -> T {
+    let pick = |m: T, v: T| if v > m { v } else { m };
+    let mut lanes = [T::neg_infinity(); LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = pick(*l, x);
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(rest) {
+        *l = pick(*l, x);
+    }
+    fold_lanes(lanes, pick)
+}
+
+/// [`lane_max_slice`] over any order of elements.
+#[inline(always)]
+pub(crate) fn lane_max<T: Real>(xs: impl IntoIterator<Item = T>) -> T {
+    let pick = |m: T, v: T| if v > m { v } else { m };
+    let mut lanes = [T::neg_infinity(); LANES];
+    for (i, x) in xs.into_iter().enumerate() {
+        lanes[i % LANES] = pick(lanes[i % LANES], x);
+    }
+    fold_lanes(lanes, pick)
+}
+
+/// The lanes combined pairwise: `((0·1)·(2·3))·((4·5)·(6·7))`.
+#[inline(always)]
+fn fold_lanes<T: Copy>(l: [T; LANES], f: impl Fn(T, T) -> T) -> T {
+    f(f(f(l[0], l[1]), f(l[2], l[3])), f(f(l[4], l[5]), f(l[6], l[7])))
+}
+
 /// Dispatches on a value's float storage class: binds `$T` to `f32` or `f64`
 /// and wraps the `Vec<$T>` that `$body` yields as `Data`.
 macro_rules! float_kernel {
@@ -309,7 +403,9 @@ pub(crate) fn int_cmp(dtype: DType, a: i64, b: i64) -> std::cmp::Ordering {
 
 #[cfg(test)]
 mod tests {
-    use super::{exp_f32, map_v, zip_map_v};
+    use super::{
+        exp_f32, lane_dot, lane_max, lane_max_slice, lane_sum, lane_sum_by, lane_sum_slice, map_v, zip_map_v,
+    };
 
     /// Within 1 ulp of `e^x` rounded to f32, for every 97th f32 from the
     /// smallest normal result to overflow, and as `expf` at the ends.
@@ -341,6 +437,37 @@ mod tests {
                 "{x}"
             );
         }
+    }
+
+    /// A contiguous row's lane sums and maxima equal the same lanes taken
+    /// in any order of iteration (the strided rows' path), and are close to
+    /// the plain sum.
+    #[test]
+    fn lane_sums_are_one_order_however_a_row_is_read() {
+        for n in [0usize, 1, 7, 8, 9, 100, 8192] {
+            let xs: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2003) as f32 / 331.0 - 3.0).collect();
+            assert_eq!(
+                lane_sum_slice(&xs).to_bits(),
+                lane_sum(xs.iter().copied()).to_bits(),
+                "{n}"
+            );
+            let squares = lane_sum(xs.iter().map(|&x| x * x));
+            assert_eq!(lane_sum_by(&xs, |x| x * x).to_bits(), squares.to_bits(), "{n}");
+            assert_eq!(lane_dot(&xs, &xs).to_bits(), squares.to_bits(), "{n}");
+            assert_eq!(
+                lane_max_slice(&xs).to_bits(),
+                lane_max(xs.iter().copied()).to_bits(),
+                "{n}"
+            );
+            let plain: f64 = xs.iter().map(|&x| x as f64).sum();
+            assert!(
+                (lane_sum_slice(&xs) as f64 - plain).abs() <= 1e-3 * (1.0 + plain.abs()),
+                "{n}"
+            );
+            let top = xs.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(lane_max_slice(&xs), top, "{n}");
+        }
+        assert_eq!(lane_max_slice(&[1.0f32, f32::NAN, 3.0]), 3.0, "NaNs are skipped");
     }
 
     /// The loops built for AVX2 give the bits the plain loops give, on

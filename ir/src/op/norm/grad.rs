@@ -13,7 +13,7 @@ use super::super::broadcast::source_index;
 use super::super::context::{norm_axis, EvalCtx, InferCtx};
 use super::super::geometry::{numel, prod};
 use super::super::norm::infer_norm;
-use super::super::numeric::Real;
+use super::super::numeric::{lane_dot, lane_sum_slice, vectorized, Real};
 use super::super::threads::in_group_runs;
 use super::super::{OpError, TensorType};
 use super::kernel::row_stats;
@@ -82,23 +82,26 @@ pub(super) fn kernel<T: Real>(
                 .chunks(n)
                 .zip(dout.chunks(n))
                 .zip(dx.chunks_mut(n).zip(product.chunks_mut(n)));
-            for ((row, drow), (dxr, pr)) in rows {
-                let (mean, inv) = row_stats(row, centre, epsilon);
-                for j in 0..row.len() {
-                    xhat[j] = (row[j] - mean) * inv;
-                    gh[j] = drow[j] * scale[j];
-                    pr[j] = drow[j] * xhat[j];
+            vectorized(|| {
+                for ((row, drow), (dxr, pr)) in rows {
+                    let (mean, inv) = row_stats(row, centre, epsilon);
+                    for j in 0..row.len() {
+                        xhat[j] = (row[j] - mean) * inv;
+                        gh[j] = drow[j] * scale[j];
+                        pr[j] = drow[j] * xhat[j];
+                    }
+                    // The row sums in lanes ([`lane_dot`], [`lane_sum_slice`]).
+                    let proj = lane_dot(&gh, &xhat) / count;
+                    let mean_gh = if centre {
+                        lane_sum_slice(&gh) / count
+                    } else {
+                        T::zero()
+                    };
+                    for j in 0..row.len() {
+                        dxr[j] = inv * ((gh[j] - xhat[j] * proj) - mean_gh);
+                    }
                 }
-                let proj = gh.iter().zip(&xhat).map(|(&g, &h)| g * h).sum::<T>() / count;
-                let mean_gh = if centre {
-                    gh.iter().copied().sum::<T>() / count
-                } else {
-                    T::zero()
-                };
-                for j in 0..row.len() {
-                    dxr[j] = inv * ((gh[j] - xhat[j] * proj) - mean_gh);
-                }
-            }
+            });
             Ok(())
         },
     )?;

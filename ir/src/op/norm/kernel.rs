@@ -4,7 +4,9 @@
 use super::super::broadcast::source_index;
 use super::super::context::{finish, norm_axis, EvalCtx};
 use super::super::geometry::{prod, Rows};
-use super::super::numeric::{float_kernel, vectorized, Real};
+use super::super::numeric::{
+    float_kernel, lane_max, lane_max_slice, lane_sum, lane_sum_by, lane_sum_slice, vectorized, Real,
+};
 use super::super::threads::rows_in_runs;
 use super::super::OpError;
 use crate::Value;
@@ -30,15 +32,11 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool, ways: usize) -> Vec<T>
     for base in rows.starts() {
         idx.clear();
         idx.extend((0..rows.n).map(|j| base + j * rows.inner));
-        let max = idx
-            .iter()
-            .fold(T::neg_infinity(), |m, &i| if x[i] > m { x[i] } else { m });
-        let mut sum = T::zero();
+        let max = lane_max(idx.iter().map(|&i| x[i]));
         for &i in &idx {
-            let e = (x[i] - max).exp_v();
-            out[i] = e;
-            sum += e;
+            out[i] = (x[i] - max).exp_v();
         }
+        let sum = lane_sum(idx.iter().map(|&i| out[i]));
         if log {
             let lse = sum.ln();
             for &i in &idx {
@@ -55,24 +53,19 @@ fn softmax_rows<T: Real>(x: &[T], rows: &Rows, log: bool, ways: usize) -> Vec<T>
 
 /// Softmax (or log-softmax) of one contiguous row, in place, with the same
 /// operations in the same order as the strided path. The exponentials are
-/// a pass of their own (into `exps` for log-softmax), which vectorizes; the
-/// sum stays in order.
+/// a pass of their own (into `exps` for log-softmax), and the maximum and
+/// the sum are taken in lanes ([`lane_max_slice`], [`lane_sum_slice`]):
+/// every pass vectorizes.
 #[inline(always)]
 fn softmax_row<T: Real>(row: &mut [T], log: bool, exps: &mut Vec<T>) {
-    let max = row
-        .iter()
-        .fold(T::neg_infinity(), |m, &v| if v > m { v } else { m });
+    let max = lane_max_slice(row);
     if log {
         exps.clear();
         exps.extend_from_slice(row);
         for e in exps.iter_mut() {
             *e = (*e - max).exp_v();
         }
-        let mut sum = T::zero();
-        for &e in exps.iter() {
-            sum += e;
-        }
-        let lse = sum.ln();
+        let lse = lane_sum_slice(exps).ln();
         for v in row.iter_mut() {
             *v = *v - max - lse;
         }
@@ -80,10 +73,7 @@ fn softmax_row<T: Real>(row: &mut [T], log: bool, exps: &mut Vec<T>) {
         for v in row.iter_mut() {
             *v = (*v - max).exp_v();
         }
-        let mut sum = T::zero();
-        for &v in row.iter() {
-            sum += v;
-        }
+        let sum = lane_sum_slice(row);
         for v in row.iter_mut() {
             *v = *v / sum;
         }
@@ -99,15 +89,17 @@ pub(super) fn eval_softmax(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<Val
 }
 
 /// A normalised row's `(mean, 1/√(var + ε))`, the mean zero for RMS
-/// (`centre = false`); the backward pass recomputes them the same way.
+/// (`centre = false`), the sums in lanes ([`lane_sum_slice`]); the
+/// backward pass recomputes them the same way.
+#[inline(always)]
 pub(super) fn row_stats<T: Real>(row: &[T], centre: bool, epsilon: f64) -> (T, T) {
     let count = T::lit(row.len().max(1) as f64);
     let mean = if centre {
-        row.iter().copied().sum::<T>() / count
+        lane_sum_slice(row) / count
     } else {
         T::zero()
     };
-    let var = row.iter().map(|&v| (v - mean) * (v - mean)).sum::<T>() / count;
+    let var = lane_sum_by(row, |v| (v - mean) * (v - mean)) / count;
     (mean, T::one() / (var + T::lit(epsilon)).sqrt())
 }
 
@@ -135,15 +127,19 @@ fn norm_kernel<T: Real>(cx: &EvalCtx, axis: usize, epsilon: f64, centre: bool) -
     let n = n.max(1);
     Ok(rows_in_runs(x.len() / n, n, cx.row_ways, |r, out| {
         let rows = x[r.start * n..r.end * n].chunks(n);
-        for (row, y) in rows.zip(out.chunks_mut(n)) {
-            let (mean, inv) = row_stats(row, centre, epsilon);
-            for (j, (o, &v)) in y.iter_mut().zip(row).enumerate() {
-                *o = (v - mean) * inv * scale[j];
+        vectorized(|| {
+            for (row, y) in rows.zip(out.chunks_mut(n)) {
+                let (mean, inv) = row_stats(row, centre, epsilon);
+                for ((o, &v), &s) in y.iter_mut().zip(row).zip(&scale) {
+                    *o = (v - mean) * inv * s;
+                }
                 if let Some(b) = &bias {
-                    *o += b[j];
+                    for (o, &b) in y.iter_mut().zip(b) {
+                        *o += b;
+                    }
                 }
             }
-        }
+        })
     }))
 }
 

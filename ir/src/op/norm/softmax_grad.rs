@@ -9,7 +9,7 @@ use super::super::adjoint::check_grad_like;
 use super::super::context::{norm_axis, EvalCtx, InferCtx};
 use super::super::geometry::{numel, Rows};
 use super::super::norm::infer_softmax;
-use super::super::numeric::{vectorized, Real};
+use super::super::numeric::{lane_sum, lane_sum_slice, vectorized, Real};
 use super::super::threads::rows_in_runs;
 use super::super::{OpError, TensorType};
 
@@ -53,12 +53,12 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
         idx.clear();
         idx.extend((0..rows.n).map(|j| base + j * rows.inner));
         if log {
-            let total = idx.iter().map(|&i| dout[i]).sum::<T>();
+            let total = lane_sum(idx.iter().map(|&i| dout[i]));
             for &i in &idx {
                 dx[i] = dout[i] - y[i].exp_v() * total;
             }
         } else {
-            let total = idx.iter().map(|&i| dout[i] * y[i]).sum::<T>();
+            let total = lane_sum(idx.iter().map(|&i| dout[i] * y[i]));
             for &i in &idx {
                 dx[i] = y[i] * (dout[i] - total);
             }
@@ -67,17 +67,22 @@ pub(super) fn kernel<T: Real>(cx: &EvalCtx, axis: i64, log: bool) -> Result<Vec<
     Ok(vec![dx])
 }
 
-/// `dx` of contiguous rows of `n` elements.
+/// `dx` of contiguous rows of `n` elements, the row sums in lanes as the
+/// strided path takes them ([`lane_sum_slice`]).
 #[inline(always)]
 fn last_axis_rows<T: Real>(dx: &mut [T], y: &[T], dout: &[T], n: usize, log: bool) {
     for ((dx, y), dout) in dx.chunks_mut(n).zip(y.chunks(n)).zip(dout.chunks(n)) {
         if log {
-            let total = dout.iter().copied().sum::<T>();
+            let total = lane_sum_slice(dout);
             for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
                 *d = g - y.exp_v() * total;
             }
         } else {
-            let total = dout.iter().zip(y).map(|(&g, &y)| g * y).sum::<T>();
+            // The products first (a pass that vectorizes), then their sum.
+            for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
+                *d = g * y;
+            }
+            let total = lane_sum_slice(dx);
             for ((d, &y), &g) in dx.iter_mut().zip(y).zip(dout) {
                 *d = y * (g - total);
             }
