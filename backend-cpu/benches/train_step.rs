@@ -16,9 +16,9 @@
 //! build; the zoo GPT takes a few seconds a step on a small machine).
 //! Each model's rows end with PyTorch's time for the same step (for
 //! gpt2-tiny, the zoo GPT of its architecture), run in the same bench by
-//! `scripts/torch_train_step.py` (1 and 2 threads), and
-//! autopar's speed relative to it: one thread against one, the fastest
-//! two-thread layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
+//! `scripts/torch_train_step.py` (1 and 2 threads) just before autopar's
+//! rows and just after, and autopar's speed relative to the mean of the
+//! two: one thread against one, the fastest two-thread layout against two. `AUTOPAR_TORCH_PYTHON` names the Python with
 //! torch (default `python3`); without torch the comparison says it was
 //! skipped. The bench allocates as the `autopar` binary does (mimalloc,
 //! keeping freed memory: `autopar_cpu::allocator`).
@@ -228,6 +228,7 @@ fn main() -> Result<()> {
             m.seq,
             m.measured
         );
+        let torch_before = torch_steps(&m);
         println!("  ranks  threads  layout       micro-batches  step_s   tokens/s");
         let mut rows = Vec::new();
         for layout in layouts(&m) {
@@ -244,13 +245,14 @@ fn main() -> Result<()> {
             .map(|r| format!("{} {:.2}×", r.layout, r.tokens_per_s / one.tokens_per_s))
             .collect();
         println!("  2 threads vs 1 (tokens/s): {}", ratios.join(", "));
-        compare_with_torch(&m, &rows);
+        compare_with_torch(&m, &rows, torch_before);
     }
     Ok(())
 }
 
-/// PyTorch's median step for `m` at 1 and 2 threads, beside autopar's rows.
-fn compare_with_torch(m: &Model, rows: &[Row]) {
+/// PyTorch's version and median step for `m` at each of 1 and 2 threads,
+/// or why it could not run.
+fn torch_steps(m: &Model) -> std::result::Result<(String, Vec<(usize, f64)>), String> {
     let python = std::env::var("AUTOPAR_TORCH_PYTHON").unwrap_or_else(|_| "python3".into());
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/torch_train_step.py");
     let out = Command::new(&python)
@@ -274,16 +276,14 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
         Ok(o) => {
             let err = String::from_utf8_lossy(&o.stderr);
             let last = err.lines().last().unwrap_or("");
-            println!("  PyTorch: skipped ({python} {script} failed: {last}; set AUTOPAR_TORCH_PYTHON)");
-            return;
+            return Err(format!(
+                "{python} {script} failed: {last}; set AUTOPAR_TORCH_PYTHON"
+            ));
         }
-        Err(e) => {
-            println!("  PyTorch: skipped ({python}: {e}; set AUTOPAR_TORCH_PYTHON)");
-            return;
-        }
+        Err(e) => return Err(format!("{python}: {e}; set AUTOPAR_TORCH_PYTHON")),
     };
     // Its table rows: threads, step_s, tokens/s, params, loss.
-    let torch: Vec<(usize, f64)> = text
+    let steps = text
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
@@ -300,14 +300,40 @@ fn compare_with_torch(m: &Model, rows: &[Row]) {
         .split(',')
         .next()
         .unwrap_or("torch");
-    for (threads, torch_s) in torch {
+    Ok((version.to_string(), steps))
+}
+
+/// PyTorch's step for `m` beside autopar's rows: one thread against
+/// autopar's one, two against autopar's fastest two-thread layout.
+/// PyTorch runs just before autopar's rows (`before`) and just after, and
+/// is compared at the mean of the two, so a host whose speed drifts
+/// during the bench (these are shared machines) favours neither side.
+fn compare_with_torch(
+    m: &Model,
+    rows: &[Row],
+    before: std::result::Result<(String, Vec<(usize, f64)>), String>,
+) {
+    let (version, first) = match before {
+        Ok(b) => b,
+        Err(why) => {
+            println!("  PyTorch: skipped ({why})");
+            return;
+        }
+    };
+    let after = torch_steps(m).map(|(_, s)| s).unwrap_or_default();
+    for (threads, torch_before) in first {
+        let Some(&(_, torch_after)) = after.iter().find(|(t, _)| *t == threads) else {
+            continue;
+        };
+        let torch_s = (torch_before + torch_after) / 2.0;
         let ours = rows
             .iter()
             .filter(|r| r.threads == threads)
             .min_by(|a, b| a.step_s.total_cmp(&b.step_s));
         if let Some(r) = ours {
             println!(
-                "  {version}, {threads} thread{}: {torch_s:.4} s; autopar ({}) {:.4} s = {:.2}× PyTorch's speed",
+                "  {version}, {threads} thread{}: {torch_s:.4} s (before {torch_before:.4}, after {torch_after:.4}); \
+                 autopar ({}) {:.4} s = {:.2}× PyTorch's speed",
                 if threads == 1 { "" } else { "s" },
                 r.layout,
                 r.step_s,
