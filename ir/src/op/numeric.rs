@@ -249,18 +249,25 @@ pub(crate) fn lane_sum_slice<T: Real>(xs: &[T]) -> T {
 /// [`lane_sum`] of `f` over a contiguous row, in whole chunks of lanes.
 #[inline(always)]
 pub(crate) fn lane_sum_by<T: Real>(xs: &[T], f: impl Fn(T) -> T) -> T {
-    let mut lanes = [T::zero(); LANES];
+    fold_lanes(lanes_of(xs, T::zero(), |l, x| l + f(x)), |a, b| a + b)
+}
+
+/// `step` folding element `i` of a contiguous row into lane `i mod 8`,
+/// in whole chunks of lanes, each lane starting at `init`.
+#[inline(always)]
+fn lanes_of<T: Copy>(xs: &[T], init: T, step: impl Fn(T, T) -> T) -> [T; LANES] {
+    let mut lanes = [init; LANES];
     let chunks = xs.chunks_exact(LANES);
     let rest = chunks.remainder();
     for c in chunks {
         for (l, &x) in lanes.iter_mut().zip(c) {
-            *l += f(x);
+            *l = step(*l, x);
         }
     }
     for (l, &x) in lanes.iter_mut().zip(rest) {
-        *l += f(x);
+        *l = step(*l, x);
     }
-    fold_lanes(lanes, |a, b| a + b)
+    lanes
 }
 
 /// [`lane_sum`] of `a[i]·b[i]` over two contiguous rows of one length.
@@ -286,18 +293,7 @@ pub(crate) fn lane_dot<T: Real>(a: &[T], b: &[T]) -> T {
 #[inline(always)]
 pub(crate) fn lane_max_slice<T: Real>(xs: &[T]) -> T {
     let pick = |m: T, v: T| if v > m { v } else { m };
-    let mut lanes = [T::neg_infinity(); LANES];
-    let chunks = xs.chunks_exact(LANES);
-    let rest = chunks.remainder();
-    for c in chunks {
-        for (l, &x) in lanes.iter_mut().zip(c) {
-            *l = pick(*l, x);
-        }
-    }
-    for (l, &x) in lanes.iter_mut().zip(rest) {
-        *l = pick(*l, x);
-    }
-    fold_lanes(lanes, pick)
+    fold_lanes(lanes_of(xs, T::neg_infinity(), pick), pick)
 }
 
 /// [`lane_max_slice`] over any order of elements.
