@@ -5,7 +5,7 @@
 
 use super::context::{invalid, unsupported, EvalCtx, InferCtx};
 use super::geometry::bytes;
-use super::threads::{kernel_row_ways, one_float_type};
+use super::threads::kernel_row_ways;
 use super::{BinaryOp, Cost, InferInput, Op, OpError, TensorType};
 use crate::{DType, Data, Shape, Value};
 
@@ -80,11 +80,7 @@ impl Op {
             .map(|(t, v)| t.as_ref().map(|ty| InferInput { ty, value: *v }))
             .collect();
         let out = self.infer(&infer_inputs)?;
-        let float = one_float_type(inputs.iter().flatten().map(|v| v.dtype));
-        let row_ways = out
-            .first()
-            .and_then(|t| t.shape.as_fixed())
-            .map_or(1, |o| kernel_row_ways(self, &o, float));
+        let row_ways = kernel_row_ways(self, out.first(), inputs.iter().flatten().map(|v| v.dtype));
         let cx = EvalCtx {
             op: &name,
             inputs,

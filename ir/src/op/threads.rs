@@ -171,10 +171,23 @@ pub fn row_split(op: &Op, out: &[usize], float: bool) -> Option<(usize, usize)> 
     Some((rows, elements))
 }
 
-/// [`row_ways`] of `op` ([`row_split`]) over this thread's
-/// [`kernel_threads`]; 1 for a kernel that does not split.
-pub(crate) fn kernel_row_ways(op: &Op, out: &[usize], float: bool) -> usize {
-    row_split(op, out, float).map_or(1, |(rows, elements)| row_ways(rows, elements, kernel_threads()))
+/// [`row_ways`] of `op` ([`row_split`]) giving `out` from inputs of
+/// `dtypes`, over this thread's [`kernel_threads`]; 1 for a kernel that
+/// does not split, and at once on one thread (every op's evaluation asks).
+pub(crate) fn kernel_row_ways(
+    op: &Op,
+    out: Option<&super::TensorType>,
+    dtypes: impl Iterator<Item = crate::DType>,
+) -> usize {
+    let threads = kernel_threads();
+    if threads == 1 {
+        return 1;
+    }
+    let Some(shape) = out.and_then(|t| t.shape.as_fixed()) else {
+        return 1;
+    };
+    row_split(op, &shape, one_float_type(dtypes))
+        .map_or(1, |(rows, elements)| row_ways(rows, elements, threads))
 }
 
 /// Whether `func` costs a polynomial or a libm call per element.
