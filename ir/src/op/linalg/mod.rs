@@ -60,7 +60,6 @@ pub(super) fn infer_matmul(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
     Ok(vec![tensor(a.dtype, out)])
 }
 
-/// Operand geometry of a (possibly batched) matrix product.
 /// Rows of each product a `MatMul` of `a` by `b` (shapes) runs: a batch
 /// of matrices times one matrix they share runs as one product of all
 /// their rows when each matrix's rows are whole micro-kernel tiles
@@ -86,6 +85,7 @@ fn joins_batches(g: &Batched) -> bool {
         && g.a_offsets.iter().enumerate().all(|(i, &o)| o == i * g.m * g.k)
 }
 
+/// Operand geometry of a (possibly batched) matrix product.
 struct Batched {
     m: usize,
     k: usize,
