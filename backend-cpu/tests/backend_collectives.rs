@@ -613,22 +613,27 @@ fn pipelines() {
     }
     let planned = check(Strategy::new(1, 4, LAYERS, 1, 8));
     assert!(planned.contains_key(&Kind::Recv), "{planned:?}");
-    // The interleaved schedule's groups would wait in a cycle: its sends
-    // go per pair and never wait.
+    // Posted as groups, the interleaved schedule's transfers can wait in a
+    // cycle (whether they do depends on what runs between them): its sends
+    // go per pair and never wait, and it runs whole either way.
+    let mut cycles = 0;
     for (pp, micro_batches) in [(2, 4), (2, 8), (4, 8)] {
         let mut s = Strategy::new(1, pp, LAYERS, 1, micro_batches);
         s.schedule = Schedule::Interleaved;
         s.chunks = 2;
         let (_, programs) = lowered(&s);
-        let err = check_blocking(&programs, Transfers::Grouped).unwrap_err();
-        assert!(
-            err.to_string()
-                .starts_with("ranks wait on each other: rank 0 at "),
-            "pp {pp}, {micro_batches} micro-batches: {err}"
-        );
+        if let Err(err) = check_blocking(&programs, Transfers::Grouped) {
+            assert!(
+                err.to_string()
+                    .starts_with("ranks wait on each other: rank 0 at "),
+                "pp {pp}, {micro_batches} micro-batches: {err}"
+            );
+            cycles += 1;
+        }
         let planned = check(s);
         assert!(planned.contains_key(&Kind::Send), "{planned:?}");
     }
+    assert!(cycles > 0, "no interleaved schedule waited in a cycle as groups");
 }
 
 /// Sequence parallelism's gathers and reduce-scatters along an axis go to

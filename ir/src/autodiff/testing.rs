@@ -34,7 +34,8 @@ pub fn random(shape: &[usize], seed: u64) -> Value {
 
 /// The graph `op(inputs)`: float inputs are parameters, others and those
 /// listed in `constants` are constants.
-fn one_op(op: &Op, inputs: &[Option<Value>], constants: &[usize]) -> Graph {
+/// A graph of `op` alone on `inputs`, whose `constants` get no gradient.
+pub fn one_op(op: &Op, inputs: &[Option<Value>], constants: &[usize]) -> Graph {
     let mut g = Graph::new("check");
     let ids: Vec<Option<crate::TensorId>> = inputs
         .iter()

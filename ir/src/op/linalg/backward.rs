@@ -69,8 +69,8 @@ fn mul(ctx: &mut Ctx, a: TensorId, b: TensorId) -> Result<TensorId, AutodiffErro
 
 /// `MatMul(a, b)`: 1-D operands are promoted (`[k]` → `[1, k]` for `a`,
 /// `[k, 1]` for `b`) and `dy` reshaped to match; batch dims that were
-/// broadcast are summed away with `sum_to`. A 2-D `b` against a batched `a`
-/// (a weight) gets its gradient from one product over the flattened rows.
+/// broadcast are summed away with `sum_to`. Against a 2-D `b` (a weight),
+/// both gradients are one product each over the flattened rows.
 fn matmul(
     ctx: &mut Ctx,
     node: &Node,
@@ -103,11 +103,26 @@ fn matmul(
     } else {
         reshape(ctx, dy, &dy2)?
     };
+    let (a2_dims, b2_dims) = (ctx.dims(a2)?, ctx.dims(b2)?);
+    // Against a 2-D `b` (a weight), both gradients are products over the
+    // flattened rows, which read their transposed operand in place.
+    let flat_dy = match b2_dims.len() == 2 && (Ctx::wanted(wants, 0) || Ctx::wanted(wants, 1)) {
+        true => {
+            let rows = a2_dims.iter().product::<usize>() / b2_dims[0].max(1);
+            Some((rows, flat(ctx, dy2, &[rows, b2_dims[1]])?))
+        }
+        false => None,
+    };
     let da = if Ctx::wanted(wants, 0) {
-        let bt = transpose_last(ctx, b2)?;
-        let g = ctx.emit1(Op::MatMul, &[dy2, bt])?;
-        let a2_ty = ctx.ty(a2).clone();
-        let g = ctx.sum_to(g, &a2_ty)?;
+        let g = match flat_dy {
+            Some((_, flat_dy)) => input_grad(ctx, flat_dy, b2, &a2_dims)?,
+            None => {
+                let bt = transpose_last(ctx, b2)?;
+                let g = ctx.emit1(Op::MatMul, &[dy2, bt])?;
+                let a2_ty = ctx.ty(a2).clone();
+                ctx.sum_to(g, &a2_ty)?
+            }
+        };
         Some(if a_dims.len() == 1 {
             reshape(ctx, g, &a_dims)?
         } else {
@@ -117,19 +132,17 @@ fn matmul(
         None
     };
     let db = if Ctx::wanted(wants, 1) {
-        let a2_dims = ctx.dims(a2)?;
-        let b2_dims = ctx.dims(b2)?;
-        let g = if b2_dims.len() == 2 && a2_dims.len() > 2 {
-            let k = b2_dims[0];
-            let rows = a2_dims.iter().product::<usize>() / k.max(1);
-            let flat_a = reshape(ctx, a2, &[rows, k])?;
-            let flat_dy = reshape(ctx, dy2, &[rows, b2_dims[1]])?;
-            gemm2(ctx, 1.0, flat_a, true, flat_dy, false)?
-        } else {
-            let at = transpose_last(ctx, a2)?;
-            let g = ctx.emit1(Op::MatMul, &[at, dy2])?;
-            let b2_ty = ctx.ty(b2).clone();
-            ctx.sum_to(g, &b2_ty)?
+        let g = match flat_dy {
+            Some((rows, flat_dy)) => {
+                let flat_a = flat(ctx, a2, &[rows, b2_dims[0]])?;
+                gemm2(ctx, 1.0, flat_a, true, flat_dy, false)?
+            }
+            None => {
+                let at = transpose_last(ctx, a2)?;
+                let g = ctx.emit1(Op::MatMul, &[at, dy2])?;
+                let b2_ty = ctx.ty(b2).clone();
+                ctx.sum_to(g, &b2_ty)?
+            }
         };
         Some(if b_dims.len() == 1 {
             reshape(ctx, g, &b_dims)?
@@ -195,24 +208,17 @@ fn linear(
 ) -> Result<Vec<Option<TensorId>>, AutodiffError> {
     let (x, w) = (Ctx::input(node, 0)?, Ctx::input(node, 1)?);
     let mut out = Ctx::no_grads(node);
-    if Ctx::wanted(wants, 0) {
-        let wt = ctx.emit1(Op::Transpose { perm: None }, &[w])?;
-        out[0] = Some(ctx.emit1(Op::MatMul, &[dy, wt])?);
-    }
-    if Ctx::wanted(wants, 1) {
-        let (x_dims, w_dims) = (ctx.dims(x)?, ctx.dims(w)?);
-        let rows = x_dims.iter().product::<usize>() / w_dims[0].max(1);
-        let flat_x = if x_dims.len() == 2 {
-            x
-        } else {
-            reshape(ctx, x, &[rows, w_dims[0]])?
-        };
-        let flat_dy = if x_dims.len() == 2 {
-            dy
-        } else {
-            reshape(ctx, dy, &[rows, w_dims[1]])?
-        };
-        out[1] = Some(gemm2(ctx, 1.0, flat_x, true, flat_dy, false)?);
+    let (x_dims, w_dims) = (ctx.dims(x)?, ctx.dims(w)?);
+    let rows = x_dims.iter().product::<usize>() / w_dims[0].max(1);
+    if Ctx::wanted(wants, 0) || Ctx::wanted(wants, 1) {
+        let flat_dy = flat(ctx, dy, &[rows, w_dims[1]])?;
+        if Ctx::wanted(wants, 0) {
+            out[0] = Some(input_grad(ctx, flat_dy, w, &x_dims)?);
+        }
+        if Ctx::wanted(wants, 1) {
+            let flat_x = flat(ctx, x, &[rows, w_dims[0]])?;
+            out[1] = Some(gemm2(ctx, 1.0, flat_x, true, flat_dy, false)?);
+        }
     }
     if Ctx::wanted(wants, 2) {
         let bias = Ctx::input(node, 2)?;
@@ -222,9 +228,35 @@ fn linear(
     Ok(out)
 }
 
+/// `x` as the matrix `dims`, reshaped only when it is not that already.
+fn flat(ctx: &mut Ctx, x: TensorId, dims: &[usize; 2]) -> Result<TensorId, AutodiffError> {
+    match ctx.dims(x)? == dims {
+        true => Ok(x),
+        false => reshape(ctx, x, dims),
+    }
+}
+
+/// The gradient of a product's batched input against a 2-D `w`, from the
+/// output gradient flattened to rows: `flat_dy·wᵀ` as one `Gemm` that
+/// reads `w` transposed in place (no transpose of the weight is written),
+/// reshaped to the input's `dims`.
+fn input_grad(
+    ctx: &mut Ctx,
+    flat_dy: TensorId,
+    w: TensorId,
+    dims: &[usize],
+) -> Result<TensorId, AutodiffError> {
+    let g = gemm2(ctx, 1.0, flat_dy, false, w, true)?;
+    match ctx.dims(g)? == dims {
+        true => Ok(g),
+        false => reshape(ctx, g, dims),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use crate::autodiff::testing::{check_op, random};
+    use crate::autodiff::differentiate;
+    use crate::autodiff::testing::{check_op, one_op, random};
     use crate::Op;
 
     fn matmul(a: &[usize], b: &[usize]) {
@@ -240,6 +272,35 @@ mod tests {
         matmul(&[2, 3, 4], &[4, 5]);
         matmul(&[3, 4], &[2, 4, 5]);
         matmul(&[2, 1, 3, 4], &[3, 4, 2]);
+    }
+
+    /// A product against a 2-D weight reads the weight (and the input)
+    /// transposed in place in its gradients: no transpose is written, as
+    /// the cost models price the backward pass.
+    #[test]
+    fn weight_gradients_write_no_transpose() {
+        let (x, w, b) = (random(&[2, 3, 4], 1), random(&[4, 5], 2), random(&[5], 3));
+        let cases = [
+            (Op::MatMul, vec![Some(x.clone()), Some(w.clone())]),
+            (Op::MatMul, vec![Some(random(&[3, 4], 4)), Some(w.clone())]),
+            (Op::Linear, vec![Some(x), Some(w), Some(b)]),
+        ];
+        for (op, inputs) in cases {
+            let d = differentiate(&one_op(&op, &inputs, &[])).expect("differentiates");
+            let ops: Vec<String> = d
+                .graph
+                .node_indices()
+                .map(|i| d.graph.node(i).op.name())
+                .collect();
+            assert!(!ops.iter().any(|o| o == "Transpose"), "{}: {ops:?}", op.name());
+            assert_eq!(
+                ops.iter().filter(|o| *o == "Gemm").count(),
+                2,
+                "{}: {ops:?}",
+                op.name()
+            );
+            check_op(&op, &inputs, 1e-6);
+        }
     }
 
     #[test]
