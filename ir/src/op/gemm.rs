@@ -1,4 +1,4 @@
-//! A bounds-checked wrapper around `matrixmultiply`'s GEMM over strided
+//! A bounds-checked wrapper around the `gemm` crate's GEMM over strided
 //! matrix views, which the products, attention and the MoE kernels share,
 //! and its split over a rank's threads by [`split_ways`]'s rule.
 
@@ -43,7 +43,7 @@ impl<'a, T> Mat<'a, T> {
     }
 }
 
-/// `C[m, n] (row-major at c_off) ← α·A[m, k]·B[k, n] + β·C`, via `matrixmultiply`.
+/// `C[m, n] (row-major at c_off) ← α·A[m, k]·B[k, n] + β·C`, via the `gemm` crate.
 /// Returns an error instead of touching memory out of bounds.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm<T: Real>(
@@ -154,6 +154,9 @@ mod tests {
                 (300, 700, 90),
                 (300, 3000, 64),
                 (200, 4100, 300),
+                (100, 2000, 65),
+                (130, 600, 16),
+                (49, 800, 300),
             ] {
                 let a: Vec<T> = (0..m * k)
                     .map(|i| to(((i * 7919) % 1013) as f64 / 97.0 - 5.0))

@@ -30,7 +30,7 @@ pub(crate) trait Real:
     fn exp_v(self) -> Self;
     /// The value's data if stored in this class.
     fn slice(v: &Value) -> Option<&[Self]>;
-    /// `C ← αAB + βC` through `matrixmultiply`.
+    /// `C ← αAB + βC` through the `gemm` crate ([`crate_gemm`]).
     ///
     /// # Safety
     /// The strides must keep every accessed element inside the pointed-to
@@ -97,8 +97,60 @@ macro_rules! impl_real {
     };
 }
 
-impl_real!(f32, "f32", F32, libm::erff, exp_f32, matrixmultiply::sgemm);
-impl_real!(f64, "f64", F64, libm::erf, f64::exp, matrixmultiply::dgemm);
+impl_real!(f32, "f32", F32, libm::erff, exp_f32, crate_gemm::<f32>);
+impl_real!(f64, "f64", F64, libm::erf, f64::exp, crate_gemm::<f64>);
+
+/// `C ← αAB + βC` (strides in elements, `C` not read when `β = 0`) by the
+/// `gemm` crate on the calling thread: the rank's threads split products
+/// themselves ([`super::threads::split_ways`]).
+///
+/// # Safety
+/// As [`Real::raw_gemm`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn crate_gemm<T: 'static + Copy + num_traits::Zero>(
+    m: usize,
+    k: usize,
+    n: usize,
+    alpha: T,
+    a: *const T,
+    rsa: isize,
+    csa: isize,
+    b: *const T,
+    rsb: isize,
+    csb: isize,
+    beta: T,
+    c: *mut T,
+    rsc: isize,
+    csc: isize,
+) {
+    // The crate's `dst ← α·dst + β·lhs·rhs` names the scales the other way
+    // round, and takes column strides first.
+    let read_dst = !beta.is_zero();
+    // SAFETY: forwarded contract; see `Real::raw_gemm`.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c,
+            csc,
+            rsc,
+            read_dst,
+            a,
+            csa,
+            rsa,
+            b,
+            csb,
+            rsb,
+            beta,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
 
 /// `eˣ` in `f32` without a call or a branch, so a loop over a slice
 /// vectorizes (libm's `expf` is a call per element, the largest cost of a

@@ -76,33 +76,46 @@ pub fn splits_over_threads(op: &Op) -> bool {
 /// Multiply-adds a thread must be handed before a product is split for it:
 /// about 50 µs of one core's work, well above waking a pool thread.
 pub const MIN_MACS_PER_WAY: usize = 1 << 21;
-/// Rows of `C` a thread must be handed (a few micro-kernel tiles).
+/// Rows of `C` a thread must be handed.
 const MIN_ROWS_PER_WAY: usize = 48;
-/// A multiple of every micro-kernel's row count in `matrixmultiply` (4, 8
-/// or 16, for f32 and f64 on every architecture it has kernels for): a
-/// way's first row starts a tile of the whole product, whose edge tiles
-/// round differently from full ones.
+/// The `gemm` crate runs a product of at most this many rows and columns
+/// (and one of at most 256 elements, or of one row) on paths of its own,
+/// which block or order the sum over `k` otherwise than its general
+/// kernel; a wider product's rows all take the general kernel, whose `k`
+/// blocks depend on `k` and the caches alone.
+const MAX_SMALL_COLUMNS: usize = 64;
+
+/// Whether a product of `n` columns computes each row of `C` to the same
+/// bits however its rows are grouped into calls: split over threads
+/// ([`split_ways`]) or a batch's matrices joined into one
+/// ([`super::matmul_rows`]). Narrower products run as they come.
+pub(crate) fn rows_group_alike(n: usize) -> bool {
+    n > MAX_SMALL_COLUMNS
+}
+
+/// Ways hold whole multiples of this many rows, so none ends on a sliver.
 pub(crate) const ROW_TILE: usize = 16;
 
 /// How many ways a product `[m, k] · [k, n]` runs over `threads` threads:
 /// as many as have [`MIN_MACS_PER_WAY`] and 48 rows each, at most
-/// `threads`, each way a whole number of micro-kernel tiles. Every way
-/// computes its rows of `C` exactly as the whole product would (the same
-/// `k` order per element), so the result is the same bits however many
-/// ways it runs.
+/// `threads`, each way whole multiples of [`ROW_TILE`] rows, and none for
+/// a product narrower than [`rows_group_alike`] allows. Every way computes
+/// its rows of `C` exactly as the whole product would (the same `k` order
+/// per element), so the result is the same bits however many ways it runs.
 pub fn split_ways(m: usize, n: usize, k: usize, threads: usize) -> usize {
     m.div_ceil(way_rows(m, n, k, threads).max(1)).max(1)
 }
 
 /// Rows of `C` each way of [`split_ways`] computes (the last fewer).
 pub(crate) fn way_rows(m: usize, n: usize, k: usize, threads: usize) -> usize {
+    if !rows_group_alike(n) {
+        return m;
+    }
     let macs = m.saturating_mul(n).saturating_mul(k);
     let ways = threads
         .min(macs / MIN_MACS_PER_WAY)
         .min(m / MIN_ROWS_PER_WAY)
         .max(1);
-    // Ways start on a whole micro-kernel tile of the undivided product, so
-    // each way's tiles, and its one partial tile, are the product's own.
     m.div_ceil(ways).next_multiple_of(ROW_TILE)
 }
 
@@ -369,14 +382,11 @@ mod tests {
         assert_eq!(split_ways(32, 384, 128, 8), 1);
         assert_eq!(split_ways(8, 4096, 4096, 8), 1, "too few rows");
         assert_eq!(split_ways(512, 512, 512, 2), 2);
-        assert_eq!(
-            split_ways(512, 2048, 512, 64),
-            8,
-            "48 rows a way at least, in whole tiles"
-        );
+        assert_eq!(split_ways(512, 2048, 512, 64), 8, "48 rows a way at least");
         assert_eq!(split_ways(1000, 70, 64, 2), 2);
+        assert_eq!(split_ways(1000, 64, 4096, 2), 1, "too narrow to split alike");
         assert_eq!(split_ways(512, 2048, 512, 1), 1);
-        assert_eq!(way_rows(256, 2048, 512, 2), 128, "two even ways of whole tiles");
+        assert_eq!(way_rows(256, 2048, 512, 2), 128, "two even ways");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Matrix products: `MatMul` (numpy semantics), `Gemm`, and the canonical
-//! `Linear`. Float products go through `matrixmultiply`; integer `MatMul`
+//! `Linear`. Float products go through the `gemm` crate; integer `MatMul`
 //! uses a plain wrapping loop.
 
 use super::broadcast::{broadcast_shapes, source_index};
@@ -62,10 +62,9 @@ pub(super) fn infer_matmul(cx: &InferCtx) -> Result<Vec<TensorType>, OpError> {
 
 /// Rows of each product a `MatMul` of `a` by `b` (shapes) runs: a batch
 /// of matrices times one matrix they share runs as one product of all
-/// their rows when each matrix's rows are whole micro-kernel tiles
-/// (`threads::ROW_TILE`), so every row rounds as it would in its own
-/// product, and the shared matrix is packed once; otherwise each matrix
-/// is its own product. The kernel runs it and the cost models price it.
+/// their rows when every row rounds as it would in its own matrix's
+/// product (`threads::rows_group_alike`), and the shared matrix is packed
+/// once; otherwise each matrix is its own product. The kernel runs it and the cost models price it.
 pub fn matmul_rows(a: &[usize], b: &[usize]) -> usize {
     let g = batched(a, b);
     if joins_batches(&g) {
@@ -77,10 +76,10 @@ pub fn matmul_rows(a: &[usize], b: &[usize]) -> usize {
 
 /// Whether the batch of `g` runs as one product ([`matmul_rows`]): one
 /// `B` for every matrix, `A`'s matrices stored one after another, and
-/// whole tiles of rows in each.
+/// rows that round alike however they are grouped.
 fn joins_batches(g: &Batched) -> bool {
     g.a_offsets.len() > 1
-        && g.m % super::threads::ROW_TILE == 0
+        && super::threads::rows_group_alike(g.n)
         && g.b_offsets.iter().all(|&o| o == g.b_offsets[0])
         && g.a_offsets.iter().enumerate().all(|(i, &o)| o == i * g.m * g.k)
 }

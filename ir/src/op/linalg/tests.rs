@@ -145,25 +145,33 @@ fn product_costs() {
 /// one thread and split over three.
 #[test]
 fn batches_joined_into_one_product_keep_each_matrix_bits() {
-    let (batch, m, k, n) = (3usize, 64usize, 300usize, 90usize);
     let data = |len: usize, seed: usize| -> Vec<f32> {
         (0..len)
             .map(|i| ((i * 7919 + seed) % 1013) as f32 / 97.0 - 5.0)
             .collect()
     };
-    let (a, b) = (data(batch * m * k, 1), data(k * n, 2));
-    assert_eq!(matmul_rows(&[batch, m, k], &[k, n]), batch * m, "joined");
-    assert_eq!(matmul_rows(&[batch, 60, k], &[k, n]), 60, "rows not whole tiles");
-    assert_eq!(matmul_rows(&[batch, m, k], &[batch, k, n]), m, "a matrix each");
-    let bv = f32s(&[k, n], &b);
-    for threads in [1, 3] {
-        super::super::set_kernel_threads(threads);
-        let joined = eval(&Op::MatMul, &[&f32s(&[batch, m, k], &a), &bv]).unwrap();
-        for i in 0..batch {
-            let one = f32s(&[m, k], &a[i * m * k..(i + 1) * m * k]);
-            let own = eval(&Op::MatMul, &[&one, &bv]).unwrap()[0].to_f64_vec();
-            let part = &joined[0].to_f64_vec()[i * m * n..(i + 1) * m * n];
-            assert!(own == part, "matrix {i} on {threads} threads");
+    assert_eq!(matmul_rows(&[3, 64, 300], &[300, 40]), 64, "too narrow to join");
+    assert_eq!(matmul_rows(&[3, 64, 300], &[3, 300, 90]), 64, "a matrix each");
+    for (batch, m, k, n) in [
+        (3usize, 64usize, 300usize, 90usize),
+        (3, 60, 300, 90),
+        (4, 7, 1100, 65),
+    ] {
+        let (a, b) = (data(batch * m * k, 1), data(k * n, 2));
+        assert_eq!(matmul_rows(&[batch, m, k], &[k, n]), batch * m, "joined");
+        let bv = f32s(&[k, n], &b);
+        for threads in [1, 3] {
+            super::super::set_kernel_threads(threads);
+            let joined = eval(&Op::MatMul, &[&f32s(&[batch, m, k], &a), &bv]).unwrap();
+            for i in 0..batch {
+                let one = f32s(&[m, k], &a[i * m * k..(i + 1) * m * k]);
+                let own = eval(&Op::MatMul, &[&one, &bv]).unwrap()[0].to_f64_vec();
+                let part = &joined[0].to_f64_vec()[i * m * n..(i + 1) * m * n];
+                assert!(
+                    own == part,
+                    "[{batch}, {m}, {k}] x [{k}, {n}]: matrix {i} on {threads} threads"
+                );
+            }
         }
     }
     super::super::set_kernel_threads(1);

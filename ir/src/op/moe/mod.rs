@@ -1,7 +1,7 @@
 //! Mixture-of-experts ops: `MoeRouter` (softmax → top-k → renormalise, as in
 //! Mixtral), `MoeExperts` (per-token weighted sum of expert MLPs) and the
 //! integer bookkeeping of expert parallelism's dispatch (`MoeSort`,
-//! `MoeSlots`). The expert products go through `matrixmultiply`, one
+//! `MoeSlots`). The expert products go through the `gemm` crate, one
 //! gathered batch per expert.
 
 use super::context::{invalid, tensor, EvalCtx, InferCtx};
