@@ -4,6 +4,7 @@
 
 use crate::{Calibration, Device};
 use autopar_ir::interp::{run_dtype, Precision};
+use autopar_ir::op::copies_transposed_b;
 use autopar_ir::{DType, Dim, GeluApprox, Graph, NodeIndex, Op, Shape, TensorId, TensorType, UnaryOp};
 
 /// What a node's time is predicted from: the kernel it runs, the dtype the
@@ -220,11 +221,26 @@ pub fn node_time(
     let compute = match gemm_shape(graph, idx) {
         Some(shape) => {
             let peak = device.matmul_peak(w.dtype).unwrap_or(0.0);
-            gemm_seconds(cal, peak, w.dtype, w.flops, shape) + measured.unwrap_or(0.0)
+            let copy = transposed_b_copy(&graph.node(idx).op, w.dtype, shape);
+            gemm_seconds(cal, peak, w.dtype, w.flops, shape)
+                + measured.unwrap_or(0.0)
+                + copy / cal.memory_rate(device.memory_bandwidth)
         }
         None => measured.unwrap_or_else(|| w.bytes / cal.memory_rate(device.memory_bandwidth)),
     };
     cal.kernel_overhead_s + compute
+}
+
+/// Bytes read and written copying the transposed `B` of a `[m, n, k]`
+/// product row-major before it runs, where the kernel does
+/// (`ir::op::copies_transposed_b`); 0 for any other product.
+fn transposed_b_copy(op: &Op, dtype: DType, [m, n, k]: [f64; 3]) -> f64 {
+    match op {
+        Op::Gemm { trans_b: true, .. } if copies_transposed_b(m as usize, n as usize) => {
+            2.0 * k * n * dtype.size_bits() as f64 / 8.0
+        }
+        _ => 0.0,
+    }
 }
 
 /// `flops` of GEMMs of `[m, n, k]` at the calibration's rate (0 when it
@@ -387,5 +403,21 @@ mod tests {
             node_time(&cal, &device, &g, idx, Precision::F32),
             1.0 + 14.0 + 1.12
         );
+        // A weight read transposed by 256 rows or more is copied row-major
+        // first: 2 · 70 · 80 · 4 bytes more at 8 B/s.
+        cal.ops.clear();
+        let gemm = |trans_b| Op::Gemm {
+            alpha: 1.0,
+            beta: 0.0,
+            trans_a: false,
+            trans_b,
+        };
+        let time = |rows: usize, trans_b: bool| {
+            let b: &[usize] = if trans_b { &[80, 70] } else { &[70, 80] };
+            let (g, idx) = single(gemm(trans_b), &[&[rows, 70], b], &[rows, 80]);
+            node_time(&cal, &device, &g, idx, Precision::F32)
+        };
+        assert_eq!(time(256, true) - time(256, false), 2.0 * 70.0 * 80.0 * 4.0 / 8.0);
+        assert_eq!(time(255, true), time(255, false), "too few rows to copy");
     }
 }

@@ -52,6 +52,7 @@ use crate::{DType, Value};
 use context::{EvalCtx, InferCtx};
 pub use conv::{pool_divisors, ConvSizes, PoolKind, Window};
 use define::define_ops;
+pub use gemm::copies_transposed_b;
 pub use linalg::matmul_rows;
 use serde::{Deserialize, Serialize};
 pub use threads::{

@@ -86,6 +86,12 @@ fn permute<T: Clone + Send + Sync>(data: &[T], shape: &[usize], p: &[usize], way
     take(data, &idx)
 }
 
+/// The `[n, m]` transpose of the row-major matrix `data[m, n]`, its output
+/// rows in `ways` runs over the rank's threads.
+pub(crate) fn transposed<T: Clone + Send + Sync>(data: &[T], m: usize, n: usize, ways: usize) -> Vec<T> {
+    permute(data, &[m, n], &[1, 0], ways)
+}
+
 /// Calls `f` with the source offset of every index of `shape`, in row-major
 /// order, where axis `a` steps `strides[a]` in the source.
 fn for_each_offset(shape: &[usize], strides: &[usize], mut f: impl FnMut(usize)) {

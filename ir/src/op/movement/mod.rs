@@ -12,6 +12,8 @@ use crate::{Dim, Shape, Value};
 
 pub(crate) mod backward;
 mod kernel;
+
+pub(crate) use kernel::transposed;
 pub(super) mod shard;
 use kernel::{eval_expand, eval_transpose, eval_view};
 
