@@ -130,19 +130,14 @@ pub(crate) fn gemm_threaded<T: Real>(
 ) -> Result<(), OpError> {
     let threads = kernel_threads();
     let row_major_b;
-    let b = match b.rs == 1 && b.cs > 1 && copies_transposed_b(m, n) && b.fits(k, n) {
+    let stored = b.off + n * b.cs;
+    let b = match b.rs == 1 && b.cs >= k && stored <= b.data.len() && copies_transposed_b(m, n) {
         true => {
-            // `B` is the transpose of the `[n, cs]` block stored at `off`;
-            // its first `k` rows of the copy are `B`.
-            let stored = &b.data[b.off..(b.off + n * b.cs).min(b.data.len())];
-            let rows = stored.len() / b.cs;
-            row_major_b = transposed(
-                &stored[..rows * b.cs],
-                rows,
-                b.cs,
-                row_ways(b.cs, rows * b.cs, threads),
-            );
-            Mat::row_major(&row_major_b[..], 0, rows, false)
+            // `B` is the first `k` columns of the `[n, cs]` matrix stored at
+            // `off`, transposed: the first `k` rows of its `[cs, n]` copy.
+            let block = &b.data[b.off..stored];
+            row_major_b = transposed(block, n, b.cs, row_ways(b.cs, block.len(), threads));
+            Mat::row_major(&row_major_b[..], 0, n, false)
         }
         false => b,
     };

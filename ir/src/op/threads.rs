@@ -94,7 +94,7 @@ pub(crate) fn rows_group_alike(n: usize) -> bool {
 }
 
 /// Ways hold whole multiples of this many rows, so none ends on a sliver.
-pub(crate) const ROW_TILE: usize = 16;
+const ROW_TILE: usize = 16;
 
 /// How many ways a product `[m, k] · [k, n]` runs over `threads` threads:
 /// as many as have [`MIN_MACS_PER_WAY`] and 48 rows each, at most

@@ -109,7 +109,7 @@ fn matmul(
     let flat_dy = match b2_dims.len() == 2 && (Ctx::wanted(wants, 0) || Ctx::wanted(wants, 1)) {
         true => {
             let rows = a2_dims.iter().product::<usize>() / b2_dims[0].max(1);
-            Some((rows, flat(ctx, dy2, &[rows, b2_dims[1]])?))
+            Some((rows, shaped(ctx, dy2, &[rows, b2_dims[1]])?))
         }
         false => None,
     };
@@ -134,7 +134,7 @@ fn matmul(
     let db = if Ctx::wanted(wants, 1) {
         let g = match flat_dy {
             Some((rows, flat_dy)) => {
-                let flat_a = flat(ctx, a2, &[rows, b2_dims[0]])?;
+                let flat_a = shaped(ctx, a2, &[rows, b2_dims[0]])?;
                 gemm2(ctx, 1.0, flat_a, true, flat_dy, false)?
             }
             None => {
@@ -211,12 +211,12 @@ fn linear(
     let (x_dims, w_dims) = (ctx.dims(x)?, ctx.dims(w)?);
     let rows = x_dims.iter().product::<usize>() / w_dims[0].max(1);
     if Ctx::wanted(wants, 0) || Ctx::wanted(wants, 1) {
-        let flat_dy = flat(ctx, dy, &[rows, w_dims[1]])?;
+        let flat_dy = shaped(ctx, dy, &[rows, w_dims[1]])?;
         if Ctx::wanted(wants, 0) {
             out[0] = Some(input_grad(ctx, flat_dy, w, &x_dims)?);
         }
         if Ctx::wanted(wants, 1) {
-            let flat_x = flat(ctx, x, &[rows, w_dims[0]])?;
+            let flat_x = shaped(ctx, x, &[rows, w_dims[0]])?;
             out[1] = Some(gemm2(ctx, 1.0, flat_x, true, flat_dy, false)?);
         }
     }
@@ -228,8 +228,8 @@ fn linear(
     Ok(out)
 }
 
-/// `x` as the matrix `dims`, reshaped only when it is not that already.
-fn flat(ctx: &mut Ctx, x: TensorId, dims: &[usize; 2]) -> Result<TensorId, AutodiffError> {
+/// `x` shaped `dims`, reshaped only when it is not that already.
+fn shaped(ctx: &mut Ctx, x: TensorId, dims: &[usize]) -> Result<TensorId, AutodiffError> {
     match ctx.dims(x)? == dims {
         true => Ok(x),
         false => reshape(ctx, x, dims),
@@ -247,10 +247,7 @@ fn input_grad(
     dims: &[usize],
 ) -> Result<TensorId, AutodiffError> {
     let g = gemm2(ctx, 1.0, flat_dy, false, w, true)?;
-    match ctx.dims(g)? == dims {
-        true => Ok(g),
-        false => reshape(ctx, g, dims),
-    }
+    shaped(ctx, g, dims)
 }
 
 #[cfg(test)]
